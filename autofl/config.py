@@ -1,0 +1,227 @@
+"""The experiment config: one pydantic model, loaded from YAML with `--set key=value` overrides.
+
+Every field has a default, so an empty file is a valid experiment (digits, mlp, fedavg).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from autofl.errors import ConfigError, format_validation_error
+
+DATA_ROOT_ENV = "AUTOFL_DATA_ROOT"
+
+# number of classes and image side of each dataset (the side decides which archs fit)
+DATASET_INFO: dict[str, tuple[int, int]] = {
+    "digits": (10, 8),
+    "mnist": (10, 28),
+    "fmnist": (10, 28),
+    "cifar10": (10, 32),
+    "cifar100": (100, 32),
+}
+# how many trailing Linear layers each arch's stack has (the allowed range of head_layers)
+ARCH_LINEAR_LAYERS: dict[str, int] = {"mlp": 2, "cnn": 2, "moon_cnn": 5, "resnet18": 1}
+# smallest image side each arch accepts (two unpadded 5x5 convs with 2x2 pooling need 14)
+ARCH_MIN_SIDE: dict[str, int] = {"mlp": 1, "cnn": 14, "moon_cnn": 14, "resnet18": 8}
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PartitionConfig(Strict):
+    kind: Literal["iid", "dirichlet", "pathological"] = "dirichlet"
+    alpha: float = Field(0.5, gt=0, description="Dirichlet concentration (dirichlet only)")
+    classes_per_client: int = Field(2, ge=1, description="k of pathological(k)")
+
+
+class SplitConfig(Strict):
+    train: float = Field(0.7, gt=0, le=1)
+    val: float = Field(0.1, ge=0, lt=1)
+    test: float = Field(0.2, ge=0, lt=1)
+
+    @model_validator(mode="after")
+    def _sums_to_one(self) -> "SplitConfig":
+        total = self.train + self.val + self.test
+        if abs(total - 1.0) > 1e-6:
+            raise ValueError(f"train + val + test must sum to 1 (got {total:g})")
+        return self
+
+
+class DataConfig(Strict):
+    dataset: Literal["digits", "mnist", "fmnist", "cifar10", "cifar100"] = "digits"
+    root: str | None = Field(None, description=f"dataset folder; default ${DATA_ROOT_ENV} or ./data")
+    download: bool = False
+    pool: Literal["train", "train+test"] = "train"
+    partition: PartitionConfig = Field(default_factory=PartitionConfig)
+    num_clients: int = Field(10, ge=1)
+    split: SplitConfig = Field(default_factory=SplitConfig)
+    min_size: int = Field(10, ge=0, description="dirichlet: fewest samples a client may hold")
+
+    def resolved_root(self) -> Path:
+        return Path(self.root or os.environ.get(DATA_ROOT_ENV) or "data").expanduser()
+
+
+class ModelConfig(Strict):
+    arch: Literal["mlp", "cnn", "moon_cnn", "resnet18"] = "mlp"
+    head_layers: int = Field(1, ge=1, description="trailing Linear layers that form the head")
+    projector_depth: int | None = Field(None, ge=0, le=8, description="None: the method's default")
+    projector_dim: int | None = Field(None, ge=1, description="projector hidden width; None: 256")
+
+
+class FLConfig(Strict):
+    rounds: int = Field(20, ge=1)
+    participation: float = Field(1.0, gt=0, le=1)
+    local_epochs: int = Field(1, ge=1)
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(0.05, gt=0)
+    momentum: float = Field(0.9, ge=0, lt=1)
+    weight_decay: float = Field(0.0, ge=0)
+    lr_decay: float = Field(1.0, gt=0, le=1)
+    eval_every: int = Field(1, ge=1)
+
+
+class MethodConfig(BaseModel):
+    """`name` plus the method's own parameters, validated by that method's pydantic model."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str = "fedavg"
+
+    def params(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class RuntimeConfig(Strict):
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="auto, cpu, cuda, cuda:N")
+    threads: int | None = Field(None, ge=1, description="torch threads; None: leave torch's default")
+
+
+class Experiment(Strict):
+    seed: int = 0
+    data: DataConfig = Field(default_factory=DataConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    fl: FLConfig = Field(default_factory=FLConfig)
+    method: MethodConfig = Field(default_factory=MethodConfig)
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> "Experiment":
+        from autofl.methods.registry import get_method_class, method_names
+
+        num_classes, side = DATASET_INFO[self.data.dataset]
+        arch = self.model.arch
+        limit = ARCH_LINEAR_LAYERS[arch]
+        if self.model.head_layers > limit:
+            raise ValueError(
+                f"model.head_layers: {self.model.head_layers} is more than arch {arch} allows; allowed 1..{limit}"
+            )
+        if side < ARCH_MIN_SIDE[arch]:
+            fits = ", ".join(a for a, s in ARCH_MIN_SIDE.items() if s <= side)
+            raise ValueError(f"model.arch: {arch} needs images of at least {ARCH_MIN_SIDE[arch]}px; "
+                             f"for {self.data.dataset} allowed: {fits}")
+        part = self.data.partition
+        if part.kind == "pathological":
+            k = part.classes_per_client
+            if k > num_classes:
+                raise ValueError(f"data.partition.classes_per_client: {k} exceeds the {num_classes} classes "
+                                 f"of {self.data.dataset}; allowed 1..{num_classes}")
+            if k * self.data.num_clients < num_classes:
+                raise ValueError(f"data.partition.classes_per_client: num_clients x classes_per_client must "
+                                 f"cover all {num_classes} classes (got {self.data.num_clients} x {k})")
+        try:
+            method_cls = get_method_class(self.method.name)
+        except KeyError:
+            raise ValueError(f"method.name: unknown method {self.method.name!r}; "
+                             f"allowed: {', '.join(method_names())}") from None
+        try:
+            params = method_cls.Params(**self.method.params())
+        except ValidationError as err:
+            raise ValueError(format_validation_error(
+                err, method_cls.Params, prefix="method.", context=f" for method {self.method.name}")) from None
+        self.method = MethodConfig(name=self.method.name, **params.model_dump())
+        if not method_cls.uses_projector:
+            for key in ("projector_depth", "projector_dim"):
+                if getattr(self.model, key) is not None:
+                    users = ", ".join(n for n in method_names() if get_method_class(n).uses_projector)
+                    raise ValueError(f"model.{key}: not used by method {self.method.name}; "
+                                     f"methods with a projector: {users}")
+        else:
+            if self.model.projector_depth is None:
+                self.model.projector_depth = method_cls.default_projector_depth
+            if self.model.projector_dim is None:
+                self.model.projector_dim = 256
+            if self.model.projector_depth < method_cls.min_projector_depth:
+                raise ValueError(f"model.projector_depth: method {self.method.name} needs a projector; "
+                                 f"allowed {method_cls.min_projector_depth}..8")
+        return self
+
+    @property
+    def num_classes(self) -> int:
+        return DATASET_INFO[self.data.dataset][0]
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = tree
+    for part in parts[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"{dotted}: {part} is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply `a.b=value` strings; values are parsed as YAML scalars (`0.1`, `true`, `[1, 2]`)."""
+    tree = copy.deepcopy(raw)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set {item}: expected key=value, e.g. --set fl.lr=0.05")
+        key, text = item.split("=", 1)
+        try:
+            value = yaml.safe_load(text) if text else None
+        except yaml.YAMLError:
+            value = text
+        _set_dotted(tree, key.strip(), value)
+    return tree
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such config file")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}:{where} is not valid YAML ({getattr(err, 'problem', err)})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of config keys")
+    return data
+
+
+def build_experiment(raw: dict[str, Any]) -> Experiment:
+    try:
+        return Experiment.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, Experiment)) from None
+
+
+def load_experiment(path: str | Path | None = None, overrides: list[str] | None = None) -> Experiment:
+    raw = read_yaml(path) if path is not None else {}
+    return build_experiment(apply_overrides(raw, overrides or []))
+
+
+def experiment_to_dict(exp: Experiment) -> dict[str, Any]:
+    return exp.model_dump(mode="json")

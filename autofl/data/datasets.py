@@ -1,0 +1,91 @@
+"""Load a dataset once into memory as normalized float tensors (no per-sample Python at train time)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from autofl.config import DATA_ROOT_ENV, DataConfig
+from autofl.errors import DataError
+
+# mean / std per channel used to normalize each torchvision dataset
+_NORMALIZATION = {
+    "mnist": ((0.1307,), (0.3081,)),
+    "fmnist": ((0.2860,), (0.3530,)),
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+}
+_TORCHVISION_CLASS = {"mnist": "MNIST", "fmnist": "FashionMNIST", "cifar10": "CIFAR10", "cifar100": "CIFAR100"}
+_DIGITS_TEST_FRACTION = 0.2
+_DIGITS_SPLIT_SEED = 0  # digits has no official test set: a fixed split, the same for every experiment
+
+
+@dataclass
+class RawDataset:
+    """An official train / test pair as in-memory tensors: x float32 (N, C, H, W), y int64 (N,)."""
+
+    name: str
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    num_classes: int
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.train_x.shape[1:])
+
+
+def _load_digits() -> RawDataset:
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    x = torch.tensor(bunch.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    x = (x - 0.3) / 0.4  # roughly zero-mean, unit-variance pixels
+    y = torch.tensor(bunch.target, dtype=torch.int64)
+    order = torch.from_numpy(np.random.default_rng(_DIGITS_SPLIT_SEED).permutation(len(y)))
+    n_test = int(round(_DIGITS_TEST_FRACTION * len(y)))
+    test_idx, train_idx = order[:n_test], order[n_test:]
+    return RawDataset("digits", x[train_idx], y[train_idx], x[test_idx], y[test_idx], 10)
+
+
+def _to_tensor_images(data: object) -> torch.Tensor:
+    images = data if isinstance(data, torch.Tensor) else torch.from_numpy(np.asarray(data))
+    if images.ndim == 3:  # (N, H, W) grayscale
+        images = images.unsqueeze(1)
+    else:  # (N, H, W, C) colour
+        images = images.permute(0, 3, 1, 2)
+    return images.contiguous().float().div_(255.0)
+
+
+def _load_torchvision(name: str, root: Path, download: bool) -> RawDataset:
+    from torchvision import datasets
+
+    cls = getattr(datasets, _TORCHVISION_CLASS[name])
+    try:
+        train = cls(str(root), train=True, download=download)
+        test = cls(str(root), train=False, download=download)
+    except RuntimeError as err:
+        if download:
+            raise DataError(f"data.dataset: could not download {name} into {root} ({err})") from None
+        raise DataError(
+            f"data.dataset: {name} not found under {root.resolve()} (torchvision layout, e.g. "
+            f"{root}/{cls.__name__}/raw); set data.root or ${DATA_ROOT_ENV} to the folder that holds it, "
+            f"or pass --set data.download=true"
+        ) from None
+    mean, std = (torch.tensor(v).view(1, -1, 1, 1) for v in _NORMALIZATION[name])
+    tx = (_to_tensor_images(train.data) - mean) / std
+    vx = (_to_tensor_images(test.data) - mean) / std
+    ty = torch.as_tensor(np.asarray(train.targets), dtype=torch.int64)
+    vy = torch.as_tensor(np.asarray(test.targets), dtype=torch.int64)
+    return RawDataset(name, tx, ty, vx, vy, len(train.classes))
+
+
+def load_raw_dataset(cfg: DataConfig) -> RawDataset:
+    """Load `cfg.dataset` from `cfg.root` (or $AUTOFL_DATA_ROOT); digits needs no files."""
+    if cfg.dataset == "digits":
+        return _load_digits()
+    return _load_torchvision(cfg.dataset, cfg.resolved_root(), cfg.download)

@@ -1,0 +1,82 @@
+"""A partitioned dataset: one pooled tensor pair plus per-client train / val / test index tensors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from autofl.config import DataConfig
+from autofl.data.datasets import RawDataset
+from autofl.data.partition import partition_indices
+
+
+@dataclass
+class ClientSplit:
+    train: torch.Tensor  # indices into FederatedData.x
+    val: torch.Tensor
+    test: torch.Tensor
+
+
+@dataclass
+class FederatedData:
+    x: torch.Tensor  # the pool that was partitioned
+    y: torch.Tensor
+    clients: list[ClientSplit]
+    test_x: torch.Tensor  # the global test set
+    test_y: torch.Tensor
+    num_classes: int
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.x.shape[1:])
+
+    def train_sizes(self) -> list[int]:
+        return [len(c.train) for c in self.clients]
+
+    def to(self, device: torch.device) -> "FederatedData":
+        return FederatedData(
+            self.x.to(device), self.y.to(device),
+            [ClientSplit(c.train.to(device), c.val.to(device), c.test.to(device)) for c in self.clients],
+            self.test_x.to(device), self.test_y.to(device), self.num_classes,
+        )
+
+
+def split_client(indices: np.ndarray, fractions: tuple[float, float, float], rng: np.random.Generator) -> ClientSplit:
+    """Shuffle one client's indices and cut them into train / val / test (train keeps the remainder)."""
+    shuffled = rng.permutation(indices)
+    n = len(shuffled)
+    n_val = int(round(fractions[1] * n))
+    n_test = int(round(fractions[2] * n))
+    while n > 0 and n_val + n_test > n - 1:  # tiny client: keep at least one training sample
+        if n_test >= n_val:
+            n_test -= 1
+        else:
+            n_val -= 1
+    n_train = n - n_val - n_test
+    as_tensor = lambda a: torch.as_tensor(np.sort(a), dtype=torch.int64)  # noqa: E731
+    return ClientSplit(
+        as_tensor(shuffled[:n_train]),
+        as_tensor(shuffled[n_train : n_train + n_val]),
+        as_tensor(shuffled[n_train + n_val :]),
+    )
+
+
+def build_federated(raw: RawDataset, cfg: DataConfig, seed: int) -> FederatedData:
+    """Partition and split exactly as spec §1; `seed` fixes both."""
+    rng = np.random.default_rng([seed, 0xDA7A])
+    if cfg.pool == "train+test":
+        x = torch.cat([raw.train_x, raw.test_x])
+        y = torch.cat([raw.train_y, raw.test_y])
+    else:
+        x, y = raw.train_x, raw.train_y
+    parts = partition_indices(y.numpy(), cfg.num_clients, cfg.partition, cfg.min_size, rng)
+    fractions = (cfg.split.train, cfg.split.val, cfg.split.test)
+    clients = [split_client(p, fractions, rng) for p in parts]
+    if cfg.pool == "train+test":
+        union = torch.cat([c.test for c in clients])
+        test_x, test_y = x[union], y[union]
+    else:
+        test_x, test_y = raw.test_x, raw.test_y
+    return FederatedData(x, y, clients, test_x, test_y, raw.num_classes)

@@ -1,0 +1,59 @@
+"""Round metrics (spec §1): personal accuracy per client, global accuracy, their summaries."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from autofl.engine.simulation import Simulation
+
+EVAL_BATCH = 2048
+METRIC_KEYS = (
+    "round", "personal_val_acc", "personal_test_acc", "personal_test_acc_std", "personal_test_acc_p10",
+    "global_val_acc", "global_test_acc", "train_loss",
+)
+
+
+@torch.no_grad()
+def count_correct(predict: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> int:
+    correct = torch.zeros((), dtype=torch.int64, device=y.device)
+    for start in range(0, len(y), EVAL_BATCH):
+        logits = predict(x[start : start + EVAL_BATCH])
+        correct += (logits.argmax(dim=1) == y[start : start + EVAL_BATCH]).sum()
+    return int(correct)
+
+
+@torch.no_grad()
+def evaluate(sim: "Simulation") -> dict[str, float]:
+    method, model, data = sim.method, sim.model, sim.data
+    model.eval()
+    val_correct, test_correct = [], []
+    val_sizes, test_sizes = [], []
+    loaded_global = False
+    for cid, split in enumerate(data.clients):
+        state = sim.client_states.get(cid, {})
+        if not (method.personal_is_global and loaded_global):
+            method.load_personal(model, sim.global_state, state)
+            loaded_global = method.personal_is_global
+        predict = lambda x, s=state: method.predict(model, x, s)  # noqa: E731
+        val_correct.append(count_correct(predict, data.x[split.val], data.y[split.val]))
+        test_correct.append(count_correct(predict, data.x[split.test], data.y[split.test]))
+        val_sizes.append(len(split.val))
+        test_sizes.append(len(split.test))
+    per_client_test = np.array([c / n for c, n in zip(test_correct, test_sizes) if n > 0])
+    out = {
+        "personal_val_acc": sum(val_correct) / max(sum(val_sizes), 1),
+        "personal_test_acc": sum(test_correct) / max(sum(test_sizes), 1),
+        "personal_test_acc_std": float(per_client_test.std()) if len(per_client_test) else 0.0,
+        "personal_test_acc_p10": float(np.percentile(per_client_test, 10)) if len(per_client_test) else 0.0,
+    }
+    if method.has_global_model:
+        method.load_global(model, sim.global_state)
+        predict_global = lambda x: method.predict_global(model, x)  # noqa: E731
+        val_idx = torch.cat([c.val for c in data.clients])
+        out["global_val_acc"] = count_correct(predict_global, data.x[val_idx], data.y[val_idx]) / max(len(val_idx), 1)
+        out["global_test_acc"] = count_correct(predict_global, data.test_x, data.test_y) / max(len(data.test_y), 1)
+    return out

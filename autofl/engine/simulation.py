@@ -1,0 +1,141 @@
+"""The FL simulation: rounds, client sampling, local training, aggregation, evaluation.
+
+All randomness is derived from (seed, round, client), so a run restored from a checkpoint at
+round r continues exactly as the uninterrupted run would have.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from autofl.config import Experiment
+from autofl.data.datasets import RawDataset, load_raw_dataset
+from autofl.data.federated import FederatedData, build_federated
+from autofl.engine.metrics import evaluate
+from autofl.methods.base import ClientContext, Method, StateDict, Upload, clone_state
+from autofl.methods.registry import get_method_class
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def derived_seed(*parts: int) -> int:
+    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0])
+
+
+class Simulation:
+    def __init__(self, exp: Experiment, raw: RawDataset | None = None, device: torch.device | None = None):
+        self.exp = exp
+        self.device = device or resolve_device(exp.runtime.device)
+        if exp.runtime.threads:
+            torch.set_num_threads(exp.runtime.threads)
+        raw = raw if raw is not None else load_raw_dataset(exp.data)
+        self.data: FederatedData = build_federated(raw, exp.data, exp.seed).to(self.device)
+        method_cls = get_method_class(exp.method.name)
+        self.method: Method = method_cls(
+            method_cls.Params(**exp.method.params()), exp, self.data.input_shape, self.data.num_classes
+        )
+        torch.manual_seed(exp.seed)
+        self.model = self.method.build_model().to(self.device)
+        self.shared = self.method.shared_keys(self.model)
+        self.global_state: StateDict = clone_state(self.model)
+        self.client_states: dict[int, dict[str, Any]] = {}
+        self.round = 0  # rounds completed
+        self.history: list[dict[str, float]] = []
+        self._set_round_seed()
+        self.method.setup(self)
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.data.clients)
+
+    def _set_round_seed(self) -> None:
+        torch.manual_seed(derived_seed(self.exp.seed, self.round, 0x7011))
+
+    def sample_clients(self, rnd: int) -> list[int]:
+        n = self.num_clients
+        m = max(1, math.floor(self.exp.fl.participation * n + 0.5))
+        rng = np.random.default_rng([self.exp.seed, rnd, 0x5A3])
+        return sorted(int(c) for c in rng.choice(n, size=min(m, n), replace=False))
+
+    def client_context(self, cid: int) -> ClientContext:
+        fl = self.exp.fl
+        return ClientContext(
+            cid=cid, round=self.round, model=self.model, x=self.data.x, y=self.data.y,
+            train_idx=self.data.clients[cid].train, lr=fl.lr * fl.lr_decay**self.round,
+            momentum=fl.momentum, weight_decay=fl.weight_decay, batch_size=fl.batch_size,
+            local_epochs=fl.local_epochs,
+            generator=torch.Generator().manual_seed(derived_seed(self.exp.seed, self.round, cid, 0xB47)),
+            state=self.client_states.setdefault(cid, {}), global_state=self.global_state,
+            num_classes=self.data.num_classes,
+        )
+
+    def run_round(self) -> dict[str, float] | None:
+        """Train one round; return its metrics when the round is evaluated, else None."""
+        self._set_round_seed()
+        uploads: list[Upload] = []
+        for cid in self.sample_clients(self.round):
+            ctx = self.client_context(cid)
+            self.method.load_client(self.model, self.global_state, ctx.state)
+            result = self.method.local_train(ctx)
+            uploads.append(Upload(cid, result.num_samples, clone_state(self.model, self.shared),
+                                  result.payload, result.loss))
+            self.method.keep_private(ctx, self.shared)
+        self.global_state.update(self.method.aggregate(uploads))
+        self.method.server_update(self, uploads)
+        self.round += 1
+        train_loss = sum(u.loss * u.num_samples for u in uploads) / max(sum(u.num_samples for u in uploads), 1)
+        if self.round % self.exp.fl.eval_every and self.round != self.exp.fl.rounds:
+            return None
+        metrics: dict[str, float] = {"round": self.round, **evaluate(self), "train_loss": train_loss}
+        self.history.append(metrics)
+        return metrics
+
+    def done(self) -> bool:
+        return self.round >= self.exp.fl.rounds
+
+    def run(self):
+        """Yield the metrics of each evaluated round until `fl.rounds` are done."""
+        while not self.done():
+            metrics = self.run_round()
+            if metrics is not None:
+                yield metrics
+
+    # ----- checkpoints -----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "round": self.round,
+            "global_state": self.global_state,
+            "client_states": self.client_states,
+            "method_state": self.method.server_state(),
+            "history": self.history,
+            "torch_rng": torch.get_rng_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        to_device = lambda obj: _move(obj, self.device)  # noqa: E731
+        self.round = int(state["round"])
+        self.global_state = to_device(state["global_state"])
+        self.client_states = to_device(state["client_states"])
+        self.method.load_server_state(to_device(state["method_state"]))
+        self.history = list(state["history"])
+        torch.set_rng_state(state["torch_rng"])
+
+
+def _move(obj: Any, device: torch.device) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: _move(v, device) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_move(v, device) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_move(v, device) for v in obj)
+    return obj

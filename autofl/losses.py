@@ -1,0 +1,53 @@
+"""Loss terms shared by several methods. Every term is a mean over the batch."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def contrastive_pair(anchor: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor, tau: float) -> torch.Tensor:
+    """-log( e^{cos(a,p)/tau} / (e^{cos(a,p)/tau} + e^{cos(a,n)/tau}) ), the MOON / FDCL term."""
+    a, p, n = (t.flatten(1) for t in (anchor, positive, negative))
+    logits = torch.stack([F.cosine_similarity(a, p, dim=1), F.cosine_similarity(a, n, dim=1)], dim=1) / tau
+    return -F.log_softmax(logits, dim=1)[:, 0].mean()
+
+
+def supcon(z: torch.Tensor, y: torch.Tensor, tau: float) -> torch.Tensor:
+    """Supervised contrastive loss (DualFed): z is already L2-normalised.
+
+    mean_i [ -1/(|P(i)|+1e-6) * sum_{p in P(i)} log( e^{z_i.z_p/tau} / sum_{a != i} e^{z_i.z_a/tau} ) ];
+    an anchor without a positive adds 0.
+    """
+    n = len(y)
+    sim = z @ z.T / tau
+    self_mask = torch.eye(n, dtype=torch.bool, device=z.device)
+    log_denominator = torch.logsumexp(sim.masked_fill(self_mask, float("-inf")), dim=1, keepdim=True)
+    log_prob = sim - log_denominator
+    positives = (y[:, None] == y[None, :]) & ~self_mask
+    per_anchor = -(log_prob * positives).sum(dim=1) / (positives.sum(dim=1) + 1e-6)
+    return per_anchor.mean()
+
+
+def prototype_contrast(
+    features: torch.Tensor, y: torch.Tensor, prototypes: torch.Tensor, has_prototype: torch.Tensor, tau: float
+) -> torch.Tensor:
+    """FedECCR L_pc: -log( e^{cos(f,z_y)/tau} / sum_k e^{cos(f,z_k)/tau} ) over classes with a prototype.
+
+    Samples whose own class has no prototype contribute 0.
+    """
+    sims = F.cosine_similarity(features[:, None, :], prototypes[None, :, :], dim=2) / tau
+    sims = sims.masked_fill(~has_prototype[None, :], float("-inf"))
+    log_prob = F.log_softmax(sims, dim=1).gather(1, y[:, None]).squeeze(1)
+    valid = has_prototype[y]
+    return -(log_prob.masked_fill(~valid, 0.0)).sum() / len(y)
+
+
+def negative_cosine(p: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """D-(p, z) = -cos(p, z), batch mean (FedSiam-DA); callers pass sg(z) where the spec says so."""
+    return -F.cosine_similarity(p, z, dim=1).mean()
+
+
+def proximal(params: dict[str, torch.Tensor], anchor: dict[str, torch.Tensor]) -> torch.Tensor:
+    """sum ||w - w_anchor||^2 over the named parameters."""
+    return sum(((p - anchor[name]) ** 2).sum() for name, p in params.items())  # type: ignore[return-value]

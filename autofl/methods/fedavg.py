@@ -1,0 +1,9 @@
+"""FedAvg: everything shared, plain local SGD, size-weighted averaging (the base defaults)."""
+
+from autofl.methods.base import Method
+from autofl.methods.registry import register
+
+
+@register
+class FedAvg(Method):
+    name = "fedavg"

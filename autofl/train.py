@@ -1,0 +1,56 @@
+"""`autofl train`: one FL run, with its metrics, resolved config and final state written to a folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+import yaml
+
+from autofl.config import Experiment, experiment_to_dict
+from autofl.engine.simulation import Simulation
+from autofl.errors import AutoFLError
+
+METRICS_FILE = "metrics.jsonl"
+CONFIG_FILE = "config.yaml"
+STATE_FILE = "final_state.pt"
+
+
+def prepare_out_dir(out: Path, overwrite: bool) -> None:
+    """Refuse to write over an earlier run unless asked: nothing already on disk is lost by accident."""
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise AutoFLError(f"--out {out}: folder already holds files; choose another folder or pass --overwrite")
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def run_training(
+    exp: Experiment, out: Path, on_round: Callable[[dict[str, float], float], None] | None = None,
+    overwrite: bool = False,
+) -> list[dict[str, float]]:
+    """Run `exp` to the end, appending each evaluated round to `out/metrics.jsonl`."""
+    sim = Simulation(exp)  # loads the data first: a missing dataset fails before anything is written
+    prepare_out_dir(out, overwrite)
+    write_atomic(out / CONFIG_FILE, yaml.safe_dump(experiment_to_dict(exp), sort_keys=False))
+    history: list[dict[str, float]] = []
+    with open(out / METRICS_FILE, "w") as fh:
+        start = time.perf_counter()
+        for metrics in sim.run():
+            fh.write(json.dumps(metrics) + "\n")
+            fh.flush()
+            history.append(metrics)
+            if on_round is not None:
+                on_round(metrics, time.perf_counter() - start)
+    tmp = out / (STATE_FILE + ".tmp")
+    torch.save(sim.state_dict(), tmp)
+    os.replace(tmp, out / STATE_FILE)
+    return history

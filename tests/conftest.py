@@ -1,0 +1,25 @@
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from autofl.cli import main
+
+
+@pytest.fixture
+def run_cli():
+    """Run the autofl CLI in-process and return its exit code."""
+    return lambda *args: main([str(a) for a in args])
+
+
+def read_metrics(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture
+def data_root() -> Path:
+    root = os.environ.get("AUTOFL_DATA_ROOT")
+    if not root:
+        pytest.skip("AUTOFL_DATA_ROOT is not set (CI sets it to ../shared/datasets when that folder exists)")
+    return Path(root)

@@ -1,0 +1,63 @@
+import yaml
+
+from autofl.config import load_experiment
+from conftest import read_metrics
+
+METRIC_KEYS = {"round", "personal_val_acc", "personal_test_acc", "personal_test_acc_std", "personal_test_acc_p10",
+               "global_val_acc", "global_test_acc", "train_loss"}
+
+
+def test_train_on_digits_learns_and_writes_outputs(run_cli, tmp_path):
+    out = tmp_path / "run"
+    assert run_cli("train", "--out", out, "--set", "fl.rounds=6") == 0
+    metrics = read_metrics(out)
+    assert [m["round"] for m in metrics] == list(range(1, 7))
+    assert set(metrics[-1]) == METRIC_KEYS
+    assert metrics[-1]["personal_test_acc"] > 0.5  # chance is 0.1
+    assert metrics[-1]["train_loss"] < metrics[0]["train_loss"]
+    assert (out / "final_state.pt").is_file()
+    resolved = yaml.safe_load((out / "config.yaml").read_text())
+    assert load_experiment(out / "config.yaml").model_dump() == load_experiment(None, ["fl.rounds=6"]).model_dump()
+    assert resolved["fl"]["rounds"] == 6
+
+
+def test_eval_every_reports_only_evaluated_rounds(run_cli, tmp_path):
+    out = tmp_path / "run"
+    assert run_cli("train", "--out", out, "--set", "fl.rounds=5", "--set", "fl.eval_every=2") == 0
+    assert [m["round"] for m in read_metrics(out)] == [2, 4, 5]
+
+
+def test_same_seed_gives_identical_metrics(run_cli, tmp_path):
+    args = ["--set", "fl.rounds=3", "--set", "fl.participation=0.5", "--set", "method.name=moon"]
+    assert run_cli("train", "--out", tmp_path / "a", *args) == 0
+    assert run_cli("train", "--out", tmp_path / "b", *args) == 0
+    assert run_cli("train", "--out", tmp_path / "c", *args, "--set", "seed=1") == 0
+    a, b, c = ((tmp_path / d / "metrics.jsonl").read_text() for d in "abc")
+    assert a == b
+    assert a != c
+
+
+def test_existing_run_is_not_overwritten(run_cli, tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "keep.txt").write_text("precious")
+    assert run_cli("train", "--out", out, "--set", "fl.rounds=1") == 2
+    assert (out / "keep.txt").read_text() == "precious"
+
+
+def test_missing_dataset_says_where_it_looked(run_cli, tmp_path, capsys):
+    assert run_cli("train", "--out", tmp_path / "r", "--set", "data.dataset=mnist", "--set", f"data.root={tmp_path}") == 2
+    err = capsys.readouterr().err
+    assert "mnist not found under" in err and "data.download=true" in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_real_fmnist_from_data_root(run_cli, tmp_path, data_root):
+    out = tmp_path / "fm"
+    code = run_cli("train", "--out", out, "--set", "data.dataset=fmnist", "--set", "data.num_clients=20",
+                   "--set", "fl.rounds=2", "--set", "fl.participation=0.25", "--set", "data.split.train=0.1",
+                   "--set", "data.split.val=0.1", "--set", "data.split.test=0.8")
+    assert code == 0
+    metrics = read_metrics(out)
+    assert metrics[-1]["personal_test_acc"] > 0.5
+    assert metrics[-1]["global_test_acc"] > 0.5  # the official 10,000-image test set
