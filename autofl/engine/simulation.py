@@ -6,6 +6,7 @@ round r continues exactly as the uninterrupted run would have.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -18,16 +19,13 @@ from autofl.data.federated import FederatedData, build_federated
 from autofl.engine.metrics import evaluate
 from autofl.methods.base import ClientContext, Method, StateDict, Upload, clone_state
 from autofl.methods.registry import get_method_class
+from autofl.seeding import derived_seed
 
 
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
-
-
-def derived_seed(*parts: int) -> int:
-    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0])
 
 
 class Simulation:
@@ -92,11 +90,15 @@ class Simulation:
         self.method.server_update(self, uploads)
         self.round += 1
         train_loss = sum(u.loss * u.num_samples for u in uploads) / max(sum(u.num_samples for u in uploads), 1)
-        if self.round % self.exp.fl.eval_every and self.round != self.exp.fl.rounds:
+        if not self.will_evaluate(self.round):
             return None
         metrics: dict[str, float] = {"round": self.round, **evaluate(self), "train_loss": train_loss}
         self.history.append(metrics)
         return metrics
+
+    def will_evaluate(self, completed_round: int) -> bool:
+        """Whether metrics are computed after `completed_round` rounds (every eval_every, and the last)."""
+        return completed_round % self.exp.fl.eval_every == 0 or completed_round == self.exp.fl.rounds
 
     def done(self) -> bool:
         return self.round >= self.exp.fl.rounds
@@ -132,6 +134,8 @@ class Simulation:
 def _move(obj: Any, device: torch.device) -> Any:
     if isinstance(obj, torch.Tensor):
         return obj.to(device)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.replace(obj, **{f.name: _move(getattr(obj, f.name), device) for f in dataclasses.fields(obj)})
     if isinstance(obj, dict):
         return {k: _move(v, device) for k, v in obj.items()}
     if isinstance(obj, list):

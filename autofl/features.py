@@ -1,0 +1,39 @@
+"""Per-class feature statistics of a client's data (prototypes, LFRs, CCVR statistics)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from autofl.engine.metrics import EVAL_BATCH
+
+
+@dataclass
+class ClassStats:
+    counts: torch.Tensor  # (C,) samples per class
+    means: torch.Tensor  # (C, d) class means (zero where count is 0)
+    covs: torch.Tensor | None = None  # (C, d, d) unbiased covariances (zero where count <= 1)
+
+
+@torch.no_grad()
+def encode(encoder: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    was_training = encoder.training
+    encoder.eval()
+    feats = torch.cat([encoder(x[s : s + EVAL_BATCH]) for s in range(0, len(x), EVAL_BATCH)])
+    encoder.train(was_training)
+    return feats
+
+
+def class_stats(features: torch.Tensor, labels: torch.Tensor, num_classes: int, with_cov: bool = False) -> ClassStats:
+    d = features.shape[1]
+    counts = torch.bincount(labels, minlength=num_classes).to(features.dtype)
+    sums = torch.zeros(num_classes, d, dtype=features.dtype, device=features.device).index_add_(0, labels, features)
+    means = sums / counts.clamp(min=1)[:, None]
+    covs = None
+    if with_cov:
+        covs = torch.zeros(num_classes, d, d, dtype=features.dtype, device=features.device)
+        for k in torch.nonzero(counts > 1).flatten().tolist():
+            centered = features[labels == k] - means[k]
+            covs[k] = centered.T @ centered / (counts[k] - 1)
+    return ClassStats(counts, means, covs)

@@ -1,0 +1,91 @@
+"""DualFed (spec §5): shared encoder f and global head h_g; private projector g, personal head h_p
+and BN statistics. Stage 1 trains f, g, h_p with CE + lambda * SupCon; stage 2 trains only h_g.
+Prediction sums the raw logits of both heads.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+
+from autofl.losses import supcon
+from autofl.methods.base import (ClientContext, LocalResult, Method, MethodParams, StateDict, Upload, clone_state,
+                                 sgd_epochs, weighted_average)
+from autofl.methods.registry import register
+from autofl.models.parts import SplitModel, build_head
+
+_BN_BUFFERS = ("running_mean", "running_var", "num_batches_tracked")
+
+
+class DualFedParams(MethodParams):
+    lam: float = Field(2.0, ge=0, description="lambda: weight of SupCon")
+    tau: float = Field(0.05, gt=0, description="SupCon temperature")
+    weighted: bool = Field(False, description="size-weighted aggregation (the official code weights equally)")
+
+
+@register
+class DualFed(Method):
+    name = "dualfed"
+    Params = DualFedParams
+    uses_projector = True
+    default_projector_depth = 2
+    min_projector_depth = 1
+    personal_is_global = False
+    train_passes = 2  # stage 1 (f, g, h_p) and stage 2 (h_g on f)
+
+    def build_model(self) -> SplitModel:
+        model = super().build_model()
+        model.global_head = build_head(self.exp.model, self.input_shape, self.num_classes)
+        return model
+
+    def shared_keys(self, model: SplitModel) -> list[str]:
+        """Encoder and global head; encoder BN statistics are averaged only for the global model's
+        evaluation and never overwrite a client's own (see load_client)."""
+        return [k for k in model.state_dict() if k.startswith(("encoder.", "global_head."))]
+
+    def private_keys(self, model: SplitModel) -> list[str]:
+        return [k for k in model.state_dict()
+                if k.startswith(("projector.", "head.")) or (k.startswith("encoder.") and k.endswith(_BN_BUFFERS))]
+
+    def keep_private(self, ctx: ClientContext, shared: list[str]) -> None:
+        ctx.state["private"] = clone_state(ctx.model, self.private_keys(ctx.model))
+
+    def aggregate(self, uploads: list[Upload]) -> StateDict:
+        weights = [u.num_samples if self.params.weighted else 1.0 for u in uploads]
+        return weighted_average([u.state for u in uploads], weights)
+
+    def local_train(self, ctx: ClientContext) -> LocalResult:
+        result = self.train_stage1(ctx)
+        result.payload["stage2_loss"] = self.train_stage2(ctx).loss
+        return result
+
+    def train_stage1(self, ctx: ClientContext) -> LocalResult:
+        """f, g, h_p on CE(h_p(g(f(x)))) + lambda * SupCon(normalize(g(f(x)))); h_g is not in the optimizer."""
+        model, lam, tau = ctx.model, self.params.lam, self.params.tau
+
+        def loss_fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            z = model.projector(model.encoder(x))
+            return F.cross_entropy(model.head(z), y) + lam * supcon(F.normalize(z, dim=1), y, tau)
+
+        params = [*model.encoder.parameters(), *model.projector.parameters(), *model.head.parameters()]
+        return sgd_epochs(ctx, params, ctx.local_epochs, loss_fn)
+
+    def train_stage2(self, ctx: ClientContext) -> LocalResult:
+        """Only h_g trains, on CE(h_g(f(x))), with a fresh optimizer; encoder statistics stay fixed."""
+        model = ctx.model
+
+        def loss_fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            model.encoder.eval()
+            with torch.no_grad():
+                f = model.encoder(x)
+            return F.cross_entropy(model.global_head(f), y)
+
+        return sgd_epochs(ctx, model.global_head.parameters(), ctx.local_epochs, loss_fn)
+
+    def predict(self, model: SplitModel, x: torch.Tensor, client_state: dict) -> torch.Tensor:
+        f = model.encoder(x)
+        return model.head(model.projector(f)) + model.global_head(f)
+
+    def predict_global(self, model: SplitModel, x: torch.Tensor) -> torch.Tensor:
+        return model.global_head(model.encoder(x))
