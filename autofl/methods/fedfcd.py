@@ -97,14 +97,15 @@ class FedFCD(Method):
         model.train()
         for p in model.global_head.parameters():
             p.requires_grad_(False)
-        opt_theta = ctx.optimizer(model.encoder.parameters())
+        extractor = list(model.encoder.parameters())  # empty when the head takes every Linear layer
+        opt_theta = ctx.optimizer(extractor) if extractor else None
         opt_phi = ctx.optimizer(model.head.parameters())
         meter = LossMeter(ctx.device)
         for _ in range(ctx.local_epochs):
             for x, y in ctx.batches():
-                loss_a = self.step_extractor(model, x, y, opt_theta)
-                self.step_personal_head(model, x, y, opt_phi)
-                meter.add(loss_a, len(y))
+                loss_a = self.step_extractor(model, x, y, opt_theta) if opt_theta is not None else None
+                loss_b = self.step_personal_head(model, x, y, opt_phi)
+                meter.add(loss_a if loss_a is not None else loss_b, len(y))
         idx = ctx.train_idx
         lfr = class_stats(encode(model.encoder, ctx.x[idx]), ctx.y[idx], ctx.num_classes)
         return LocalResult(num_samples=len(idx), loss=meter.mean(), payload={"lfr": lfr})
