@@ -12,6 +12,7 @@ from autofl.methods.base import Method
 
 _REGISTRY: dict[str, type[Method]] = {}
 _NOT_METHODS = {"base", "registry"}
+_discovered = False
 
 
 def register(cls: type[Method]) -> type[Method]:
@@ -22,8 +23,11 @@ def register(cls: type[Method]) -> type[Method]:
 
 
 def _discover() -> None:
-    if _REGISTRY:
+    """Import every method module once (a module imported directly registers only itself)."""
+    global _discovered
+    if _discovered:
         return
+    _discovered = True
     import autofl.methods as package
 
     for info in pkgutil.iter_modules(package.__path__):
