@@ -55,6 +55,92 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_search(args: argparse.Namespace) -> int:
+    from autofl.tune import study as st
+
+    home = st.studies_dir(args.dir)
+    if args.resume:
+        study = st.open_study(home, args.resume)
+        study.space()  # validate before Ray starts
+    else:
+        if not args.space:
+            raise AutoFLError("search: give --space FILE for a new study or --resume NAME to continue one")
+        space_path, space = st.ensure_space_file(args.space)
+        study = st.create_study(home, space_path, space, args.name)
+    from autofl.tune.runner import search
+
+    console.print(f"[bold]autofl search[/]: study {study.name} in {study.root}")
+    search(study, args.trials, args.address, resume=bool(args.resume))
+    _print_status(study)
+    try:
+        best = st.best_trial(study)
+        console.print(f"best trial #{best.number}: {study.space().objective}={best.value:.4f} "
+                      f"params={best.params}", soft_wrap=True)
+        console.print(f"export it with: autofl best-config export {study.name} -o best.yaml", soft_wrap=True)
+    except AutoFLError as err:
+        console.print(str(err))
+    return 0
+
+
+def _print_status(study) -> None:
+    from autofl.tune.study import trial_rows
+
+    rows = trial_rows(study)
+    table = Table("trial", "state", "round", study.space().objective, "params", title=f"study {study.name}")
+    for r in rows:
+        params = ", ".join(f"{k.split(':')[-1]}={_fmt(v)}" for k, v in r["params"].items())
+        table.add_row(str(r["number"]), r["state"], _fmt(r["round"]), _fmt(r["objective"]), params)
+    console.print(table)
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["state"]] = counts.get(r["state"], 0) + 1
+    console.print("trials: " + (", ".join(f"{v} {k.lower()}" for k, v in sorted(counts.items())) or "none"))
+
+
+def cmd_studies(args: argparse.Namespace) -> int:
+    from autofl.tune import study as st
+
+    home = st.studies_dir(args.dir)
+    names = st.existing_studies(home)
+    if not names:
+        console.print(f"no studies in {home}")
+        return 0
+    table = Table("study", "trials", "complete", "pruned", "failed", "best", title=str(home))
+    for name in names:
+        s = st.open_study(home, name)
+        rows = st.trial_rows(s)
+        states = [r["state"] for r in rows]
+        done = [r["objective"] for r in rows if r["state"] == "COMPLETE" and r["objective"] is not None]
+        best = (max(done) if s.space().mode == "max" else min(done)) if done else None
+        table.add_row(name, str(len(rows)), str(states.count("COMPLETE")), str(states.count("PRUNED")),
+                      str(states.count("FAIL")), _fmt(best))
+    console.print(table)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from autofl.tune import study as st
+
+    _print_status(st.open_study(st.studies_dir(args.dir), args.name))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from autofl.tune import study as st
+
+    study = st.open_study(st.studies_dir(args.dir), args.name)
+    text = st.dump_config(st.export_best_config(study), args.format)
+    if args.output:
+        out = Path(args.output)
+        if out.exists() and not args.overwrite:
+            raise AutoFLError(f"-o {out}: file exists; choose another name or pass --overwrite")
+        out.write_text(text)
+        console.print(f"wrote {out}; run it with: autofl train --config {out}", soft_wrap=True)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="autofl", description="Hyperparameter search for personalized FL.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -66,6 +152,36 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--out", help="output folder (default: autofl_runs/<method>-<time>)")
     train.add_argument("--overwrite", action="store_true", help="allow writing into a folder that holds files")
     train.set_defaults(func=cmd_train)
+
+    dir_help = "studies folder (default: $AUTOFL_HOME or ./autofl_studies)"
+    search = sub.add_parser("search", help="run or resume a hyperparameter study")
+    search.add_argument("--space", help="search-space YAML (new study)")
+    search.add_argument("--name", help="study name (default: the space's `study`)")
+    search.add_argument("--resume", metavar="NAME", help="continue an interrupted study")
+    search.add_argument("--trials", type=int, help="trials to run (new study: overrides the space; "
+                        "with --resume: add this many to the study)")
+    search.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
+    search.add_argument("--dir", help=dir_help)
+    search.set_defaults(func=cmd_search)
+
+    studies = sub.add_parser("studies", help="list studies")
+    studies.add_argument("--dir", help=dir_help)
+    studies.set_defaults(func=cmd_studies)
+
+    status = sub.add_parser("status", help="show one study's trials")
+    status.add_argument("name")
+    status.add_argument("--dir", help=dir_help)
+    status.set_defaults(func=cmd_status)
+
+    best = sub.add_parser("best-config", help="best configuration of a study")
+    best_sub = best.add_subparsers(dest="action", required=True)
+    export = best_sub.add_parser("export", help="write the best trial as a config for autofl train")
+    export.add_argument("name")
+    export.add_argument("-o", "--output", help="file to write (default: stdout)")
+    export.add_argument("--format", choices=["yaml", "json"], default="yaml")
+    export.add_argument("--overwrite", action="store_true")
+    export.add_argument("--dir", help=dir_help)
+    export.set_defaults(func=cmd_export)
     return parser
 
 

@@ -109,6 +109,8 @@ class Experiment(Strict):
     fl: FLConfig = Field(default_factory=FLConfig)
     method: MethodConfig = Field(default_factory=MethodConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    metadata: dict[str, Any] = Field(default_factory=dict, description="free-form notes (e.g. where an exported "
+                                     "config came from); never read by the run")
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "Experiment":

@@ -1,0 +1,181 @@
+"""Run a study with Ray Tune: OptunaSearch (TPE, RDB storage) proposes, ASHA stops, trials train.
+
+Each invocation is one Tune experiment under `<study>/tune/run-<k>`. Resuming restores the last
+interrupted experiment with Tune's own restore (searcher state, finished trials and trial
+checkpoints included); adding trials to a finished study starts a new experiment on the same
+Optuna study, so TPE sees every earlier trial.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from autofl.tune.space import DefineByRun, SearchSpace, initial_point
+from autofl.tune.study import TUNE_DIR, Study
+
+# Tune writes its experiment state (trials, searcher) at most this often; a killed driver loses
+# at most this much bookkeeping, and Optuna's storage is written at every trial event anyway.
+os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "2")
+os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the classic live trial table (CLIReporter)
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+
+def _init_ray(address: str | None) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    ray.init(address=address, include_dashboard=False, configure_logging=True, logging_level="WARNING",
+             log_to_driver=True)
+
+
+def _searcher(space: SearchSpace, study: Study, with_start_point: bool):
+    from autofl.tune.searcher import RoundAwareOptunaSearch
+    import optuna
+
+    start = initial_point(space) if with_start_point else None
+    return RoundAwareOptunaSearch(
+        space=DefineByRun(space), metric=space.objective, mode=space.mode,
+        points_to_evaluate=[start] if start else None,
+        sampler=optuna.samplers.TPESampler(seed=space.seed),
+        storage=optuna.storages.RDBStorage(study.storage_url()),
+        study_name=study.name, max_t=space.max_rounds,
+    )
+
+
+def _scheduler(space: SearchSpace):
+    if space.scheduler.kind == "none":
+        return None
+    from ray.tune.schedulers import ASHAScheduler
+
+    return ASHAScheduler(time_attr="round", max_t=space.max_rounds, grace_period=space.scheduler.grace_period,
+                         reduction_factor=space.scheduler.reduction_factor)
+
+
+def _trainable(space: SearchSpace):
+    from ray import tune
+
+    from autofl.data.datasets import load_raw_dataset
+    from autofl.tune.trainable import FLTrainable
+
+    raw = load_raw_dataset(space.base_experiment().data)  # once; tune.with_parameters shares it via the object store
+    wrapped = tune.with_parameters(FLTrainable, base=space.base, raw_data=raw,
+                                   threads=max(1, int(space.resources.cpu)))
+    return tune.with_resources(wrapped, {"cpu": space.resources.cpu, "gpu": space.resources.gpu})
+
+
+def _reporter(space: SearchSpace):
+    from ray.tune import CLIReporter
+
+    columns = {k: k.replace("method.", "").replace("model.", "") for k in space.params}
+    return CLIReporter(parameter_columns=columns, metric_columns={"round": "round", space.objective: space.objective},
+                       max_report_frequency=10, sort_by_metric=True)
+
+
+def run_experiment(study: Study, trials: int, address: str | None, restore: Path | None = None) -> None:
+    """Run `trials` new trials (or restore the interrupted experiment at `restore`)."""
+    from ray import tune
+
+    space = study.space()
+    _init_ray(address)
+    trainable = _trainable(space)
+    if restore is not None:
+        tuner = tune.Tuner.restore(str(restore), trainable=trainable, resume_unfinished=True,
+                                   resume_errored=False, restart_errored=False)
+    else:
+        meta = study.meta()
+        run_name = f"run-{len(meta['runs']) + 1}"
+        meta["runs"].append({"name": run_name, "trials": trials})
+        meta["trials_requested"] = meta.get("trials_requested", 0) + trials
+        study.write_meta(meta)
+        tuner = tune.Tuner(
+            trainable,
+            tune_config=tune.TuneConfig(
+                search_alg=_searcher(space, study, with_start_point=len(meta["runs"]) == 1),
+                scheduler=_scheduler(space), metric=space.objective, mode=space.mode, num_samples=trials,
+                time_budget_s=space.time_budget_s, reuse_actors=True,
+            ),
+            run_config=tune.RunConfig(
+                name=run_name, storage_path=str(study.root / TUNE_DIR),
+                checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1, num_to_keep=2,
+                                                        checkpoint_at_end=True),
+                failure_config=tune.FailureConfig(max_failures=0),
+                progress_reporter=_reporter(space), verbose=1,
+            ),
+        )
+    tuner.fit()
+
+
+def interrupted_run(study: Study) -> Path | None:
+    """The last Tune experiment of the study if it did not finish all its trials."""
+    from ray import tune
+
+    runs = study.meta()["runs"]
+    if not runs:
+        return None
+    path = study.root / TUNE_DIR / runs[-1]["name"]
+    if not tune.Tuner.can_restore(str(path)):
+        return None
+    finished_flag = path / ".autofl_finished"
+    return None if finished_flag.exists() else path
+
+
+def mark_finished(study: Study) -> None:
+    runs = study.meta()["runs"]
+    if runs:
+        path = study.root / TUNE_DIR / runs[-1]["name"]
+        path.mkdir(parents=True, exist_ok=True)
+        (path / ".autofl_finished").write_text("")
+
+
+def accounted_trials(study: Study) -> dict[str, int]:
+    from autofl.tune.study import trial_rows
+
+    counts: dict[str, int] = {}
+    for row in trial_rows(study):
+        counts[row["state"]] = counts.get(row["state"], 0) + 1
+    return counts
+
+
+def fail_orphans(study: Study) -> int:
+    """Optuna trials left RUNNING by a killed driver that no Tune experiment will finish: mark them FAIL."""
+    from optuna.trial import TrialState
+
+    ot = study.load_optuna()
+    if ot is None:
+        return 0
+    orphans = [t for t in ot.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING))]
+    for t in orphans:
+        ot._storage.set_trial_user_attr(t._trial_id, "interrupted", True)
+        ot.tell(t.number, state=TrialState.FAIL)
+    return len(orphans)
+
+
+def search(study: Study, trials: int | None, address: str | None, resume: bool) -> None:
+    """New study: run its trials. Resume: finish the interrupted experiment, then any trials
+    that never started; with `trials` on a finished study: add that many."""
+    if not resume:
+        run_experiment(study, trials or study.space().trials, address)
+        mark_finished(study)
+        return
+    restore = interrupted_run(study)
+    if restore is not None:
+        run_experiment(study, 0, address, restore=restore)
+        mark_finished(study)
+        fail_orphans(study)
+    else:  # killed before Tune saved anything: start over with what is missing
+        meta = study.meta()
+        if meta["runs"] and not (study.root / TUNE_DIR / meta["runs"][-1]["name"] / ".autofl_finished").exists():
+            fail_orphans(study)
+            done = sum(accounted_trials(study).get(s, 0) for s in ("COMPLETE", "PRUNED", "FAIL"))
+            missing = meta["trials_requested"] - done
+            meta["trials_requested"] -= missing
+            study.write_meta(meta)
+            if missing > 0:
+                run_experiment(study, missing, address)
+                mark_finished(study)
+    if trials:
+        run_experiment(study, trials, address)
+        mark_finished(study)

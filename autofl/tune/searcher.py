@@ -1,0 +1,62 @@
+"""Tune's OptunaSearch, with the per-round bookkeeping a study needs.
+
+Stock OptunaSearch reports intermediate values by training iteration and records an ASHA-stopped
+trial as COMPLETE with its early-round score. Here intermediate values are keyed by FL round, a
+trial stopped before `max_t` rounds is recorded as PRUNED, and each Optuna trial carries the Tune
+trial id, the round of its value and its (reported, never optimized) test metrics.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from optuna.trial import TrialState
+from ray.tune.search.optuna import OptunaSearch
+
+REPORTED_KEYS = ("round", "personal_val_acc", "personal_test_acc", "personal_test_acc_std",
+                 "personal_test_acc_p10", "global_val_acc", "global_test_acc", "train_loss")
+
+
+class RoundAwareOptunaSearch(OptunaSearch):
+    def __init__(self, *args: Any, max_t: int, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._max_t = max_t
+
+    def suggest(self, trial_id: str) -> dict | None:
+        params = super().suggest(trial_id)
+        if params is not None:
+            self._ot_trials[trial_id].set_user_attr("tune_trial_id", trial_id)
+        return params
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        value = result.get(self.metric)
+        if trial_id in self._completed_trials or value is None or not math.isfinite(value):
+            return
+        self._ot_trials[trial_id].report(float(value), int(result["round"]))
+
+    def _already_finished(self, trial_id: str) -> bool:
+        ot_trial = self._ot_trials[trial_id]
+        frozen = self._ot_study._storage.get_trial(ot_trial._trial_id)
+        return frozen.state.is_finished()
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        if trial_id in self._completed_trials or trial_id not in self._ot_trials:
+            return
+        self._completed_trials.add(trial_id)
+        if self._already_finished(trial_id):  # recorded before an interrupted driver could save its state
+            return
+        ot_trial = self._ot_trials[trial_id]
+        value = (result or {}).get(self.metric)
+        rnd = int((result or {}).get("round", 0))
+        if value is not None and math.isfinite(value) and rnd:  # Tune hands the last result only here
+            ot_trial.report(float(value), rnd)
+        for key in REPORTED_KEYS:
+            if result and result.get(key) is not None:
+                ot_trial.set_user_attr(key, result[key])
+        if error or value is None or not math.isfinite(value):
+            self._ot_study.tell(ot_trial, state=TrialState.FAIL)
+        elif rnd < self._max_t:
+            self._ot_study.tell(ot_trial, state=TrialState.PRUNED)
+        else:
+            self._ot_study.tell(ot_trial, float(value), state=TrialState.COMPLETE)

@@ -1,0 +1,219 @@
+"""Search-space files: pydantic-validated, checked against the experiment config before Ray starts."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from autofl.config import Experiment, build_experiment, read_yaml
+from autofl.errors import ConfigError, format_validation_error
+
+VALIDATION_OBJECTIVES = ("personal_val_acc", "global_val_acc")
+CONDITIONAL_SEP = ":"  # optuna name of a conditional param: "<method>:<config key>"
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ParamSpec(Strict):
+    type: Literal["float", "int", "categorical"]
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    step: float | None = Field(None, gt=0)
+    choices: list[Any] | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ParamSpec":
+        if self.type == "categorical":
+            if not self.choices:
+                raise ValueError("categorical needs a non-empty 'choices' list")
+            return self
+        if self.low is None or self.high is None:
+            raise ValueError(f"{self.type} needs 'low' and 'high'")
+        if self.low > self.high:
+            raise ValueError(f"low must be <= high (got low={self.low:g}, high={self.high:g})")
+        if self.log and self.low <= 0:
+            raise ValueError(f"log scale needs low > 0 (got {self.low:g})")
+        if self.log and self.step is not None:
+            raise ValueError("'log' and 'step' cannot be combined")
+        if self.type == "int" and (self.low != int(self.low) or self.high != int(self.high)):
+            raise ValueError("int bounds must be whole numbers")
+        return self
+
+    def contains(self, value: Any) -> bool:
+        if self.type == "categorical":
+            return value in (self.choices or [])
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            return False
+        return self.low <= value <= self.high  # type: ignore[operator]
+
+    def example(self) -> Any:
+        return self.choices[0] if self.type == "categorical" else (int(self.low) if self.type == "int" else self.low)  # type: ignore[index,arg-type]
+
+
+class SchedulerSpec(Strict):
+    kind: Literal["asha", "none"] = "asha"
+    grace_period: int = Field(1, ge=1, description="rounds every trial runs before ASHA may stop it")
+    reduction_factor: float = Field(2.0, gt=1)
+
+
+class ResourcesSpec(Strict):
+    cpu: float = Field(1.0, gt=0)
+    gpu: float = Field(0.0, ge=0, description="fractional values share a GPU between trials")
+
+
+class SearchSpace(Strict):
+    study: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    base: dict[str, Any] = Field(default_factory=dict, description="an experiment config, as for autofl train")
+    params: dict[str, ParamSpec] = Field(default_factory=dict)
+    conditional: dict[str, dict[str, ParamSpec]] = Field(
+        default_factory=dict, description="method name -> params searched only when method.name is that method")
+    objective: str = "personal_val_acc"
+    mode: Literal["max", "min"] = "max"
+    trials: int = Field(20, ge=1)
+    time_budget_s: float | None = Field(None, gt=0)
+    scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    storage: str | None = Field(None, description="SQLAlchemy URL; default: sqlite file in the study folder")
+    seed: int = 0
+    start_from_base: bool = Field(True, description="first trial = the base config's values (the paper default)")
+
+    @model_validator(mode="after")
+    def _objective_is_validation(self) -> "SearchSpace":
+        if self.objective not in VALIDATION_OBJECTIVES:
+            raise ValueError(f"objective: {self.objective!r} is not a validation metric; allowed: "
+                             f"{', '.join(VALIDATION_OBJECTIVES)} (test metrics are reported, never optimized)")
+        if self.conditional and "method.name" not in self.params:
+            raise ValueError("conditional: needs method.name among params (conditional params follow the method)")
+        return self
+
+    def base_experiment(self) -> Experiment:
+        return build_experiment(self.base)
+
+    @property
+    def max_rounds(self) -> int:
+        return self.base_experiment().fl.rounds
+
+
+def set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
+    node = tree
+    parts = key.split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+
+
+def experiment_dict(base: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
+    """The base config with searched values set (keys may carry a '<method>:' prefix)."""
+    import copy
+
+    tree = copy.deepcopy(base)
+    for key, value in values.items():
+        set_dotted(tree, key.split(CONDITIONAL_SEP, 1)[-1], value)
+    return tree
+
+
+def _check_keys(space: SearchSpace, method: str | None, params: dict[str, ParamSpec], where: str) -> None:
+    """Build the experiment with each param's example value: unknown keys and bad methods fail here."""
+    values = {k: p.example() for k, p in params.items()}
+    if method is not None:
+        values["method.name"] = method
+    for key, spec in params.items():
+        try:
+            build_experiment(experiment_dict(space.base, {**values, key: spec.example()}))
+        except ConfigError as err:
+            raise ConfigError(f"{where}.{key}: {err}") from None
+        if spec.type != "categorical":
+            continue
+        for choice in spec.choices or []:  # every choice (e.g. each method name) must make a valid config
+            try:
+                build_experiment(experiment_dict(space.base, {**values, key: choice}))
+            except ConfigError as err:
+                raise ConfigError(f"{where}.{key}: choice {choice!r} is invalid ({err})") from None
+
+
+def validate_space(space: SearchSpace) -> None:
+    try:
+        base = space.base_experiment()
+    except ConfigError as err:
+        raise ConfigError(f"base.{err}") from None
+    if "method.name" in space.params:
+        methods = space.params["method.name"].choices or []
+        shared = {k: v for k, v in space.params.items() if k != "method.name"}
+        for method in methods:
+            _check_keys(space, method, {**shared, **space.conditional.get(str(method), {})}, "params")
+        unknown = set(space.conditional) - {str(m) for m in methods}
+        if unknown:
+            raise ConfigError(f"conditional.{sorted(unknown)[0]}: not among method.name choices; allowed: "
+                              f"{', '.join(map(str, methods))}")
+    else:
+        _check_keys(space, None, space.params, "params")
+    if space.objective == "global_val_acc":
+        from autofl.methods.registry import get_method_class
+
+        methods = space.params["method.name"].choices if "method.name" in space.params else [base.method.name]
+        for m in methods or []:
+            if not get_method_class(str(m)).has_global_model:
+                raise ConfigError(f"objective: method {m} has no global model, so global_val_acc is undefined; "
+                                  f"allowed: personal_val_acc")
+
+
+def load_space(path: str | Path) -> SearchSpace:
+    raw = read_yaml(path)
+    try:
+        space = SearchSpace.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(f"{path}: {format_validation_error(err, SearchSpace)}") from None
+    try:
+        validate_space(space)
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
+    return space
+
+
+def initial_point(space: SearchSpace) -> dict[str, Any] | None:
+    """The base config's value of every searched key (the paper default), if all lie in their ranges."""
+    if not space.start_from_base or "method.name" in space.params:
+        return None
+    resolved = space.base_experiment().model_dump()
+    point = {}
+    for key, spec in space.params.items():
+        node: Any = resolved
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is None or not spec.contains(node):
+            return None
+        point[key] = node
+    return point
+
+
+def suggest(trial: Any, name: str, spec: ParamSpec) -> Any:
+    if spec.type == "categorical":
+        return trial.suggest_categorical(name, spec.choices)
+    if spec.type == "int":
+        return trial.suggest_int(name, int(spec.low), int(spec.high), step=int(spec.step or 1), log=spec.log)  # type: ignore[arg-type]
+    return trial.suggest_float(name, spec.low, spec.high, step=spec.step, log=spec.log)
+
+
+class DefineByRun:
+    """Optuna define-by-run space (picklable, so Tune can save the searcher): shared params first,
+    then the chosen method's conditional params."""
+
+    def __init__(self, space: SearchSpace):
+        self.space = space
+
+    def __call__(self, trial: Any) -> None:
+        chosen = {key: suggest(trial, key, spec) for key, spec in self.space.params.items()}
+        method = chosen.get("method.name")
+        for key, spec in self.space.conditional.get(str(method), {}).items():
+            suggest(trial, f"{method}{CONDITIONAL_SEP}{key}", spec)
+        return None
+
+
+def is_finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)

@@ -1,0 +1,160 @@
+"""Studies: one folder each under the studies dir, holding the space, the Optuna storage and the
+Ray Tune experiment(s). Create, resume, extend, list, inspect, and export the best config.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from autofl.errors import AutoFLError, ConfigError
+from autofl.tune.space import SearchSpace, load_space
+
+HOME_ENV = "AUTOFL_HOME"
+SPACE_FILE = "space.yaml"
+META_FILE = "study.json"
+TUNE_DIR = "tune"
+FINISHED = ("COMPLETE", "PRUNED", "FAIL")
+
+
+def studies_dir(explicit: str | None = None) -> Path:
+    return Path(explicit or os.environ.get(HOME_ENV) or "autofl_studies").expanduser().resolve()
+
+
+@dataclass
+class Study:
+    root: Path  # the study's folder
+
+    @property
+    def name(self) -> str:
+        return self.root.name
+
+    @property
+    def space_file(self) -> Path:
+        return self.root / SPACE_FILE
+
+    def space(self) -> SearchSpace:
+        return load_space(self.space_file)
+
+    def meta(self) -> dict[str, Any]:
+        path = self.root / META_FILE
+        return json.loads(path.read_text()) if path.exists() else {"runs": [], "trials_requested": 0}
+
+    def write_meta(self, meta: dict[str, Any]) -> None:
+        tmp = self.root / (META_FILE + ".tmp")
+        tmp.write_text(json.dumps(meta, indent=1))
+        os.replace(tmp, self.root / META_FILE)
+
+    def storage_url(self) -> str:
+        return self.space().storage or f"sqlite:///{self.root / 'optuna.db'}"
+
+    def load_optuna(self):
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        try:
+            return optuna.load_study(study_name=self.name, storage=self.storage_url())
+        except KeyError:
+            return None
+
+
+def existing_studies(home: Path) -> list[str]:
+    return sorted(p.name for p in home.iterdir() if (p / SPACE_FILE).is_file()) if home.is_dir() else []
+
+
+def open_study(home: Path, name: str) -> Study:
+    root = home / name
+    if not (root / SPACE_FILE).is_file():
+        known = existing_studies(home)
+        raise AutoFLError(f"study {name!r} not found in {home}; existing studies: {', '.join(known) or '(none)'}")
+    return Study(root)
+
+
+def create_study(home: Path, space_path: Path, space: SearchSpace, name: str | None) -> Study:
+    name = name or space.study
+    root = home / name
+    if (root / SPACE_FILE).exists():
+        raise AutoFLError(f"study {name!r} already exists in {home}; continue it with --resume {name}, "
+                          f"add trials with --resume {name} --trials N, or pick another --name")
+    root.mkdir(parents=True, exist_ok=True)
+    text = space_path.read_text()
+    (root / SPACE_FILE).write_text(text)
+    return Study(root)
+
+
+def trial_rows(study: Study) -> list[dict[str, Any]]:
+    ot = study.load_optuna()
+    if ot is None:
+        return []
+    rows = []
+    for t in ot.get_trials(deepcopy=False):
+        steps = sorted(t.intermediate_values)
+        rows.append({
+            "number": t.number, "state": t.state.name, "params": dict(t.params),
+            "round": steps[-1] if steps else None,
+            "objective": t.value if t.value is not None else (t.intermediate_values[steps[-1]] if steps else None),
+            "tune_trial_id": t.user_attrs.get("tune_trial_id"),
+            "user_attrs": dict(t.user_attrs),
+        })
+    return rows
+
+
+def best_trial(study: Study):
+    ot = study.load_optuna()
+    if ot is None:
+        raise AutoFLError(f"study {study.name!r} has no trials yet")
+    complete = [t for t in ot.get_trials(deepcopy=False) if t.state.name == "COMPLETE" and t.value is not None]
+    if not complete:
+        raise AutoFLError(f"study {study.name!r} has no completed trial yet; see autofl status {study.name}")
+    pick = max if study.space().mode == "max" else min
+    return pick(complete, key=lambda t: t.value)
+
+
+def export_best_config(study: Study) -> dict[str, Any]:
+    """A complete experiment config of the best trial, runnable by `autofl train --config`."""
+    import optuna
+    import ray
+    import torch
+
+    import autofl
+    from autofl.config import build_experiment, experiment_to_dict
+    from autofl.tune.space import experiment_dict
+
+    space = study.space()
+    trial = best_trial(study)
+    exp = build_experiment(experiment_dict(space.base, dict(trial.params)))
+    config = experiment_to_dict(exp)
+    attrs = trial.user_attrs
+    config["metadata"] = {
+        "study": study.name,
+        "trial": trial.number,
+        "tune_trial_id": attrs.get("tune_trial_id"),
+        "objective": space.objective,
+        "objective_value": trial.value,
+        "objective_round": attrs.get("round"),
+        "test_metrics_reported_not_optimized": {k: attrs[k] for k in
+                                                ("personal_test_acc", "personal_test_acc_std",
+                                                 "personal_test_acc_p10", "global_test_acc") if k in attrs},
+        "seed": exp.seed,
+        "versions": {"autofl": autofl.__version__, "torch": str(torch.__version__), "ray": ray.__version__,
+                     "optuna": optuna.__version__},
+    }
+    return config
+
+
+def dump_config(config: dict[str, Any], fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(config, indent=2) + "\n"
+    return yaml.safe_dump(config, sort_keys=False)
+
+
+def ensure_space_file(path: str) -> tuple[Path, SearchSpace]:
+    space_path = Path(path)
+    if not space_path.is_file():
+        raise ConfigError(f"--space {path}: no such file")
+    return space_path, load_space(space_path)

@@ -1,0 +1,66 @@
+"""The Ray Tune trainable: one FL run, one result per evaluated round, full-state checkpoints.
+
+It knows nothing of ASHA or Optuna: it builds the experiment from the trial's config, reports
+round metrics (with `round` as the time attribute) and saves / restores the simulation state.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import ray
+import torch
+from ray import tune
+
+from autofl.config import build_experiment
+from autofl.data.datasets import RawDataset
+from autofl.engine.simulation import Simulation
+from autofl.tune.space import experiment_dict
+
+STATE_FILE = "simulation.pt"
+
+
+def trial_device() -> torch.device:
+    """`cuda` when Ray gave this trial a GPU, else the CPU."""
+    return torch.device("cuda") if ray.get_gpu_ids() and torch.cuda.is_available() else torch.device("cpu")
+
+
+class FLTrainable(tune.Trainable):
+    def setup(self, config: dict[str, Any], base: dict[str, Any] | None = None, raw_data: RawDataset | None = None,
+              threads: int = 1) -> None:
+        torch.set_num_threads(max(1, threads))
+        self._base, self._raw = base or {}, raw_data
+        exp = build_experiment(experiment_dict(self._base, config))
+        if raw_data is not None and raw_data.name != exp.data.dataset:
+            raw_data = None  # the dataset itself is searched: load this trial's own
+        self.sim = Simulation(exp, raw=raw_data, device=trial_device())
+        self.last: dict[str, Any] | None = None
+
+    def reset_config(self, new_config: dict[str, Any]) -> bool:
+        """Reuse this worker for the next trial (no new process, no second torch import)."""
+        exp = build_experiment(experiment_dict(self._base, new_config))
+        raw = self._raw if self._raw is not None and self._raw.name == exp.data.dataset else None
+        self.sim = Simulation(exp, raw=raw, device=trial_device())
+        self.last = None
+        return True
+
+    def step(self) -> dict[str, Any]:
+        if self.sim.done() and self.last is not None:  # restored from the final checkpoint
+            return {**self.last, "done": True}
+        metrics = None
+        while metrics is None:
+            metrics = self.sim.run_round()
+        if not math.isfinite(metrics["train_loss"]):
+            raise FloatingPointError(f"training loss is {metrics['train_loss']} at round {metrics['round']}")
+        self.last = metrics
+        return {**metrics, "done": self.sim.done()}
+
+    def save_checkpoint(self, checkpoint_dir: str) -> None:
+        torch.save(self.sim.state_dict(), os.path.join(checkpoint_dir, STATE_FILE))
+
+    def load_checkpoint(self, checkpoint_dir: str) -> None:
+        state = torch.load(os.path.join(checkpoint_dir, STATE_FILE), map_location="cpu", weights_only=False)
+        self.sim.load_state_dict(state)
+        self.last = self.sim.history[-1] if self.sim.history else None
