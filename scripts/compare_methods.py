@@ -18,7 +18,7 @@ import time
 from autofl.config import apply_overrides, build_experiment, read_yaml
 from autofl.data.datasets import load_raw_dataset
 from autofl.engine.simulation import Simulation
-from autofl.methods.registry import method_names
+from autofl.methods.registry import get_method_class, method_names
 
 DEFAULT_METHODS = ["fedavg", "fedprox", "fedper", "moon", "fdcl", "fedeccr", "dualfed", "fedsiam_da", "fedfcd"]
 
@@ -26,7 +26,6 @@ DEFAULT_METHODS = ["fedavg", "fedprox", "fedper", "moon", "fdcl", "fedeccr", "du
 def run_one(raw_cfg: dict, method: str, seed: int, raw_data) -> dict:
     cfg = dict(raw_cfg, seed=seed, method={"name": method})
     model = dict(cfg.get("model", {}))
-    from autofl.methods.registry import get_method_class
 
     if not get_method_class(method).uses_projector:  # projector keys belong to projector methods only
         model.pop("projector_depth", None)

@@ -123,6 +123,10 @@ def _check_keys(space: SearchSpace, method: str | None, params: dict[str, ParamS
     values = {k: p.example() for k, p in params.items()}
     if method is not None:
         values["method.name"] = method
+        try:
+            build_experiment(experiment_dict(space.base, values))
+        except ConfigError as err:
+            raise ConfigError(f"{where}.method.name: choice {method!r} is invalid ({err})") from None
     for key, spec in params.items():
         try:
             build_experiment(experiment_dict(space.base, {**values, key: spec.example()}))

@@ -129,6 +129,10 @@ def export_best_config(study: Study) -> dict[str, Any]:
     trial = best_trial(study)
     exp = build_experiment(experiment_dict(space.base, dict(trial.params)))
     config = experiment_to_dict(exp)
+    # the trial's own runtime, so that a re-run reproduces its round-by-round metrics exactly
+    config["runtime"]["threads"] = max(1, int(space.resources.cpu))
+    if space.resources.gpu == 0:
+        config["runtime"]["device"] = "cpu"
     attrs = trial.user_attrs
     config["metadata"] = {
         "study": study.name,

@@ -1,0 +1,116 @@
+"""End-to-end studies on digits (slow: each starts a local Ray)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+from conftest import read_metrics
+
+pytestmark = pytest.mark.slow
+AUTOFL = [sys.executable, "-m", "autofl.cli"]
+
+
+def space_file(tmp_path: Path, study: str, trials: int, rounds: int) -> Path:
+    space = {
+        "study": study,
+        "base": {"data": {"num_clients": 4, "partition": {"kind": "pathological", "classes_per_client": 3}},
+                 "fl": {"rounds": rounds}, "method": {"name": "fdcl"}},
+        "params": {"method.mu": {"type": "float", "low": 0.05, "high": 2.0, "log": True},
+                   "fl.lr": {"type": "float", "low": 0.0005, "high": 0.2, "log": True}},
+        "trials": trials,
+        "scheduler": {"kind": "asha", "grace_period": 1, "reduction_factor": 2},
+        "resources": {"cpu": 1},
+    }
+    path = tmp_path / f"{study}.yaml"
+    path.write_text(yaml.safe_dump(space))
+    return path
+
+
+def run(args, **kw):
+    return subprocess.run([*AUTOFL, *map(str, args)], capture_output=True, text=True, timeout=900, **kw)
+
+
+def trials_of(home: Path, name: str):
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{home / name / 'optuna.db'}").get_trials()
+
+
+def test_quickstart_sized_study_prunes_and_exports_a_reproducible_config(tmp_path):
+    home = tmp_path / "home"
+    proc = run(["search", "--space", space_file(tmp_path, "e2e", trials=6, rounds=4), "--dir", home])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    trials = trials_of(home, "e2e")
+    states = [t.state.name for t in trials]
+    assert len(trials) == 6 and set(states) <= {"COMPLETE", "PRUNED"}
+    pruned = [t for t in trials if t.state.name == "PRUNED"]
+    assert pruned, "ASHA stopped no trial"
+    for t in pruned:  # recorded as PRUNED with their per-round values, not COMPLETE
+        assert t.intermediate_values and max(t.intermediate_values) < 4
+    for t in trials:
+        if t.state.name == "COMPLETE":
+            assert sorted(t.intermediate_values) == [1, 2, 3, 4]
+
+    out = tmp_path / "best.yaml"
+    proc = run(["best-config", "export", "e2e", "--dir", home, "-o", out])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    meta = yaml.safe_load(out.read_text())["metadata"]
+    assert meta["study"] == "e2e" and meta["objective_round"] == 4 and "personal_test_acc" in \
+        meta["test_metrics_reported_not_optimized"]
+    proc = run(["train", "--config", out, "--out", tmp_path / "rerun"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    trial_dir = next((home / "e2e" / "tune").glob(f"run-1/FLTrainable_{meta['tune_trial_id']}_*"))
+    tuned = [json.loads(line) for line in (trial_dir / "result.json").read_text().splitlines()]
+    keys = ["round", "personal_val_acc", "personal_test_acc", "global_val_acc", "global_test_acc", "train_loss"]
+    assert [{k: m[k] for k in keys} for m in read_metrics(tmp_path / "rerun")] == \
+        [{k: m[k] for k in keys} for m in tuned]
+
+    proc = run(["search", "--resume", "e2e", "--trials", "2", "--dir", home])  # extend the finished study
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(trials_of(home, "e2e")) == 8
+    listing = run(["studies", "--dir", home])
+    assert "e2e" in listing.stdout
+
+
+def test_killed_driver_resumes_without_losing_or_rerunning_trials(tmp_path):
+    home = tmp_path / "home"
+    space = space_file(tmp_path, "killme", trials=6, rounds=8)
+    driver = subprocess.Popen([*AUTOFL, "search", "--space", str(space), "--dir", str(home)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 600
+    db = home / "killme" / "optuna.db"
+    before = []
+    while time.time() < deadline:
+        time.sleep(2)
+        if db.exists():
+            try:
+                before = trials_of(home, "killme")
+            except Exception:  # study not created yet
+                continue
+            if sum(t.state.name in ("COMPLETE", "PRUNED") for t in before) >= 2:
+                break
+    assert driver.poll() is None, "the study finished before it could be killed; make it longer"
+    os.killpg(driver.pid, signal.SIGKILL)
+    driver.wait()
+    subprocess.run([str(Path(sys.executable).parent / "ray"), "stop", "--force"], capture_output=True, timeout=120)
+    finished_before = {t.number: (t.state.name, t.value, t.params) for t in trials_of(home, "killme")
+                       if t.state.is_finished()}
+    assert finished_before
+
+    proc = run(["search", "--resume", "killme", "--dir", home])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    after = trials_of(home, "killme")
+    assert all(t.state.is_finished() for t in after), [t.state.name for t in after]
+    for number, (state, value, params) in finished_before.items():  # nothing finished was lost or changed
+        t = after[number]
+        assert (t.state.name, t.value, t.params) == (state, value, params)
+    real = [t for t in after if not t.user_attrs.get("interrupted")]
+    assert len(real) == 6  # every requested trial accounted for
+    ids = [t.user_attrs.get("tune_trial_id") for t in real]
+    assert len(set(ids)) == len(ids)  # no trial ran twice

@@ -1,0 +1,78 @@
+"""Search-space files: each error gives its one-line message before Ray starts."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from autofl.errors import AutoFLError, ConfigError
+from autofl.tune.space import initial_point, load_space
+
+SPACES = sorted(Path(__file__).parent.parent.joinpath("search_spaces").glob("*.yaml"))
+
+
+def write(tmp_path, **changes):
+    space = {"study": "t", "base": {"fl": {"rounds": 3}, "method": {"name": "fdcl"}},
+             "params": {"method.mu": {"type": "float", "low": 0.05, "high": 2.0}}}
+    space.update(changes)
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump(space))
+    return path
+
+
+@pytest.mark.parametrize("space", SPACES, ids=lambda p: p.stem)
+def test_shipped_spaces_validate(space):
+    s = load_space(space)
+    if s.study != "cross_method":
+        point = initial_point(s)
+        assert point is not None, "each method space's first trial is the paper default"
+        assert set(point) == set(s.params)
+
+
+@pytest.mark.parametrize("changes,needle", [
+    ({"bogus": 1}, "bogus: unknown key; allowed keys: study, base, params"),
+    ({"params": {"method.mu": {"type": "float", "low": 2, "high": 1}}}, "params.method.mu: low must be <= high"),
+    ({"objective": "personal_test_acc"}, "objective: 'personal_test_acc' is not a validation metric"),
+    ({"base": {"method": {"name": "nope"}}}, "base.method.name: unknown method 'nope'"),
+    ({"params": {"fl.nope": {"type": "float", "low": 0.1, "high": 1}}}, "params.fl.nope: fl.nope: unknown key"),
+    ({"params": {"method.lam": {"type": "float", "low": 0.1, "high": 1}}}, "params.method.lam: method.lam: unknown key for method fdcl"),
+    ({"params": {"method.name": {"type": "categorical", "choices": ["fdcl", "nope"]}}}, "choice 'nope' is invalid"),
+    ({"params": {"method.mu": {"type": "categorical"}}}, "categorical needs a non-empty 'choices' list"),
+])
+def test_space_errors_are_one_line(tmp_path, changes, needle):
+    with pytest.raises(ConfigError) as info:
+        load_space(write(tmp_path, **changes))
+    assert needle in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_global_objective_needs_a_global_model(tmp_path):
+    path = write(tmp_path, base={"method": {"name": "fedfcd"}}, params={}, objective="global_val_acc")
+    with pytest.raises(ConfigError, match="method fedfcd has no global model"):
+        load_space(path)
+
+
+def test_cli_bad_space_exits_2_before_ray_and_writes_nothing(run_cli, tmp_path, capsys):
+    path = write(tmp_path, objective="global_test_acc")
+    home = tmp_path / "home"
+    assert run_cli("search", "--space", path, "--dir", home) == 2
+    assert "objective" in capsys.readouterr().err
+    assert not home.exists()
+
+
+def test_resume_unknown_study_lists_existing(run_cli, tmp_path, capsys):
+    (tmp_path / "alpha").mkdir()
+    (tmp_path / "alpha" / "space.yaml").write_text(yaml.safe_dump({"study": "alpha"}))
+    assert run_cli("search", "--resume", "nope", "--dir", tmp_path) == 2
+    err = capsys.readouterr().err
+    assert "study 'nope' not found" in err and "alpha" in err
+
+
+def test_existing_study_is_not_overwritten(tmp_path):
+    from autofl.tune.study import create_study
+
+    path = write(tmp_path)
+    space = load_space(path)
+    create_study(tmp_path / "home", path, space, None)
+    with pytest.raises(AutoFLError, match="already exists"):
+        create_study(tmp_path / "home", path, space, None)
