@@ -74,6 +74,7 @@ def sample_virtual_features(stats: ClassStats, per_class: int, generator: torch.
 class FedECCR(Method):
     name = "fedeccr"
     Params = FedECCRParams
+    extra_forwards = 1  # the class-mean (prototype) pass over the client's data after training
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)

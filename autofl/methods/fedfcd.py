@@ -48,7 +48,7 @@ class FedFCD(Method):
     Params = FedFCDParams
     has_global_model = False  # no whole global model: global_* metrics are not reported
     personal_is_global = False
-    extra_forwards = 1  # features recomputed for step (b) after step (a)
+    extra_forwards = 2  # features recomputed for step (b) after step (a); the LFR pass after training
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
