@@ -37,3 +37,23 @@ def class_stats(features: torch.Tensor, labels: torch.Tensor, num_classes: int, 
             centered = features[labels == k] - means[k]
             covs[k] = centered.T @ centered / (counts[k] - 1)
     return ClassStats(counts, means, covs)
+
+
+def train_head(head: torch.nn.Module, feats: torch.Tensor, labels: torch.Tensor, lr: float, batch_size: int,
+               generator: torch.Generator, epochs: int = 1, momentum: float = 0.0) -> None:
+    """Plain SGD of a head on (feature, label) pairs, shuffled each epoch (FedECCR's correction,
+    FedFCD's server-trained global head)."""
+    import torch.nn.functional as F
+
+    head.train()
+    for p in head.parameters():
+        p.requires_grad_(True)
+    opt = torch.optim.SGD(head.parameters(), lr=lr, momentum=momentum)
+    for _ in range(epochs):
+        order = torch.randperm(len(labels), generator=generator).to(labels.device)
+        for start in range(0, len(labels), batch_size):
+            idx = order[start : start + batch_size]
+            loss = F.cross_entropy(head(feats[idx]), labels[idx])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from autofl.features import ClassStats, class_stats, encode
+from autofl.features import ClassStats, class_stats, encode, train_head
 from autofl.losses import prototype_contrast
 from autofl.methods.base import (ClientContext, LocalResult, Method, MethodParams, StateDict, Upload,
                                  clone_state, sgd_epochs)
@@ -146,19 +146,8 @@ class FedECCR(Method):
         merged = merge_class_stats(stats)
         gen = torch.Generator().manual_seed(derived_seed(self.exp.seed, completed, 0xCCF))
         feats, labels = sample_virtual_features(merged, self.params.M, gen)
-        head = model.head
-        head.train()
-        for p in head.parameters():
-            p.requires_grad_(True)
-        opt = torch.optim.SGD(head.parameters(), lr=CALIB_LR, momentum=self.exp.fl.momentum)
-        for _ in range(self.params.calib_epochs):
-            order = torch.randperm(len(labels), generator=gen).to(labels.device)
-            for start in range(0, len(labels), CALIB_BATCH):
-                idx = order[start : start + CALIB_BATCH]
-                loss = F.cross_entropy(head(feats[idx]), labels[idx])
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
+        train_head(model.head, feats, labels, CALIB_LR, CALIB_BATCH, gen, epochs=self.params.calib_epochs,
+                   momentum=self.exp.fl.momentum)
         return clone_state(model)
 
     def load_global(self, model: SplitModel, global_state: StateDict) -> None:

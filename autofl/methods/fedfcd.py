@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from autofl.features import ClassStats, class_stats, encode
+from autofl.features import ClassStats, class_stats, encode, train_head
 from autofl.methods.base import ClientContext, LocalResult, LossMeter, Method, MethodParams, StateDict, Upload
 from autofl.methods.registry import register
 from autofl.models.parts import SplitModel, build_head
@@ -86,8 +86,8 @@ class FedFCD(Method):
         head = self.spare("global_head", sim.model.global_head)
         head.load_state_dict({k[len("global_head."):]: v for k, v in sim.global_state.items()
                               if k.startswith("global_head.")})
-        train_head_one_epoch(head, feats, labels, self.params.server_lr, self.exp.fl.batch_size,
-                             torch.Generator().manual_seed(derived_seed(self.exp.seed, sim.round, 0xFCD)))
+        train_head(head, feats, labels, self.params.server_lr, self.exp.fl.batch_size,
+                   torch.Generator().manual_seed(derived_seed(self.exp.seed, sim.round, 0xFCD)))
         for k, v in head.state_dict().items():
             sim.global_state["global_head." + k] = v.detach().clone()
 
@@ -147,18 +147,3 @@ class FedFCD(Method):
         self.lfrs = {int(k): v for k, v in state["lfrs"].items()}
         self.gfr, self.has_gfr = state["gfr"], state["has_gfr"]
 
-
-def train_head_one_epoch(head: torch.nn.Module, feats: torch.Tensor, labels: torch.Tensor, lr: float,
-                         batch_size: int, generator: torch.Generator) -> None:
-    """One shuffled epoch of plain SGD of a head on (feature, label) pairs."""
-    head.train()
-    for p in head.parameters():
-        p.requires_grad_(True)
-    opt = torch.optim.SGD(head.parameters(), lr=lr)
-    order = torch.randperm(len(labels), generator=generator).to(labels.device)
-    for start in range(0, len(labels), batch_size):
-        idx = order[start : start + batch_size]
-        loss = F.cross_entropy(head(feats[idx]), labels[idx])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
