@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from autofl.tune.space import DefineByRun, SearchSpace, initial_point
-from autofl.tune.study import TUNE_DIR, Study
+from autofl.tune.study import FINISHED, TUNE_DIR, Study
 
 # Tune writes its experiment state (trials, searcher) at most this often; a killed driver loses
 # at most this much bookkeeping, and Optuna's storage is written at every trial event anyway.
@@ -169,7 +169,7 @@ def search(study: Study, trials: int | None, address: str | None, resume: bool) 
         meta = study.meta()
         if meta["runs"] and not (study.root / TUNE_DIR / meta["runs"][-1]["name"] / ".autofl_finished").exists():
             fail_orphans(study)
-            done = sum(accounted_trials(study).get(s, 0) for s in ("COMPLETE", "PRUNED", "FAIL"))
+            done = sum(accounted_trials(study).get(s, 0) for s in FINISHED)
             missing = meta["trials_requested"] - done
             meta["trials_requested"] -= missing
             study.write_meta(meta)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any, Literal
 
@@ -217,7 +216,3 @@ class DefineByRun:
         for key, spec in self.space.conditional.get(str(method), {}).items():
             suggest(trial, f"{method}{CONDITIONAL_SEP}{key}", spec)
         return None
-
-
-def is_finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value)
