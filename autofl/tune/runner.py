@@ -31,7 +31,7 @@ def _init_ray(address: str | None) -> None:
              log_to_driver=True)
 
 
-def _searcher(space: SearchSpace, study: Study, with_start_point: bool):
+def _searcher(space: SearchSpace, study: Study, run_name: str, trials: int, with_start_point: bool):
     from autofl.tune.searcher import RoundAwareOptunaSearch
     import optuna
 
@@ -41,7 +41,7 @@ def _searcher(space: SearchSpace, study: Study, with_start_point: bool):
         points_to_evaluate=[start] if start else None,
         sampler=optuna.samplers.TPESampler(seed=space.seed),
         storage=optuna.storages.RDBStorage(study.storage_url()),
-        study_name=study.name, max_t=space.max_rounds,
+        study_name=study.name, max_t=space.max_rounds, run_name=run_name, budget=trials,
     )
 
 
@@ -78,6 +78,8 @@ def run_experiment(study: Study, trials: int, address: str | None, restore: Path
     """Run `trials` new trials (or restore the interrupted experiment at `restore`)."""
     from ray import tune
 
+    from autofl.tune.stopper import AlreadyRecordedStopper
+
     space = study.space()
     _init_ray(address)
     trainable = _trainable(space)
@@ -93,7 +95,7 @@ def run_experiment(study: Study, trials: int, address: str | None, restore: Path
         tuner = tune.Tuner(
             trainable,
             tune_config=tune.TuneConfig(
-                search_alg=_searcher(space, study, with_start_point=len(meta["runs"]) == 1),
+                search_alg=_searcher(space, study, run_name, trials, with_start_point=len(meta["runs"]) == 1),
                 scheduler=_scheduler(space), metric=space.objective, mode=space.mode, num_samples=trials,
                 time_budget_s=space.time_budget_s, reuse_actors=True,
             ),
@@ -102,6 +104,7 @@ def run_experiment(study: Study, trials: int, address: str | None, restore: Path
                 checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1, num_to_keep=2,
                                                         checkpoint_at_end=True),
                 failure_config=tune.FailureConfig(max_failures=0),
+                stop=AlreadyRecordedStopper(study.storage_url(), study.name),
                 progress_reporter=_reporter(space), verbose=1,
             ),
         )

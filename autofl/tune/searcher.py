@@ -11,7 +11,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
+from ray.tune.search import Searcher
 from ray.tune.search.optuna import OptunaSearch
 
 REPORTED_KEYS = ("round", "personal_val_acc", "personal_test_acc", "personal_test_acc_std",
@@ -19,21 +21,38 @@ REPORTED_KEYS = ("round", "personal_val_acc", "personal_test_acc", "personal_tes
 
 
 class RoundAwareOptunaSearch(OptunaSearch):
-    def __init__(self, *args: Any, max_t: int, **kwargs: Any):
+    def __init__(self, *args: Any, max_t: int, run_name: str, budget: int, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self._max_t = max_t
+        self._run_name = run_name
+        self._budget = budget
 
-    def suggest(self, trial_id: str) -> dict | None:
+    def _budget_used(self) -> int:
+        """Trials this searcher suggested, plus the run's trials finished by a driver that died
+        before Tune saved them (still RUNNING ones are orphans to replace, not counted)."""
+        unknown_finished = sum(
+            1 for t in self._ot_study.get_trials(deepcopy=False)
+            if t.user_attrs.get("tune_run") == self._run_name and t.state.is_finished()
+            and t.user_attrs.get("tune_trial_id") not in self._ot_trials)
+        return len(self._ot_trials) + unknown_finished
+
+    def suggest(self, trial_id: str) -> dict | str | None:
+        if self._ot_study is not None and self._budget_used() >= self._budget:
+            return Searcher.FINISHED
         params = super().suggest(trial_id)
         if params is not None:
             self._ot_trials[trial_id].set_user_attr("tune_trial_id", trial_id)
+            self._ot_trials[trial_id].set_user_attr("tune_run", self._run_name)
         return params
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         value = result.get(self.metric)
         if trial_id in self._completed_trials or value is None or not math.isfinite(value):
             return
-        self._ot_trials[trial_id].report(float(value), int(result["round"]))
+        try:
+            self._ot_trials[trial_id].report(float(value), int(result["round"]))
+        except UpdateFinishedTrialError:  # finished before an interrupted driver could save its state
+            self._completed_trials.add(trial_id)
 
     def _already_finished(self, trial_id: str) -> bool:
         ot_trial = self._ot_trials[trial_id]

@@ -1,0 +1,40 @@
+"""Stop a resumed trial that the study already recorded as finished.
+
+Optuna's storage is written at every trial event, Tune's experiment snapshot only every few
+seconds. A driver killed between the two leaves a trial that Optuna has finished but that Tune's
+snapshot still lists as running; on resume Tune would train it again from its last checkpoint.
+This stopper looks each trial up once per driver (at its first result) and stops it if its Optuna
+trial is already finished, so no trial is trained or recorded twice.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray.tune import Stopper
+
+
+class AlreadyRecordedStopper(Stopper):
+    def __init__(self, storage_url: str, study_name: str):
+        self._storage_url = storage_url
+        self._study_name = study_name
+        self._looked_up: set[str] = set()
+
+    def __getstate__(self) -> dict[str, Any]:  # a restored driver looks every trial up again
+        return {**self.__dict__, "_looked_up": set()}
+
+    def _finished_tune_ids(self) -> set[str]:
+        import optuna
+
+        study = optuna.load_study(study_name=self._study_name, storage=self._storage_url)
+        return {t.user_attrs["tune_trial_id"] for t in study.get_trials(deepcopy=False)
+                if t.state.is_finished() and "tune_trial_id" in t.user_attrs}
+
+    def __call__(self, trial_id: str, result: dict) -> bool:
+        if trial_id in self._looked_up:
+            return False
+        self._looked_up.add(trial_id)
+        return trial_id in self._finished_tune_ids()
+
+    def stop_all(self) -> bool:
+        return False

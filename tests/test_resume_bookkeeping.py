@@ -1,0 +1,67 @@
+"""A driver killed between Optuna's write and Tune's snapshot must not make a resume fail or rerun."""
+
+import pickle
+
+import optuna
+from optuna.distributions import FloatDistribution
+from optuna.trial import TrialState
+from ray.tune.search import Searcher
+
+from autofl.tune.searcher import RoundAwareOptunaSearch
+from autofl.tune.stopper import AlreadyRecordedStopper
+
+
+def make_searcher(url: str, budget: int = 6) -> RoundAwareOptunaSearch:
+    return RoundAwareOptunaSearch(space={"x": FloatDistribution(0.0, 1.0)}, metric="personal_val_acc", mode="max",
+                                  storage=optuna.storages.RDBStorage(url), study_name="s", max_t=4,
+                                  run_name="run-1", budget=budget)
+
+
+def test_searcher_ignores_results_of_a_trial_the_study_already_finished(tmp_path):
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    searcher = make_searcher(url)
+    assert searcher.suggest("t1") is not None
+    searcher.on_trial_result("t1", {"personal_val_acc": 0.5, "round": 1})
+    killed_driver = optuna.load_study(study_name="s", storage=url)  # recorded it before dying
+    killed_driver.tell(0, state=TrialState.PRUNED)
+
+    searcher.on_trial_result("t1", {"personal_val_acc": 0.7, "round": 2})  # the restored trial trains on
+    searcher.on_trial_complete("t1", {"personal_val_acc": 0.7, "round": 2})
+
+    (trial,) = optuna.load_study(study_name="s", storage=url).get_trials()
+    assert trial.state == TrialState.PRUNED and trial.intermediate_values == {1: 0.5}
+    assert trial.user_attrs["tune_trial_id"] == "t1" and trial.user_attrs["tune_run"] == "run-1"
+
+
+def test_searcher_budget_counts_finished_trials_its_restored_state_never_saw(tmp_path):
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    snapshot = make_searcher(url, budget=4)
+    assert snapshot.suggest("a") is not None
+    saved = pickle.dumps(snapshot.__dict__)  # what Tune's last snapshot holds
+    assert snapshot.suggest("b") is not None and snapshot.suggest("c") is not None  # after the snapshot
+    study = optuna.load_study(study_name="s", storage=url)
+    study.tell(1, 0.8)  # "b" finished before the kill, "c" was still running (an orphan to replace)
+
+    restored = make_searcher(url, budget=4)
+    restored.__dict__.update(pickle.loads(saved))
+    assert restored.suggest("d") is not None and restored.suggest("e") is not None  # a, b, d, e
+    assert restored.suggest("f") == Searcher.FINISHED
+
+
+def test_stopper_stops_only_trials_already_finished_in_the_study_and_rechecks_after_restore(tmp_path):
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    study = optuna.create_study(study_name="s", storage=url)
+    for tune_id in ("done", "running"):
+        trial = study.ask()
+        trial.set_user_attr("tune_trial_id", tune_id)
+    study.tell(0, 0.9)
+
+    stopper = AlreadyRecordedStopper(url, "s")
+    assert stopper("done", {"round": 3}) is True
+    assert stopper("running", {"round": 3}) is False
+    study.tell(1, 0.8)  # finished by this driver: later results are not looked up again
+    assert stopper("running", {"round": 4}) is False
+    assert stopper.stop_all() is False
+
+    restored = pickle.loads(pickle.dumps(stopper))  # a resumed driver looks every trial up once more
+    assert restored("running", {"round": 4}) is True
