@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from autofl.engine.metrics import EVAL_BATCH
+from autofl.engine.metrics import eval_batch
 
 
 @dataclass
@@ -20,7 +20,8 @@ class ClassStats:
 def encode(encoder: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     was_training = encoder.training
     encoder.eval()
-    feats = torch.cat([encoder(x[s : s + EVAL_BATCH]) for s in range(0, len(x), EVAL_BATCH)])
+    step = eval_batch(x.device)
+    feats = torch.cat([encoder(x[s : s + step]) for s in range(0, len(x), step)])
     encoder.train(was_training)
     return feats
 

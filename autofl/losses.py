@@ -36,7 +36,7 @@ def prototype_contrast(
 
     Samples whose own class has no prototype contribute 0.
     """
-    sims = F.cosine_similarity(features[:, None, :], prototypes[None, :, :], dim=2) / tau
+    sims = F.normalize(features, dim=1) @ F.normalize(prototypes, dim=1).T / tau  # (B, C) cosines
     sims = sims.masked_fill(~has_prototype[None, :], float("-inf"))
     log_prob = F.log_softmax(sims, dim=1).gather(1, y[:, None]).squeeze(1)
     valid = has_prototype[y]

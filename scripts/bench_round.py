@@ -4,10 +4,11 @@ The floor is the same number of forward+backward sample passes (and the method's
 forwards) on one model in a tight loop, in the same process: what the SGD itself costs. The ratio
 says how much the engine adds (sampling, state loading, aggregation, method bookkeeping).
 
-    python scripts/bench_round.py [--method fedavg] [--repeats 3]
+    python scripts/bench_round.py [--method fedavg|all] [--repeats 3]
 
 Scenario: fmnist from $AUTOFL_DATA_ROOT when present (cnn), else digits (mlp); 10 clients; E=1.
-The last line printed is `ratio <number>`.
+The last line printed is `ratio <number>` (with `--method all`: one line per method, then the
+worst ratio).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch.nn.functional as F
 
 from autofl.config import load_experiment
 from autofl.engine.simulation import Simulation
+from autofl.methods.registry import method_names
 
 
 def scenario(method: str, extra: list[str]) -> list[str]:
@@ -74,17 +76,13 @@ def time_floor(sim: Simulation) -> float:
     return time.perf_counter() - start
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--method", default="fedavg")
-    parser.add_argument("--repeats", type=int, default=3, help="timed rounds (median is reported)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    args = parser.parse_args()
-    exp = load_experiment(None, scenario(args.method, args.set))
+def bench(method: str, overrides: list[str], repeats: int) -> float:
+    """Print one method's round and floor times; return their ratio (medians over `repeats`)."""
+    exp = load_experiment(None, scenario(method, overrides))
     sim = Simulation(exp)
     sim.run_round()  # warm-up (allocations, first-participation branches)
     rounds, floors = [], []
-    for _ in range(args.repeats):
+    for _ in range(repeats):
         floors.append(time_floor(sim))
         rounds.append(time_round(sim))
     r, f = statistics.median(rounds), statistics.median(floors)
@@ -92,7 +90,25 @@ def main() -> None:
           f"method {exp.method.name}, threads {torch.get_num_threads()}")
     print(f"round_seconds {r:.3f}")
     print(f"floor_seconds {f:.3f}  ({method_passes(sim)})")
-    print(f"ratio {r / f:.3f}")
+    return r / f
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--method", default="fedavg", help="a registered method, or `all`")
+    parser.add_argument("--repeats", type=int, default=3, help="timed rounds (median is reported)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args()
+    if args.method != "all":
+        print(f"ratio {bench(args.method, args.set, args.repeats):.3f}")
+        return
+    ratios = {}
+    for name in method_names():
+        ratios[name] = bench(name, args.set, args.repeats)
+        print(f"ratio[{name}] {ratios[name]:.3f}", flush=True)
+    worst = max(ratios, key=ratios.__getitem__)
+    print(f"worst {worst}")
+    print(f"ratio {ratios[worst]:.3f}")
 
 
 def method_passes(sim: Simulation) -> str:

@@ -32,7 +32,8 @@ class DualFed(Method):
     default_projector_depth = 2
     min_projector_depth = 1
     personal_is_global = False
-    train_passes = 2  # stage 1 (f, g, h_p) and stage 2 (h_g on f)
+    train_passes = 1  # stage 1 trains f, g, h_p
+    extra_forwards = 1  # stage 2 runs f without gradient and trains only the small head h_g on it
 
     def build_model(self) -> SplitModel:
         model = super().build_model()
