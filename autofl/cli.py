@@ -83,7 +83,7 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 
 def _print_status(study) -> None:
-    from autofl.tune.study import trial_rows
+    from autofl.tune.study import state_counts, trial_rows
 
     rows = trial_rows(study)
     table = Table("trial", "state", "round", study.space().objective, "params", title=f"study {study.name}")
@@ -91,9 +91,7 @@ def _print_status(study) -> None:
         params = ", ".join(f"{k.split(':')[-1]}={_fmt(v)}" for k, v in r["params"].items())
         table.add_row(str(r["number"]), r["state"], _fmt(r["round"]), _fmt(r["objective"]), params)
     console.print(table)
-    counts: dict[str, int] = {}
-    for r in rows:
-        counts[r["state"]] = counts.get(r["state"], 0) + 1
+    counts = state_counts(rows)
     console.print("trials: " + (", ".join(f"{v} {k.lower()}" for k, v in sorted(counts.items())) or "none"))
 
 
@@ -109,11 +107,11 @@ def cmd_studies(args: argparse.Namespace) -> int:
     for name in names:
         s = st.open_study(home, name)
         rows = st.trial_rows(s)
-        states = [r["state"] for r in rows]
+        counts = st.state_counts(rows)
         done = [r["objective"] for r in rows if r["state"] == "COMPLETE" and r["objective"] is not None]
         best = (max(done) if s.space().mode == "max" else min(done)) if done else None
-        table.add_row(name, str(len(rows)), str(states.count("COMPLETE")), str(states.count("PRUNED")),
-                      str(states.count("FAIL")), _fmt(best))
+        table.add_row(name, str(len(rows)), str(counts.get("COMPLETE", 0)), str(counts.get("PRUNED", 0)),
+                      str(counts.get("FAIL", 0)), _fmt(best))
     console.print(table)
     return 0
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from autofl.tune.space import DefineByRun, SearchSpace, initial_point
-from autofl.tune.study import FINISHED, TUNE_DIR, Study
+from autofl.tune.study import FINISHED, TUNE_DIR, Study, state_counts, trial_rows
 
 # Tune writes its experiment state (trials, searcher) at most this often; a killed driver loses
 # at most this much bookkeeping, and Optuna's storage is written at every trial event anyway.
@@ -133,15 +133,6 @@ def mark_finished(study: Study) -> None:
         (path / ".autofl_finished").write_text("")
 
 
-def accounted_trials(study: Study) -> dict[str, int]:
-    from autofl.tune.study import trial_rows
-
-    counts: dict[str, int] = {}
-    for row in trial_rows(study):
-        counts[row["state"]] = counts.get(row["state"], 0) + 1
-    return counts
-
-
 def fail_orphans(study: Study) -> int:
     """Optuna trials left RUNNING by a killed driver that no Tune experiment will finish: mark them FAIL."""
     from optuna.trial import TrialState
@@ -172,7 +163,7 @@ def search(study: Study, trials: int | None, address: str | None, resume: bool) 
         meta = study.meta()
         if meta["runs"] and not (study.root / TUNE_DIR / meta["runs"][-1]["name"] / ".autofl_finished").exists():
             fail_orphans(study)
-            done = sum(accounted_trials(study).get(s, 0) for s in FINISHED)
+            done = sum(state_counts(trial_rows(study)).get(s, 0) for s in FINISHED)
             missing = meta["trials_requested"] - done
             meta["trials_requested"] -= missing
             study.write_meta(meta)

@@ -104,6 +104,14 @@ def trial_rows(study: Study) -> list[dict[str, Any]]:
     return rows
 
 
+def state_counts(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """Trials per Optuna state name (COMPLETE, PRUNED, FAIL, RUNNING, ...)."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row["state"]] = counts.get(row["state"], 0) + 1
+    return counts
+
+
 def best_trial(study: Study):
     ot = study.load_optuna()
     if ot is None:
