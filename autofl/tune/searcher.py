@@ -54,21 +54,18 @@ class RoundAwareOptunaSearch(OptunaSearch):
         except UpdateFinishedTrialError:  # finished before an interrupted driver could save its state
             self._completed_trials.add(trial_id)
 
-    def _already_finished(self, trial_id: str) -> bool:
-        ot_trial = self._ot_trials[trial_id]
-        frozen = self._ot_study._storage.get_trial(ot_trial._trial_id)
-        return frozen.state.is_finished()
-
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         if trial_id in self._completed_trials or trial_id not in self._ot_trials:
             return
         self._completed_trials.add(trial_id)
-        if self._already_finished(trial_id):  # recorded before an interrupted driver could save its state
-            return
         ot_trial = self._ot_trials[trial_id]
+        stored = self._ot_study._storage.get_trial(ot_trial._trial_id)
+        if stored.state.is_finished():  # recorded before an interrupted driver could save its state
+            return
         value = (result or {}).get(self.metric)
         rnd = int((result or {}).get("round", 0))
-        if value is not None and math.isfinite(value) and rnd:  # Tune hands the last result only here
+        fresh = rnd and rnd not in stored.intermediate_values  # Tune may hand the last result only here
+        if value is not None and math.isfinite(value) and fresh:
             ot_trial.report(float(value), rnd)
         for key in REPORTED_KEYS:
             if result and result.get(key) is not None:

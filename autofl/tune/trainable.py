@@ -23,8 +23,10 @@ STATE_FILE = "simulation.pt"
 
 
 def trial_device() -> torch.device:
-    """`cuda` when Ray gave this trial a GPU, else the CPU."""
-    return torch.device("cuda") if ray.get_gpu_ids() and torch.cuda.is_available() else torch.device("cpu")
+    """`cuda` when Ray gave this trial a GPU, else the CPU (outside Ray, e.g. in tests: the CPU,
+    without starting a Ray instance just to ask)."""
+    has_gpu = ray.is_initialized() and bool(ray.get_gpu_ids())
+    return torch.device("cuda") if has_gpu and torch.cuda.is_available() else torch.device("cpu")
 
 
 class FLTrainable(tune.Trainable):

@@ -1,4 +1,5 @@
-"""A driver killed between Optuna's write and Tune's snapshot must not make a resume fail or rerun."""
+"""How trials land in Optuna: by round, PRUNED/COMPLETE/FAIL, and across a killed driver's resume
+(a driver killed between Optuna's write and Tune's snapshot must not make a resume fail or rerun)."""
 
 import pickle
 
@@ -15,6 +16,27 @@ def make_searcher(url: str, budget: int = 6) -> RoundAwareOptunaSearch:
     return RoundAwareOptunaSearch(space={"x": FloatDistribution(0.0, 1.0)}, metric="personal_val_acc", mode="max",
                                   storage=optuna.storages.RDBStorage(url), study_name="s", max_t=4,
                                   run_name="run-1", budget=budget)
+
+
+def test_stopped_early_is_pruned_full_length_is_complete_errors_fail(tmp_path):
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    searcher = make_searcher(url)
+    for tid in ("stopped", "full", "broken"):
+        assert searcher.suggest(tid) is not None
+    for rnd in (1, 2):
+        searcher.on_trial_result("stopped", {"personal_val_acc": 0.1 * rnd, "round": rnd})
+    searcher.on_trial_complete("stopped", {"personal_val_acc": 0.2, "round": 2, "personal_test_acc": 0.3})
+    for rnd in (1, 2, 3):
+        searcher.on_trial_result("full", {"personal_val_acc": 0.2 * rnd, "round": rnd})
+    searcher.on_trial_complete("full", {"personal_val_acc": 0.8, "round": 4})  # Tune's last result comes here
+    searcher.on_trial_complete("broken", None, error=True)
+
+    stopped, full, broken = optuna.load_study(study_name="s", storage=url).get_trials()
+    assert stopped.state == TrialState.PRUNED and stopped.value == 0.2  # Optuna: a pruned trial's last value
+    assert stopped.intermediate_values == {1: 0.1, 2: 0.2} and stopped.user_attrs["personal_test_acc"] == 0.3
+    assert full.state == TrialState.COMPLETE and full.value == 0.8
+    assert full.intermediate_values == {1: 0.2, 2: 0.4, 3: 0.6000000000000001, 4: 0.8}
+    assert broken.state == TrialState.FAIL
 
 
 def test_searcher_ignores_results_of_a_trial_the_study_already_finished(tmp_path):
