@@ -73,13 +73,16 @@ def test_searcher_budget_counts_finished_trials_its_restored_state_never_saw(tmp
 def test_stopper_stops_only_trials_already_finished_in_the_study_and_rechecks_after_restore(tmp_path):
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     study = optuna.create_study(study_name="s", storage=url)
-    for tune_id in ("done", "running"):
+    for tune_id, run in (("done", "run-2"), ("running", "run-2"), ("other_run", "run-1")):
         trial = study.ask()
         trial.set_user_attr("tune_trial_id", tune_id)
+        trial.set_user_attr("tune_run", run)
     study.tell(0, 0.9)
+    study.tell(2, 0.5)
 
-    stopper = AlreadyRecordedStopper(url, "s")
+    stopper = AlreadyRecordedStopper(url, "s", "run-2")
     assert stopper("done", {"round": 3}) is True
+    assert stopper("other_run", {"round": 1}) is False  # an id of another experiment is not this one
     assert stopper("running", {"round": 3}) is False
     study.tell(1, 0.8)  # finished by this driver: later results are not looked up again
     assert stopper("running", {"round": 4}) is False

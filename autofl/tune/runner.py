@@ -104,7 +104,7 @@ def run_experiment(study: Study, trials: int, address: str | None, restore: Path
                 checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1, num_to_keep=2,
                                                         checkpoint_at_end=True),
                 failure_config=tune.FailureConfig(max_failures=0),
-                stop=AlreadyRecordedStopper(study.storage_url(), study.name),
+                stop=AlreadyRecordedStopper(study.storage_url(), study.name, run_name),
                 progress_reporter=_reporter(space), verbose=1,
             ),
         )

@@ -15,9 +15,10 @@ from ray.tune import Stopper
 
 
 class AlreadyRecordedStopper(Stopper):
-    def __init__(self, storage_url: str, study_name: str):
+    def __init__(self, storage_url: str, study_name: str, run_name: str):
         self._storage_url = storage_url
         self._study_name = study_name
+        self._run_name = run_name  # only this Tune experiment's trials (the searcher tags them)
         self._looked_up: set[str] = set()
 
     def __getstate__(self) -> dict[str, Any]:  # a restored driver looks every trial up again
@@ -27,8 +28,8 @@ class AlreadyRecordedStopper(Stopper):
         import optuna
 
         study = optuna.load_study(study_name=self._study_name, storage=self._storage_url)
-        return {t.user_attrs["tune_trial_id"] for t in study.get_trials(deepcopy=False)
-                if t.state.is_finished() and "tune_trial_id" in t.user_attrs}
+        return {t.user_attrs.get("tune_trial_id") for t in study.get_trials(deepcopy=False)
+                if t.state.is_finished() and t.user_attrs.get("tune_run") == self._run_name}
 
     def __call__(self, trial_id: str, result: dict) -> bool:
         if trial_id in self._looked_up:
