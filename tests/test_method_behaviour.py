@@ -180,3 +180,18 @@ def test_method_parameter_validation():
     assert exp.method.params() == {"tau": 0.5, "M": 400, "calib_epochs": 20, "calibrate_every": 1}
     exp = load_experiment(None, ["method.name=dualfed"])
     assert (exp.model.projector_depth, exp.model.projector_dim) == (2, 256)
+
+
+def test_fedprox_loss_is_ce_plus_half_mu_squared_distance_to_the_global_model():
+    sim = sim_for("fedprox", "method.mu=0.5")
+    ctx = sim.client_context(0)
+    sim.method.load_client(sim.model, sim.global_state, ctx.state)
+    x, y = next(ctx.batches())
+    at_global = sim.method.loss(ctx, x, y)
+    assert torch.allclose(at_global, F.cross_entropy(sim.model(x), y))  # no pull at the global model
+    with torch.no_grad():
+        for p in sim.model.parameters():
+            p.add_(0.01)
+    n = sum(p.numel() for p in sim.model.parameters())
+    moved = sim.method.loss(ctx, x, y) - F.cross_entropy(sim.model(x), y)
+    assert torch.allclose(moved, torch.tensor(0.5 / 2 * n * 0.01**2), rtol=1e-4)
