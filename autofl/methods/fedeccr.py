@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from autofl.features import ClassStats, class_stats, encode, train_head
+from autofl.features import ClassStats, encoded_class_stats, train_head
 from autofl.losses import prototype_contrast
 from autofl.methods.base import (ClientContext, LocalResult, Method, MethodParams, StateDict, Upload,
                                  clone_state, sgd_epochs)
@@ -84,10 +84,6 @@ class FedECCR(Method):
         self.calibrated_round = -1
 
     # ----- prototypes ------------------------------------------------------------------------
-    def _client_means(self, sim: "Simulation", model: SplitModel, cid: int) -> ClassStats:
-        idx = sim.data.clients[cid].train
-        return class_stats(encode(model.encoder, sim.data.x[idx]), sim.data.y[idx], sim.data.num_classes)
-
     def _set_prototypes(self, stats: list[ClassStats]) -> None:
         """z_k = mean over the clients that hold class k of their class means."""
         holds = torch.stack([s.counts > 0 for s in stats]).float()  # (K, C)
@@ -103,7 +99,9 @@ class FedECCR(Method):
 
     def setup(self, sim: "Simulation") -> None:
         sim.model.load_state_dict(sim.global_state)
-        self._set_prototypes([self._client_means(sim, sim.model, cid) for cid in range(sim.num_clients)])
+        d = sim.data
+        self._set_prototypes([encoded_class_stats(sim.model.encoder, d.x, d.y, split.train, d.num_classes)
+                              for split in d.clients])
 
     # ----- client ----------------------------------------------------------------------------
     def local_train(self, ctx: ClientContext) -> LocalResult:
@@ -118,8 +116,7 @@ class FedECCR(Method):
             return alpha * prototype_contrast(f, y, protos, has, self.params.tau) + (1 - alpha) * ce
 
         result = sgd_epochs(ctx, model.parameters(), ctx.local_epochs, loss_fn)
-        idx = ctx.train_idx
-        result.payload["class_means"] = class_stats(encode(model.encoder, ctx.x[idx]), ctx.y[idx], ctx.num_classes)
+        result.payload["class_means"] = encoded_class_stats(model.encoder, ctx.x, ctx.y, ctx.train_idx, ctx.num_classes)
         return result
 
     # ----- server ----------------------------------------------------------------------------
@@ -139,11 +136,10 @@ class FedECCR(Method):
         """Retrain only the head of a copy of the global model on virtual features (USCC / CCVR)."""
         model = self.spare("calibration", sim.model)
         model.load_state_dict(sim.global_state)
-        stats = []
-        for split in sim.data.clients:  # each client's statistics under the current global encoder
-            feats = encode(model.encoder, sim.data.x[split.train])
-            stats.append(class_stats(feats, sim.data.y[split.train], sim.data.num_classes, with_cov=True))
-        merged = merge_class_stats(stats)
+        d = sim.data  # each client's statistics under the current global encoder
+        merged = merge_class_stats([
+            encoded_class_stats(model.encoder, d.x, d.y, split.train, d.num_classes, with_cov=True)
+            for split in d.clients])
         gen = torch.Generator().manual_seed(derived_seed(self.exp.seed, completed, 0xCCF))
         feats, labels = sample_virtual_features(merged, self.params.M, gen)
         train_head(model.head, feats, labels, CALIB_LR, CALIB_BATCH, gen, epochs=self.params.calib_epochs,

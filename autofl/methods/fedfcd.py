@@ -11,8 +11,9 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from autofl.features import ClassStats, class_stats, encode, train_head
-from autofl.methods.base import ClientContext, LocalResult, LossMeter, Method, MethodParams, StateDict, Upload
+from autofl.features import ClassStats, encoded_class_stats, train_head
+from autofl.methods.base import (ClientContext, LocalResult, LossMeter, Method, MethodParams, StateDict, Upload,
+                                 clone_state)
 from autofl.methods.registry import register
 from autofl.models.parts import SplitModel, build_head
 from autofl.seeding import derived_seed
@@ -68,9 +69,9 @@ class FedFCD(Method):
     def setup(self, sim: "Simulation") -> None:
         """Before round 1 every client uploads LFRs of its initial extractor; train phi_g, build GFRs."""
         sim.model.load_state_dict(sim.global_state)
-        for cid, split in enumerate(sim.data.clients):
-            self.lfrs[cid] = class_stats(encode(sim.model.encoder, sim.data.x[split.train]),
-                                         sim.data.y[split.train], sim.data.num_classes)
+        d = sim.data
+        for cid, split in enumerate(d.clients):
+            self.lfrs[cid] = encoded_class_stats(sim.model.encoder, d.x, d.y, split.train, d.num_classes)
         self._server_step(sim)
 
     def server_update(self, sim: "Simulation", uploads: list[Upload]) -> None:
@@ -106,9 +107,8 @@ class FedFCD(Method):
                 loss_a = self.step_extractor(model, x, y, opt_theta) if opt_theta is not None else None
                 loss_b = self.step_personal_head(model, x, y, opt_phi)
                 meter.add(loss_a if loss_a is not None else loss_b, len(y))
-        idx = ctx.train_idx
-        lfr = class_stats(encode(model.encoder, ctx.x[idx]), ctx.y[idx], ctx.num_classes)
-        return LocalResult(num_samples=len(idx), loss=meter.mean(), payload={"lfr": lfr})
+        lfr = encoded_class_stats(model.encoder, ctx.x, ctx.y, ctx.train_idx, ctx.num_classes)
+        return LocalResult(num_samples=len(ctx.train_idx), loss=meter.mean(), payload={"lfr": lfr})
 
     def step_extractor(self, model: SplitModel, x: torch.Tensor, y: torch.Tensor,
                        opt_theta: torch.optim.Optimizer) -> torch.Tensor:
@@ -133,8 +133,9 @@ class FedFCD(Method):
         return loss.detach()
 
     def keep_private(self, ctx: ClientContext, shared: list[str]) -> None:
-        state = ctx.model.state_dict()
-        ctx.state["private"] = {k: v.detach().clone() for k, v in state.items() if not k.startswith("global_head.")}
+        """Everything but phi_g, which the server trains and sends (nothing is aggregated)."""
+        keys = [k for k in ctx.model.state_dict() if not k.startswith("global_head.")]
+        ctx.state["private"] = clone_state(ctx.model, keys)
 
     def predict(self, model: SplitModel, x: torch.Tensor, client_state: dict) -> torch.Tensor:
         f = model.encoder(x)
