@@ -108,8 +108,10 @@ def cmd_studies(args: argparse.Namespace) -> int:
         s = st.open_study(home, name)
         rows = st.trial_rows(s)
         counts = st.state_counts(rows)
-        done = [r["objective"] for r in rows if r["state"] == "COMPLETE" and r["objective"] is not None]
-        best = (max(done) if s.space().mode == "max" else min(done)) if done else None
+        try:
+            best = st.best_trial(s).value
+        except AutoFLError:  # no completed trial yet
+            best = None
         table.add_row(name, str(len(rows)), str(counts.get("COMPLETE", 0)), str(counts.get("PRUNED", 0)),
                       str(counts.get("FAIL", 0)), _fmt(best))
     console.print(table)

@@ -111,26 +111,29 @@ def run_experiment(study: Study, trials: int, address: str | None, restore: Path
     tuner.fit()
 
 
+FINISHED_FLAG = ".autofl_finished"  # written in a Tune experiment's folder once all its trials ran
+
+
+def _last_run_dir(study: Study) -> Path | None:
+    runs = study.meta()["runs"]
+    return study.root / TUNE_DIR / runs[-1]["name"] if runs else None
+
+
 def interrupted_run(study: Study) -> Path | None:
-    """The last Tune experiment of the study if it did not finish all its trials."""
+    """The last Tune experiment of the study if it did not finish all its trials and Tune can restore it."""
     from ray import tune
 
-    runs = study.meta()["runs"]
-    if not runs:
+    path = _last_run_dir(study)
+    if path is None or (path / FINISHED_FLAG).exists() or not tune.Tuner.can_restore(str(path)):
         return None
-    path = study.root / TUNE_DIR / runs[-1]["name"]
-    if not tune.Tuner.can_restore(str(path)):
-        return None
-    finished_flag = path / ".autofl_finished"
-    return None if finished_flag.exists() else path
+    return path
 
 
 def mark_finished(study: Study) -> None:
-    runs = study.meta()["runs"]
-    if runs:
-        path = study.root / TUNE_DIR / runs[-1]["name"]
+    path = _last_run_dir(study)
+    if path is not None:
         path.mkdir(parents=True, exist_ok=True)
-        (path / ".autofl_finished").write_text("")
+        (path / FINISHED_FLAG).write_text("")
 
 
 def fail_orphans(study: Study) -> int:
@@ -160,8 +163,9 @@ def search(study: Study, trials: int | None, address: str | None, resume: bool) 
         mark_finished(study)
         fail_orphans(study)
     else:  # killed before Tune saved anything: start over with what is missing
-        meta = study.meta()
-        if meta["runs"] and not (study.root / TUNE_DIR / meta["runs"][-1]["name"] / ".autofl_finished").exists():
+        last = _last_run_dir(study)
+        if last is not None and not (last / FINISHED_FLAG).exists():
+            meta = study.meta()
             fail_orphans(study)
             done = sum(state_counts(trial_rows(study)).get(s, 0) for s in FINISHED)
             missing = meta["trials_requested"] - done

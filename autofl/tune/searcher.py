@@ -9,15 +9,21 @@ trial id, the round of its value and its (reported, never optimized) test metric
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Iterable
 
 from optuna.exceptions import UpdateFinishedTrialError
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 from ray.tune.search import Searcher
 from ray.tune.search.optuna import OptunaSearch
 
 REPORTED_KEYS = ("round", "personal_val_acc", "personal_test_acc", "personal_test_acc_std",
                  "personal_test_acc_p10", "global_val_acc", "global_test_acc", "train_loss")
+
+
+def finished_in_run(trials: Iterable[FrozenTrial], run_name: str) -> set[str]:
+    """Tune trial ids of the Optuna trials that `run_name` suggested and the study has finished."""
+    return {t.user_attrs.get("tune_trial_id") for t in trials
+            if t.state.is_finished() and t.user_attrs.get("tune_run") == run_name}
 
 
 class RoundAwareOptunaSearch(OptunaSearch):
@@ -30,11 +36,8 @@ class RoundAwareOptunaSearch(OptunaSearch):
     def _budget_used(self) -> int:
         """Trials this searcher suggested, plus the run's trials finished by a driver that died
         before Tune saved them (still RUNNING ones are orphans to replace, not counted)."""
-        unknown_finished = sum(
-            1 for t in self._ot_study.get_trials(deepcopy=False)
-            if t.user_attrs.get("tune_run") == self._run_name and t.state.is_finished()
-            and t.user_attrs.get("tune_trial_id") not in self._ot_trials)
-        return len(self._ot_trials) + unknown_finished
+        finished = finished_in_run(self._ot_study.get_trials(deepcopy=False), self._run_name)
+        return len(self._ot_trials) + len(finished - set(self._ot_trials))
 
     def suggest(self, trial_id: str) -> dict | str | None:
         if self._ot_study is not None and self._budget_used() >= self._budget:

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import optuna
 from ray.tune import Stopper
+
+from autofl.tune.searcher import finished_in_run
 
 
 class AlreadyRecordedStopper(Stopper):
@@ -24,18 +27,12 @@ class AlreadyRecordedStopper(Stopper):
     def __getstate__(self) -> dict[str, Any]:  # a restored driver looks every trial up again
         return {**self.__dict__, "_looked_up": set()}
 
-    def _finished_tune_ids(self) -> set[str]:
-        import optuna
-
-        study = optuna.load_study(study_name=self._study_name, storage=self._storage_url)
-        return {t.user_attrs.get("tune_trial_id") for t in study.get_trials(deepcopy=False)
-                if t.state.is_finished() and t.user_attrs.get("tune_run") == self._run_name}
-
     def __call__(self, trial_id: str, result: dict) -> bool:
         if trial_id in self._looked_up:
             return False
         self._looked_up.add(trial_id)
-        return trial_id in self._finished_tune_ids()
+        study = optuna.load_study(study_name=self._study_name, storage=self._storage_url)
+        return trial_id in finished_in_run(study.get_trials(deepcopy=False), self._run_name)
 
     def stop_all(self) -> bool:
         return False
