@@ -90,3 +90,30 @@ def test_stopper_stops_only_trials_already_finished_in_the_study_and_rechecks_af
 
     restored = pickle.loads(pickle.dumps(stopper))  # a resumed driver looks every trial up once more
     assert restored("running", {"round": 4}) is True
+
+
+def test_resume_without_a_tune_snapshot_replaces_interrupted_trials(tmp_path, monkeypatch):
+    """Killed before Tune saved anything: the trials still missing are run anew; a trial the dead
+    driver left RUNNING is marked FAIL (interrupted) and replaced, not counted as done."""
+    import yaml
+
+    from autofl.tune import runner
+    from autofl.tune.study import create_study
+    from autofl.tune.space import load_space
+
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({"study": "s", "trials": 4}))
+    study = create_study(tmp_path / "home", path, load_space(path), None)
+    study.write_meta({"runs": [{"name": "run-1", "trials": 4}], "trials_requested": 4})
+    ot = optuna.create_study(study_name="s", storage=study.storage_url())
+    ot.tell(ot.ask(), 0.9)  # finished before the kill
+    ot.ask()  # left RUNNING by the killed driver
+    started = []
+    monkeypatch.setattr(runner, "run_experiment", lambda st, trials, address, restore=None: started.append(trials))
+
+    runner.search(study, None, None, resume=True)
+
+    assert started == [3]
+    states = [(t.state, t.user_attrs.get("interrupted")) for t in optuna.load_study(
+        study_name="s", storage=study.storage_url()).get_trials()]
+    assert states == [(TrialState.COMPLETE, None), (TrialState.FAIL, True)]

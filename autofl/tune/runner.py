@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from autofl.tune.space import DefineByRun, SearchSpace, initial_point
-from autofl.tune.study import FINISHED, TUNE_DIR, Study, state_counts, trial_rows
+from autofl.tune.study import FINISHED, TUNE_DIR, Study, trial_rows
 
 # Tune writes its experiment state (trials, searcher) at most this often; a killed driver loses
 # at most this much bookkeeping, and Optuna's storage is written at every trial event anyway.
@@ -167,7 +167,8 @@ def search(study: Study, trials: int | None, address: str | None, resume: bool) 
         if last is not None and not (last / FINISHED_FLAG).exists():
             meta = study.meta()
             fail_orphans(study)
-            done = sum(state_counts(trial_rows(study)).get(s, 0) for s in FINISHED)
+            done = sum(1 for r in trial_rows(study)  # orphans just failed above are replaced, not counted
+                       if r["state"] in FINISHED and not r["user_attrs"].get("interrupted"))
             missing = meta["trials_requested"] - done
             meta["trials_requested"] -= missing
             study.write_meta(meta)
