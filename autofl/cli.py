@@ -26,7 +26,7 @@ def _fmt(value: object) -> str:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from autofl.config import load_experiment
+    from autofl.experiment import load_experiment
     from autofl.train import run_training
 
     exp = load_experiment(args.config, args.set)

@@ -1,5 +1,8 @@
 """The experiment config: one pydantic model, loaded from YAML with `--set key=value` overrides.
 
+This module knows no method; `autofl.experiment` builds an experiment and lets its method check
+its own parameters.
+
 Every field has a default, so an empty file is a valid experiment (digits, mlp, fedavg).
 """
 
@@ -11,9 +14,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from autofl.errors import ConfigError, format_validation_error
+from autofl.errors import ConfigError
 
 DATA_ROOT_ENV = "AUTOFL_DATA_ROOT"
 
@@ -100,6 +103,12 @@ class MethodConfig(BaseModel):
 class RuntimeConfig(Strict):
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="auto, cpu, cuda, cuda:N")
     threads: int | None = Field(None, ge=1, description="torch threads; None: leave torch's default")
+    dtype: Literal["float32", "float64"] = Field("float32", description="floating-point type of data and models; "
+                                                 "float64 for exactness checks")
+    executor: Literal["auto", "sequential", "vectorized"] = Field(
+        "auto", description="how a round's clients train: auto = vectorized where the method and model support it")
+    client_chunk: int | None = Field(None, ge=1, description="vectorized: most clients stacked at once; "
+                                     "None: all sampled clients")
 
 
 class Experiment(Strict):
@@ -114,8 +123,6 @@ class Experiment(Strict):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "Experiment":
-        from autofl.methods.registry import get_method_class, method_names
-
         num_classes, side = DATASET_INFO[self.data.dataset]
         arch = self.model.arch
         limit = ARCH_LINEAR_LAYERS[arch]
@@ -136,31 +143,6 @@ class Experiment(Strict):
             if k * self.data.num_clients < num_classes:
                 raise ValueError(f"data.partition.classes_per_client: num_clients x classes_per_client must "
                                  f"cover all {num_classes} classes (got {self.data.num_clients} x {k})")
-        try:
-            method_cls = get_method_class(self.method.name)
-        except KeyError:
-            raise ValueError(f"method.name: unknown method {self.method.name!r}; "
-                             f"allowed: {', '.join(method_names())}") from None
-        try:
-            params = method_cls.Params(**self.method.params())
-        except ValidationError as err:
-            raise ValueError(format_validation_error(
-                err, method_cls.Params, prefix="method.", context=f" for method {self.method.name}")) from None
-        self.method = MethodConfig(name=self.method.name, **params.model_dump())
-        if not method_cls.uses_projector:
-            for key in ("projector_depth", "projector_dim"):
-                if getattr(self.model, key) is not None:
-                    users = ", ".join(n for n in method_names() if get_method_class(n).uses_projector)
-                    raise ValueError(f"model.{key}: not used by method {self.method.name}; "
-                                     f"methods with a projector: {users}")
-        else:
-            if self.model.projector_depth is None:
-                self.model.projector_depth = method_cls.default_projector_depth
-            if self.model.projector_dim is None:
-                self.model.projector_dim = 256
-            if self.model.projector_depth < method_cls.min_projector_depth:
-                raise ValueError(f"model.projector_depth: method {self.method.name} needs a projector; "
-                                 f"allowed {method_cls.min_projector_depth}..8")
         return self
 
     @property
@@ -211,18 +193,6 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping of config keys")
     return data
-
-
-def build_experiment(raw: dict[str, Any]) -> Experiment:
-    try:
-        return Experiment.model_validate(raw)
-    except ValidationError as err:
-        raise ConfigError(format_validation_error(err, Experiment)) from None
-
-
-def load_experiment(path: str | Path | None = None, overrides: list[str] | None = None) -> Experiment:
-    raw = read_yaml(path) if path is not None else {}
-    return build_experiment(apply_overrides(raw, overrides or []))
 
 
 def experiment_to_dict(exp: Experiment) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from autofl.config import load_experiment
+from autofl.experiment import load_experiment
 from autofl.engine.simulation import Simulation
 from autofl.methods.registry import method_names
 

@@ -15,7 +15,8 @@ import json
 import statistics
 import time
 
-from autofl.config import apply_overrides, build_experiment, read_yaml
+from autofl.config import apply_overrides, read_yaml
+from autofl.experiment import build_experiment
 from autofl.data.datasets import load_raw_dataset
 from autofl.engine.simulation import Simulation
 from autofl.methods.registry import get_method_class, method_names

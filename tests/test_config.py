@@ -1,6 +1,7 @@
 import pytest
 
-from autofl.config import Experiment, load_experiment
+from autofl.config import Experiment
+from autofl.experiment import load_experiment
 from autofl.errors import ConfigError
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from autofl.config import load_experiment
+from autofl.experiment import load_experiment
 from autofl.engine.simulation import Simulation
 from autofl.methods.base import sgd_epochs
 from conftest import read_metrics

@@ -1,6 +1,6 @@
 import yaml
 
-from autofl.config import load_experiment
+from autofl.experiment import load_experiment
 from conftest import read_metrics
 
 METRIC_KEYS = {"round", "personal_val_acc", "personal_test_acc", "personal_test_acc_std", "personal_test_acc_p10",

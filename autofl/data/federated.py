@@ -35,11 +35,12 @@ class FederatedData:
     def train_sizes(self) -> list[int]:
         return [len(c.train) for c in self.clients]
 
-    def to(self, device: torch.device) -> "FederatedData":
+    def to(self, device: torch.device, dtype: torch.dtype = torch.float32) -> "FederatedData":
+        """On `device`, with inputs of `dtype` (labels and indices stay int64)."""
         return FederatedData(
-            self.x.to(device), self.y.to(device),
+            self.x.to(device, dtype), self.y.to(device),
             [ClientSplit(c.train.to(device), c.val.to(device), c.test.to(device)) for c in self.clients],
-            self.test_x.to(device), self.test_y.to(device), self.num_classes,
+            self.test_x.to(device, dtype), self.test_y.to(device), self.num_classes,
         )
 
 

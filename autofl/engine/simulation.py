@@ -16,8 +16,10 @@ import torch
 from autofl.config import Experiment
 from autofl.data.datasets import RawDataset, load_raw_dataset
 from autofl.data.federated import FederatedData, build_federated
+from autofl.engine.executor import ClientJob, RoundPlan, Workspace, make_executor
 from autofl.engine.metrics import evaluate
-from autofl.methods.base import ClientContext, Method, StateDict, Upload, clone_state
+from autofl.engine.state import StateDict, clone_state
+from autofl.methods.base import Method, TrainedClient, Upload
 from autofl.methods.registry import get_method_class
 from autofl.seeding import derived_seed
 
@@ -35,15 +37,19 @@ class Simulation:
         if exp.runtime.threads:
             torch.set_num_threads(exp.runtime.threads)
         raw = raw if raw is not None else load_raw_dataset(exp.data)
-        self.data: FederatedData = build_federated(raw, exp.data, exp.seed).to(self.device)
+        self.dtype = getattr(torch, exp.runtime.dtype)
+        self.data: FederatedData = build_federated(raw, exp.data, exp.seed).to(self.device, self.dtype)
         method_cls = get_method_class(exp.method.name)
         self.method: Method = method_cls(
             method_cls.Params(**exp.method.params()), exp, self.data.input_shape, self.data.num_classes
         )
         torch.manual_seed(exp.seed)
-        self.model = self.method.build_model().to(self.device)
+        self.model = self.method.build_model().to(self.device, self.dtype)
         self.shared = self.method.shared_keys(self.model)
         self.global_state: StateDict = clone_state(self.model)
+        self.workspace = Workspace(self.model, self.method.copies)
+        self.executor, self.executor_line = make_executor(exp.runtime.executor, self.workspace,
+                                                          exp.runtime.client_chunk)
         self.client_states: dict[int, dict[str, Any]] = {}
         self.round = 0  # rounds completed
         self.history: list[dict[str, float]] = []
@@ -63,29 +69,31 @@ class Simulation:
         rng = np.random.default_rng([self.exp.seed, rnd, 0x5A3])
         return sorted(int(c) for c in rng.choice(n, size=min(m, n), replace=False))
 
-    def client_context(self, cid: int) -> ClientContext:
+    def round_plan(self) -> RoundPlan:
         fl = self.exp.fl
-        return ClientContext(
-            cid=cid, round=self.round, model=self.model, x=self.data.x, y=self.data.y,
-            train_idx=self.data.clients[cid].train, lr=fl.lr * fl.lr_decay**self.round,
-            momentum=fl.momentum, weight_decay=fl.weight_decay, batch_size=fl.batch_size,
-            local_epochs=fl.local_epochs,
-            generator=torch.Generator().manual_seed(derived_seed(self.exp.seed, self.round, cid, 0xB47)),
-            state=self.client_states.setdefault(cid, {}), global_state=self.global_state,
-            num_classes=self.data.num_classes,
-        )
+        return RoundPlan(self.method.local_stages(self.round), lr=fl.lr * fl.lr_decay**self.round,
+                         momentum=fl.momentum, weight_decay=fl.weight_decay, batch_size=fl.batch_size,
+                         local_epochs=fl.local_epochs)
+
+    def client_job(self, cid: int) -> ClientJob:
+        state = self.client_states.setdefault(cid, {})
+        return ClientJob(cid, self.method.client_start(self.global_state, state), self.data.clients[cid].train,
+                         torch.Generator().manual_seed(derived_seed(self.exp.seed, self.round, cid, 0xB47)))
 
     def run_round(self) -> dict[str, float] | None:
         """Train one round; return its metrics when the round is evaluated, else None."""
         self._set_round_seed()
+        jobs = [self.client_job(cid) for cid in self.sample_clients(self.round)]
+        outcomes = self.executor.train(self.round_plan(), jobs, self.data.x, self.data.y)
         uploads: list[Upload] = []
-        for cid in self.sample_clients(self.round):
-            ctx = self.client_context(cid)
-            self.method.load_client(self.model, self.global_state, ctx.state)
-            result = self.method.local_train(ctx)
-            uploads.append(Upload(cid, result.num_samples, clone_state(self.model, self.shared),
-                                  result.payload, result.loss))
-            self.method.keep_private(ctx, self.shared)
+        for job, outcome in zip(jobs, outcomes):
+            self.model.load_state_dict(outcome.state)
+            trained = TrainedClient(job.cid, self.round, self.model, self.data.x, self.data.y, job.train_idx,
+                                    self.data.num_classes)
+            payload = {**self.method.upload_payload(trained), **{k: v for k, v in outcome.losses.items() if k != "loss"}}
+            uploads.append(Upload(job.cid, len(job.train_idx), {k: outcome.state[k] for k in self.shared}, payload,
+                                  outcome.losses["loss"]))
+            self.method.keep_private(outcome.state, self.client_states[job.cid], self.shared)
         self.global_state.update(self.method.aggregate(uploads))
         self.method.server_update(self, uploads)
         self.round += 1

@@ -3,25 +3,40 @@
 The engine knows no method by name. A method is one module that subclasses `Method`, declares
 its parameters as a pydantic model, and overrides only the hooks it changes. The defaults are
 FedAvg: everything shared, plain cross-entropy SGD, size-weighted averaging, personal = global.
+
+A method never writes a training loop. It *declares* its local step (`local_stages`): a list of
+stages, each a number of epochs over the client's batches, and per batch one or more `Update`s,
+each naming the tensors it trains and its loss. An executor (`autofl.engine.sequential` or
+`autofl.engine.vectorized`) runs that declaration, one client at a time or all sampled clients
+stacked into one batched model. The loss is written once, against modules:
+
+    def loss(ws, x, y, flags):          # ws.model, plus the copies the method asked for (ws.glob ...)
+        return F.cross_entropy(ws.model(x), y)
+
+Under the vectorized executor the same function runs inside `torch.func.vmap`, so it must stay
+per-client: batch means, no Python branching on tensor values (use a per-client flag instead,
+e.g. `flags["has_prev"] * term`), no in-place writes to parameters.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Iterator
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict
-from torch import nn
+from pydantic import BaseModel, ConfigDict, ValidationError
 
+from autofl.engine.state import StateDict
 from autofl.models.parts import SplitModel, build_model
 
 if TYPE_CHECKING:
     from autofl.config import Experiment
     from autofl.engine.simulation import Simulation
 
-StateDict = dict[str, torch.Tensor]
+# loss(ws, x, y, flags): ws is the workspace module (ws.model and the method's named copies),
+# flags maps names to per-client scalar tensors
+LossFn = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]], torch.Tensor]
 
 
 class MethodParams(BaseModel):
@@ -30,11 +45,43 @@ class MethodParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+@dataclass(frozen=True)
+class Update:
+    """One optimizer step per batch: the tensors it trains and the loss they minimise.
+
+    `trains` are name prefixes in the workspace (`"model."`, `"model.encoder."`, `"siamese."`);
+    each update has its own SGD optimizer, new at the start of its stage. Modules listed in
+    `eval_modules` run in eval mode during this update; BatchNorm layers under `frozen_stats`
+    normalise with batch statistics but leave their running statistics alone (for a forward
+    that repeats one an earlier update already counted on this batch).
+    """
+
+    trains: tuple[str, ...]
+    loss: LossFn
+    report: str | None = "loss"  # the client's mean of this loss is reported under this name
+    eval_modules: tuple[str, ...] = ()
+    frozen_stats: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Stage:
+    """`epochs` passes over the client's batches (None: fl.local_epochs), running `updates` in
+    order on every batch. After each epoch, `snapshot_after_epoch` copies whole models
+    (target <- source, e.g. {"hist": "model"}) and `flags_after_epoch` sets per-client flags."""
+
+    updates: tuple[Update, ...]
+    epochs: int | None = None
+    snapshot_after_epoch: dict[str, str] = field(default_factory=dict)
+    flags_after_epoch: dict[str, float] = field(default_factory=dict)
+
+
 @dataclass
-class LocalResult:
-    num_samples: int
-    loss: float
-    payload: dict[str, Any] = field(default_factory=dict)  # extra uploads: prototypes, statistics
+class ClientStart:
+    """What one client starts a round from: `models["model"]` is the state it trains; other
+    entries fill the method's named copies (frozen unless an update trains them)."""
+
+    models: dict[str, StateDict]
+    flags: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -47,69 +94,16 @@ class Upload:
 
 
 @dataclass
-class ClientContext:
-    """Everything one client sees in one round."""
+class TrainedClient:
+    """A client after local training, its final state loaded into `model` (for upload payloads)."""
 
     cid: int
     round: int
-    model: SplitModel  # the working model, already loaded with this client's starting weights
+    model: SplitModel
     x: torch.Tensor  # the pooled inputs; the client's rows are `train_idx`
     y: torch.Tensor
     train_idx: torch.Tensor
-    lr: float
-    momentum: float
-    weight_decay: float
-    batch_size: int
-    local_epochs: int
-    generator: torch.Generator  # fixes this client's batch order in this round
-    state: dict[str, Any]  # this client's private state, kept across rounds
-    global_state: StateDict  # the global model received this round
     num_classes: int
-
-    @property
-    def device(self) -> torch.device:
-        return self.x.device
-
-    def batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """One shuffled epoch over the client's train split, by index (a lone last sample is dropped)."""
-        n = len(self.train_idx)
-        order = self.train_idx[torch.randperm(n, generator=self.generator).to(self.train_idx.device)]
-        for start in range(0, n, self.batch_size):
-            idx = order[start : start + self.batch_size]
-            if len(idx) < 2 <= n:  # BatchNorm cannot train on one sample
-                continue
-            yield self.x[idx], self.y[idx]
-
-    def optimizer(self, params: Any, lr: float | None = None) -> torch.optim.Optimizer:
-        return torch.optim.SGD(params, lr=self.lr if lr is None else lr, momentum=self.momentum,
-                               weight_decay=self.weight_decay)
-
-
-def frozen_copy_into(target: nn.Module, state: StateDict) -> nn.Module:
-    """Load `state` into a spare model kept for the purpose, put it in eval mode, freeze it."""
-    target.load_state_dict(state)
-    target.eval()
-    for p in target.parameters():
-        p.requires_grad_(False)
-    return target
-
-
-def clone_state(model: nn.Module, keys: list[str] | None = None) -> StateDict:
-    state = model.state_dict()
-    return {k: state[k].detach().clone() for k in (keys if keys is not None else state)}
-
-
-def weighted_average(states: list[StateDict], weights: list[float]) -> StateDict:
-    """sum_i w_i * state_i per key, with the weights normalised; integer buffers are rounded back."""
-    total = float(sum(weights))
-    norm = torch.tensor([w / total for w in weights], dtype=torch.float64)
-    out: StateDict = {}
-    for key in states[0]:
-        stacked = torch.stack([s[key].to(torch.float64) for s in states])
-        mean = torch.tensordot(norm.to(stacked.device), stacked, dims=1)
-        ref = states[0][key]
-        out[key] = (mean.round() if not ref.is_floating_point() else mean).to(ref.dtype)
-    return out
 
 
 class Method:
@@ -122,6 +116,7 @@ class Method:
     min_projector_depth: ClassVar[int] = 0
     has_global_model: ClassVar[bool] = True  # whether global_* metrics are defined
     personal_is_global: ClassVar[bool] = True  # personal model = global model
+    copies: ClassVar[tuple[str, ...]] = ()  # named model copies the local step reads (ws.glob, ws.prev ...)
     # per training sample and local epoch, for the benchmark's compute floor: forward+backward passes of
     # a model, and extra forwards without gradient (frozen global / previous copies)
     train_passes: ClassVar[int] = 1
@@ -134,11 +129,41 @@ class Method:
         self.num_classes = num_classes
         self._spares: dict[str, SplitModel] = {}
 
+    # ----- config ----------------------------------------------------------------------------
+    @classmethod
+    def resolve_experiment(cls, exp: "Experiment", all_methods: dict[str, type["Method"]]) -> "Experiment":
+        """Validate the method's parameters and projector settings; fill the method's defaults.
+        Raises ValueError with one line naming the key and what is allowed."""
+        from autofl.config import MethodConfig
+        from autofl.errors import format_validation_error
+
+        try:
+            params = cls.Params(**exp.method.params())
+        except ValidationError as err:
+            raise ValueError(format_validation_error(
+                err, cls.Params, prefix="method.", context=f" for method {cls.name}")) from None
+        exp.method = MethodConfig(name=cls.name, **params.model_dump())
+        model = exp.model
+        if not cls.uses_projector:
+            for key in ("projector_depth", "projector_dim"):
+                if getattr(model, key) is not None:
+                    users = ", ".join(n for n, c in sorted(all_methods.items()) if c.uses_projector)
+                    raise ValueError(f"model.{key}: not used by method {cls.name}; methods with a projector: {users}")
+            return exp
+        if model.projector_depth is None:
+            model.projector_depth = cls.default_projector_depth
+        if model.projector_dim is None:
+            model.projector_dim = 256
+        if model.projector_depth < cls.min_projector_depth:
+            raise ValueError(f"model.projector_depth: method {cls.name} needs a projector; "
+                             f"allowed {cls.min_projector_depth}..8")
+        return exp
+
     # ----- model -----------------------------------------------------------------------------
     def build_model(self) -> SplitModel:
         return build_model(self.exp.model, self.input_shape, self.num_classes)
 
-    def spare(self, name: str, like: nn.Module) -> SplitModel:
+    def spare(self, name: str, like: torch.nn.Module) -> SplitModel:
         """A second model instance of the same layout, built once and reused by loading states."""
         if name not in self._spares:
             import copy
@@ -155,6 +180,8 @@ class Method:
         """Called once before round 0 (e.g. initial prototypes)."""
 
     def aggregate(self, uploads: list[Upload]) -> StateDict:
+        from autofl.engine.state import weighted_average
+
         return weighted_average([u.state for u in uploads], [u.num_samples for u in uploads])
 
     def server_update(self, sim: "Simulation", uploads: list[Upload]) -> None:
@@ -168,28 +195,35 @@ class Method:
         del state
 
     # ----- client ----------------------------------------------------------------------------
-    def load_client(self, model: SplitModel, global_state: StateDict, client_state: dict[str, Any]) -> None:
+    def start_state(self, global_state: StateDict, client_state: dict[str, Any]) -> StateDict:
         """The client's starting weights: the global model, overlaid with its private parameters."""
-        model.load_state_dict(global_state)
-        private = client_state.get("private")
+        return {**global_state, **client_state.get("private", {})}
+
+    def client_start(self, global_state: StateDict, client_state: dict[str, Any]) -> ClientStart:
+        """The trained model's start plus any copies in `copies` (override to fill them)."""
+        return ClientStart({"model": self.start_state(global_state, client_state)})
+
+    def local_stages(self, rnd: int) -> list[Stage]:
+        """The local step of round `rnd` (0-based); default: all of the model on `loss`."""
+        return [Stage((Update(("model.",), self.loss),))]
+
+    def loss(self, ws: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, flags: dict[str, torch.Tensor]) -> torch.Tensor:
+        return F.cross_entropy(ws.model(x), y)
+
+    def upload_payload(self, client: TrainedClient) -> dict[str, Any]:
+        """Extra uploads computed from the trained model (prototypes, statistics)."""
+        return {}
+
+    def keep_private(self, trained: StateDict, client_state: dict[str, Any], shared: list[str]) -> None:
+        """After local training: store what stays on the client (`trained` is the client's own copy)."""
+        keep = set(shared)
+        private = {k: v for k, v in trained.items() if k not in keep}
         if private:
-            model.load_state_dict(private, strict=False)
-
-    def loss(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(ctx.model(x), y)
-
-    def local_train(self, ctx: ClientContext) -> LocalResult:
-        return sgd_epochs(ctx, ctx.model.parameters(), ctx.local_epochs, lambda x, y: self.loss(ctx, x, y))
-
-    def keep_private(self, ctx: ClientContext, shared: list[str]) -> None:
-        """After local training: store what stays on the client."""
-        private = [k for k in ctx.model.state_dict() if k not in set(shared)]
-        if private:
-            ctx.state["private"] = clone_state(ctx.model, private)
+            client_state["private"] = private
 
     # ----- evaluation ------------------------------------------------------------------------
     def load_personal(self, model: SplitModel, global_state: StateDict, client_state: dict[str, Any]) -> None:
-        self.load_client(model, global_state, client_state)
+        model.load_state_dict(self.start_state(global_state, client_state))
 
     def predict(self, model: SplitModel, x: torch.Tensor, client_state: dict[str, Any]) -> torch.Tensor:
         """Logits of a client's personal model (already loaded into `model`)."""
@@ -200,33 +234,3 @@ class Method:
 
     def predict_global(self, model: SplitModel, x: torch.Tensor) -> torch.Tensor:
         return model(x)
-
-
-def sgd_epochs(ctx: ClientContext, params: Any, epochs: int, loss_fn: Any, lr: float | None = None) -> LocalResult:
-    """Plain local SGD: `epochs` passes over the client's batches minimising `loss_fn(x, y)`."""
-    ctx.model.train()
-    opt = ctx.optimizer(params, lr)
-    meter = LossMeter(ctx.device)
-    for _ in range(epochs):
-        for x, y in ctx.batches():
-            loss = loss_fn(x, y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            meter.add(loss, len(y))
-    return LocalResult(num_samples=len(ctx.train_idx), loss=meter.mean())
-
-
-class LossMeter:
-    """Sample-weighted mean loss, accumulated on the device (no host sync per batch)."""
-
-    def __init__(self, device: torch.device):
-        self.total = torch.zeros((), device=device)
-        self.count = 0
-
-    def add(self, loss: torch.Tensor, n: int) -> None:
-        self.total += loss.detach() * n
-        self.count += n
-
-    def mean(self) -> float:
-        return float(self.total) / max(self.count, 1)

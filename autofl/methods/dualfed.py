@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
+from autofl.engine.state import StateDict, weighted_average
 from autofl.losses import supcon
-from autofl.methods.base import (ClientContext, LocalResult, Method, MethodParams, StateDict, Upload, clone_state,
-                                 sgd_epochs, weighted_average)
+from autofl.methods.base import Method, MethodParams, Stage, Update, Upload
 from autofl.methods.registry import register
 from autofl.models.parts import SplitModel, build_head
 
@@ -42,47 +42,35 @@ class DualFed(Method):
 
     def shared_keys(self, model: SplitModel) -> list[str]:
         """Encoder and global head; encoder BN statistics are averaged only for the global model's
-        evaluation and never overwrite a client's own (see load_client)."""
+        evaluation and never overwrite a client's own (they are private too, see keep_private)."""
         return [k for k in model.state_dict() if k.startswith(("encoder.", "global_head."))]
 
-    def private_keys(self, model: SplitModel) -> list[str]:
-        return [k for k in model.state_dict()
-                if k.startswith(("projector.", "head.")) or (k.startswith("encoder.") and k.endswith(_BN_BUFFERS))]
-
-    def keep_private(self, ctx: ClientContext, shared: list[str]) -> None:
-        ctx.state["private"] = clone_state(ctx.model, self.private_keys(ctx.model))
+    def keep_private(self, trained: StateDict, client_state: dict, shared: list[str]) -> None:
+        client_state["private"] = {k: v for k, v in trained.items()
+                                   if k.startswith(("projector.", "head.")) or (k.startswith("encoder.")
+                                                                                and k.endswith(_BN_BUFFERS))}
 
     def aggregate(self, uploads: list[Upload]) -> StateDict:
         weights = [u.num_samples if self.params.weighted else 1.0 for u in uploads]
         return weighted_average([u.state for u in uploads], weights)
 
-    def local_train(self, ctx: ClientContext) -> LocalResult:
-        result = self.train_stage1(ctx)
-        result.payload["stage2_loss"] = self.train_stage2(ctx).loss
-        return result
+    def local_stages(self, rnd: int) -> list[Stage]:
+        lam, tau = self.params.lam, self.params.tau
 
-    def train_stage1(self, ctx: ClientContext) -> LocalResult:
-        """f, g, h_p on CE(h_p(g(f(x)))) + lambda * SupCon(normalize(g(f(x)))); h_g is not in the optimizer."""
-        model, lam, tau = ctx.model, self.params.lam, self.params.tau
+        def stage1_loss(ws: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
+            """CE(h_p(g(f(x)))) + lambda * SupCon(normalize(g(f(x))))."""
+            z = ws.model.projector(ws.model.encoder(x))
+            return F.cross_entropy(ws.model.head(z), y) + lam * supcon(F.normalize(z, dim=1), y, tau)
 
-        def loss_fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            z = model.projector(model.encoder(x))
-            return F.cross_entropy(model.head(z), y) + lam * supcon(F.normalize(z, dim=1), y, tau)
-
-        params = [*model.encoder.parameters(), *model.projector.parameters(), *model.head.parameters()]
-        return sgd_epochs(ctx, params, ctx.local_epochs, loss_fn)
-
-    def train_stage2(self, ctx: ClientContext) -> LocalResult:
-        """Only h_g trains, on CE(h_g(f(x))), with a fresh optimizer; encoder statistics stay fixed."""
-        model = ctx.model
-
-        def loss_fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            model.encoder.eval()
+        def stage2_loss(ws: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
+            """CE(h_g(f(x))) with f fixed (eval mode: its statistics stay as they are)."""
             with torch.no_grad():
-                f = model.encoder(x)
-            return F.cross_entropy(model.global_head(f), y)
+                f = ws.model.encoder(x)
+            return F.cross_entropy(ws.model.global_head(f), y)
 
-        return sgd_epochs(ctx, model.global_head.parameters(), ctx.local_epochs, loss_fn)
+        return [Stage((Update(("model.encoder.", "model.projector.", "model.head."), stage1_loss),)),
+                Stage((Update(("model.global_head.",), stage2_loss, report="stage2_loss",
+                              eval_modules=("model.encoder",)),))]
 
     def predict(self, model: SplitModel, x: torch.Tensor, client_state: dict) -> torch.Tensor:
         f = model.encoder(x)

@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
+from autofl.engine.state import StateDict
 from autofl.losses import contrastive_pair
-from autofl.methods.base import (ClientContext, LocalResult, Method, MethodParams, StateDict, clone_state,
-                                 frozen_copy_into, sgd_epochs)
+from autofl.methods.base import ClientStart, Method, MethodParams
 from autofl.methods.registry import register
 from autofl.models.parts import SplitModel
 
@@ -34,29 +34,28 @@ class FDCL(Method):
     name = "fdcl"
     Params = FDCLParams
     personal_is_global = False
-    extra_forwards = 2  # frozen global and previous models
+    copies = ("glob", "prev")  # frozen: the received global model, the client's previous local model
+    extra_forwards = 2
 
-    def local_train(self, ctx: ClientContext) -> LocalResult:
-        model = ctx.model
-        prev_state = ctx.state.get("prev")
-        if prev_state is None:  # first participation: both terms are 0
-            result = sgd_epochs(ctx, model.parameters(), ctx.local_epochs, lambda x, y: F.cross_entropy(model(x), y))
-        else:
-            glob = frozen_copy_into(self.spare("glob", model), ctx.global_state)
-            prev = frozen_copy_into(self.spare("prev", model), prev_state)
+    def client_start(self, global_state: StateDict, client_state: dict) -> ClientStart:
+        """First participation: no previous model, both terms are 0 (has_prev = 0)."""
+        prev = client_state.get("prev")
+        return ClientStart({"model": self.start_state(global_state, client_state), "glob": global_state,
+                            "prev": prev if prev is not None else global_state},
+                           {"has_prev": float(prev is not None)})
 
-            def loss_fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-                pe_l = model.encoder(x)
-                pc_l = model.head(pe_l)
-                with torch.no_grad():
-                    pe_g, pe_p = glob.encoder(x), prev.encoder(x)
-                    pc_g, pc_p = glob.head(pe_g), prev.head(pe_p)
-                l_e, l_c = fdcl_terms((pe_l, pe_g, pe_p), (pc_l, pc_g, pc_p), self.params.tau)
-                return F.cross_entropy(pc_l, y) + self.params.mu * (l_e + l_c)
+    def loss(self, ws: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
+        model = ws.model
+        pe_l = model.encoder(x)
+        pc_l = model.head(pe_l)
+        with torch.no_grad():
+            pe_g, pe_p = ws.glob.encoder(x), ws.prev.encoder(x)
+            pc_g, pc_p = ws.glob.head(pe_g), ws.prev.head(pe_p)
+        l_e, l_c = fdcl_terms((pe_l, pe_g, pe_p), (pc_l, pc_g, pc_p), self.params.tau)
+        return F.cross_entropy(pc_l, y) + flags["has_prev"] * self.params.mu * (l_e + l_c)
 
-            result = sgd_epochs(ctx, model.parameters(), ctx.local_epochs, loss_fn)
-        ctx.state["prev"] = clone_state(model)  # also the client's personal model
-        return result
+    def keep_private(self, trained: StateDict, client_state: dict, shared: list[str]) -> None:
+        client_state["prev"] = trained  # also the client's personal model
 
     def load_personal(self, model: SplitModel, global_state: StateDict, client_state: dict) -> None:
         model.load_state_dict(client_state.get("prev", global_state))

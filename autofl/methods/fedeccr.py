@@ -12,8 +12,8 @@ from pydantic import Field
 
 from autofl.features import ClassStats, encoded_class_stats, train_head
 from autofl.losses import prototype_contrast
-from autofl.methods.base import (ClientContext, LocalResult, Method, MethodParams, StateDict, Upload,
-                                 clone_state, sgd_epochs)
+from autofl.engine.state import StateDict, clone_state
+from autofl.methods.base import Method, MethodParams, Stage, TrainedClient, Update, Upload
 from autofl.methods.registry import register
 from autofl.models.parts import SplitModel
 from autofl.seeding import derived_seed
@@ -65,7 +65,7 @@ def sample_virtual_features(stats: ClassStats, per_class: int, generator: torch.
             jitter *= 10
             chol, info = torch.linalg.cholesky_ex(cov + jitter * eye)
         noise = torch.randn(per_class, d, generator=generator, dtype=torch.float64).to(cov.device)
-        feats.append((stats.means[k].double() + noise @ chol.T).float())
+        feats.append((stats.means[k].double() + noise @ chol.T).to(stats.means.dtype))
         labels.append(torch.full((per_class,), k, dtype=torch.int64, device=cov.device))
     return torch.cat(feats), torch.cat(labels)
 
@@ -86,7 +86,7 @@ class FedECCR(Method):
     # ----- prototypes ------------------------------------------------------------------------
     def _set_prototypes(self, stats: list[ClassStats]) -> None:
         """z_k = mean over the clients that hold class k of their class means."""
-        holds = torch.stack([s.counts > 0 for s in stats]).float()  # (K, C)
+        holds = torch.stack([s.counts > 0 for s in stats]).to(stats[0].means.dtype)  # (K, C)
         means = torch.stack([s.means for s in stats])  # (K, C, d)
         holders = holds.sum(0)
         new = (holds[:, :, None] * means).sum(0) / holders.clamp(min=1)[:, None]
@@ -104,20 +104,22 @@ class FedECCR(Method):
                               for split in d.clients])
 
     # ----- client ----------------------------------------------------------------------------
-    def local_train(self, ctx: ClientContext) -> LocalResult:
-        model = ctx.model
-        alpha = 1.0 - ctx.round / self.exp.fl.rounds
-        protos, has = self.prototypes, self.has_prototype
+    def local_stages(self, rnd: int) -> list[Stage]:
+        """alpha * L_pc + (1 - alpha) * CE, alpha = 1 - r/R, against this round's global prototypes."""
+        alpha = 1.0 - rnd / self.exp.fl.rounds
+        protos, has, tau = self.prototypes, self.has_prototype, self.params.tau
         assert protos is not None and has is not None
 
-        def loss_fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            f = model.encoder(x)
-            ce = F.cross_entropy(model.head(f), y)
-            return alpha * prototype_contrast(f, y, protos, has, self.params.tau) + (1 - alpha) * ce
+        def loss(ws: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
+            f = ws.model.encoder(x)
+            ce = F.cross_entropy(ws.model.head(f), y)
+            return alpha * prototype_contrast(f, y, protos, has, tau) + (1 - alpha) * ce
 
-        result = sgd_epochs(ctx, model.parameters(), ctx.local_epochs, loss_fn)
-        result.payload["class_means"] = encoded_class_stats(model.encoder, ctx.x, ctx.y, ctx.train_idx, ctx.num_classes)
-        return result
+        return [Stage((Update(("model.",), loss),))]
+
+    def upload_payload(self, client: TrainedClient) -> dict[str, Any]:
+        return {"class_means": encoded_class_stats(client.model.encoder, client.x, client.y, client.train_idx,
+                                                   client.num_classes)}
 
     # ----- server ----------------------------------------------------------------------------
     def server_update(self, sim: "Simulation", uploads: list[Upload]) -> None:

@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from autofl.features import ClassStats, encoded_class_stats, train_head
-from autofl.methods.base import (ClientContext, LocalResult, LossMeter, Method, MethodParams, StateDict, Upload,
-                                 clone_state)
+from autofl.engine.state import StateDict
+from autofl.methods.base import Method, MethodParams, Stage, TrainedClient, Update, Upload
 from autofl.methods.registry import register
 from autofl.models.parts import SplitModel, build_head
 from autofl.seeding import derived_seed
@@ -60,6 +60,7 @@ class FedFCD(Method):
     def build_model(self) -> SplitModel:
         model = super().build_model()
         model.global_head = build_head(self.exp.model, self.input_shape, self.num_classes)
+        self.has_extractor = any(True for _ in model.encoder.parameters())  # none when the head takes every layer
         return model
 
     def shared_keys(self, model: SplitModel) -> list[str]:
@@ -93,49 +94,34 @@ class FedFCD(Method):
             sim.global_state["global_head." + k] = v.detach().clone()
 
     # ----- client ----------------------------------------------------------------------------
-    def local_train(self, ctx: ClientContext) -> LocalResult:
-        model = ctx.model
-        model.train()
-        for p in model.global_head.parameters():
-            p.requires_grad_(False)
-        extractor = list(model.encoder.parameters())  # empty when the head takes every Linear layer
-        opt_theta = ctx.optimizer(extractor) if extractor else None
-        opt_phi = ctx.optimizer(model.head.parameters())
-        meter = LossMeter(ctx.device)
-        for _ in range(ctx.local_epochs):
-            for x, y in ctx.batches():
-                loss_a = self.step_extractor(model, x, y, opt_theta) if opt_theta is not None else None
-                loss_b = self.step_personal_head(model, x, y, opt_phi)
-                meter.add(loss_a if loss_a is not None else loss_b, len(y))
-        lfr = encoded_class_stats(model.encoder, ctx.x, ctx.y, ctx.train_idx, ctx.num_classes)
-        return LocalResult(num_samples=len(ctx.train_idx), loss=meter.mean(), payload={"lfr": lfr})
+    def local_stages(self, rnd: int) -> list[Stage]:
+        """Per batch: (a) phi_i frozen, theta on CE(h_p(phi_i; f(x)), y) + lambda * GFR regularizer;
+        (b) theta frozen, phi_i on CE(h_g(phi_g; z) + h_p(phi_i; z), y), z = sg(f(x)) after step (a).
+        phi_g is never trained here. Step (a) is left out when the extractor has no parameters."""
+        gfr, has_gfr, lam = self.gfr, self.has_gfr, self.params.lam
+        assert gfr is not None and has_gfr is not None
 
-    def step_extractor(self, model: SplitModel, x: torch.Tensor, y: torch.Tensor,
-                       opt_theta: torch.optim.Optimizer) -> torch.Tensor:
-        """(a) phi_i frozen: theta on CE(h_p(phi_i; f(x)), y) + lambda * GFR regularizer."""
-        assert self.gfr is not None and self.has_gfr is not None
-        f = model.encoder(x)
-        loss = F.cross_entropy(model.head(f), y) + self.params.lam * gfr_regularizer(f, y, self.gfr, self.has_gfr)
-        opt_theta.zero_grad(set_to_none=True)
-        loss.backward(inputs=list(model.encoder.parameters()))  # no gradient reaches phi_i
-        opt_theta.step()
-        return loss.detach()
+        def extractor_loss(ws: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
+            f = ws.model.encoder(x)
+            return F.cross_entropy(ws.model.head(f), y) + lam * gfr_regularizer(f, y, gfr, has_gfr)
 
-    def step_personal_head(self, model: SplitModel, x: torch.Tensor, y: torch.Tensor,
-                           opt_phi: torch.optim.Optimizer) -> torch.Tensor:
-        """(b) theta frozen: phi_i on CE(h_g(phi_g; z) + h_p(phi_i; z), y), z = sg(f(x)) after step (a)."""
-        with torch.no_grad():
-            z = model.encoder(x)
-        loss = F.cross_entropy(model.global_head(z) + model.head(z), y)
-        opt_phi.zero_grad(set_to_none=True)
-        loss.backward()
-        opt_phi.step()
-        return loss.detach()
+        def head_loss(ws: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
+            with torch.no_grad():
+                z = ws.model.encoder(x)
+            return F.cross_entropy(ws.model.global_head(z) + ws.model.head(z), y)
 
-    def keep_private(self, ctx: ClientContext, shared: list[str]) -> None:
+        head = Update(("model.head.",), head_loss, report=None if self.has_extractor else "loss")
+        if not self.has_extractor:
+            return [Stage((head,))]
+        return [Stage((Update(("model.encoder.",), extractor_loss), head))]
+
+    def upload_payload(self, client: TrainedClient) -> dict[str, Any]:
+        return {"lfr": encoded_class_stats(client.model.encoder, client.x, client.y, client.train_idx,
+                                           client.num_classes)}
+
+    def keep_private(self, trained: StateDict, client_state: dict, shared: list[str]) -> None:
         """Everything but phi_g, which the server trains and sends (nothing is aggregated)."""
-        keys = [k for k in ctx.model.state_dict() if not k.startswith("global_head.")]
-        ctx.state["private"] = clone_state(ctx.model, keys)
+        client_state["private"] = {k: v for k, v in trained.items() if not k.startswith("global_head.")}
 
     def predict(self, model: SplitModel, x: torch.Tensor, client_state: dict) -> torch.Tensor:
         f = model.encoder(x)

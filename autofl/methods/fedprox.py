@@ -4,8 +4,9 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
+from autofl.engine.state import StateDict
 from autofl.losses import proximal
-from autofl.methods.base import ClientContext, Method, MethodParams
+from autofl.methods.base import ClientStart, Method, MethodParams
 from autofl.methods.registry import register
 
 
@@ -17,7 +18,11 @@ class FedProxParams(MethodParams):
 class FedProx(Method):
     name = "fedprox"
     Params = FedProxParams
+    copies = ("glob",)  # the received global model: the proximal anchor
 
-    def loss(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        params = dict(ctx.model.named_parameters())
-        return F.cross_entropy(ctx.model(x), y) + self.params.mu / 2 * proximal(params, ctx.global_state)
+    def client_start(self, global_state: StateDict, client_state: dict) -> ClientStart:
+        return ClientStart({"model": self.start_state(global_state, client_state), "glob": global_state})
+
+    def loss(self, ws: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
+        anchor = dict(ws.glob.named_parameters())
+        return F.cross_entropy(ws.model(x), y) + self.params.mu / 2 * proximal(dict(ws.model.named_parameters()), anchor)

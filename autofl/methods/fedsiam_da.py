@@ -11,8 +11,8 @@ from pydantic import Field
 from torch import nn
 
 from autofl.losses import negative_cosine
-from autofl.methods.base import (ClientContext, LocalResult, LossMeter, Method, MethodParams, StateDict, Upload,
-                                 clone_state, frozen_copy_into, weighted_average)
+from autofl.engine.state import StateDict, weighted_average
+from autofl.methods.base import ClientStart, Method, MethodParams, Stage, Update, Upload
 from autofl.methods.registry import register
 from autofl.models.parts import SplitModel
 
@@ -49,8 +49,9 @@ class FedSiamDA(Method):
     default_projector_depth = 2
     min_projector_depth = 1
     personal_is_global = False
+    copies = ("siamese", "hist")  # f' (trained, discarded after the round); the frozen history model
     train_passes = 2  # local model and f'
-    extra_forwards = 2  # f' recomputed after its step, history snapshot
+    extra_forwards = 3  # z_local for the step of f', f' recomputed after its step, the history model
 
     def build_model(self) -> SplitModel:
         model = super().build_model()
@@ -62,43 +63,41 @@ class FedSiamDA(Method):
         states = [u.state for u in uploads]
         return weighted_average(states, dual_weights(states, self.param_keys))
 
-    def local_train(self, ctx: ClientContext) -> LocalResult:
-        model, mu = ctx.model, self.params.mu
-        siamese = self.spare("siamese", model)  # f': a trainable copy of the received global model
-        siamese.load_state_dict(ctx.global_state)
-        for p in siamese.parameters():
-            p.requires_grad_(True)
-        siamese.train()
-        model.train()
-        opt_local = ctx.optimizer(model.parameters())
-        opt_siamese = ctx.optimizer(siamese.parameters())
-        last_upload = ctx.state.get("personal")
-        hist = frozen_copy_into(self.spare("hist", model), last_upload) if last_upload is not None else None
-        meter = LossMeter(ctx.device)
-        for _ in range(ctx.local_epochs):
-            for x, y in ctx.batches():
-                z_local = embed(model, x)
-                # 1. f' on 1/2 D-(q_f'(z_f'), sg(z_local))
-                z_s = embed(siamese, x)
-                loss_s = 0.5 * negative_cosine(siamese.predictor(z_s), z_local.detach())
-                opt_siamese.zero_grad(set_to_none=True)
-                loss_s.backward()
-                opt_siamese.step()
-                # 2. local on CE + mu (D+(sg(z_hist), z_local) + 1/2 D-(q(z_local), sg(z_f'))), z_f' recomputed
-                with torch.no_grad():
-                    z_s = embed(siamese, x)
-                    z_hist = embed(hist, x) if hist is not None else None
-                loss = F.cross_entropy(model.head(z_local), y)
-                siam_term = 0.5 * negative_cosine(model.predictor(z_local), z_s)
-                hist_term = F.cosine_similarity(z_hist, z_local, dim=1).mean() if z_hist is not None else 0.0
-                loss = loss + mu * (hist_term + siam_term)
-                opt_local.zero_grad(set_to_none=True)
-                loss.backward()
-                opt_local.step()
-                meter.add(loss, len(y))
-            hist = frozen_copy_into(self.spare("hist", model), model.state_dict())  # end of this local epoch
-        ctx.state["personal"] = clone_state(model)  # this upload: the next participation's first history
-        return LocalResult(num_samples=len(ctx.train_idx), loss=meter.mean())
+    def client_start(self, global_state: StateDict, client_state: dict) -> ClientStart:
+        """f' starts from the received global model; the history is the client's last upload (none
+        before its first participation: has_hist = 0 until the end of its first local epoch)."""
+        last_upload = client_state.get("personal")
+        return ClientStart({"model": self.start_state(global_state, client_state), "siamese": global_state,
+                            "hist": last_upload if last_upload is not None else global_state},
+                           {"has_hist": float(last_upload is not None)})
+
+    def local_stages(self, rnd: int) -> list[Stage]:
+        """Per batch: 1. f' on 1/2 D-(q_f'(z_f'), sg(z_local)); 2. the local model on
+        CE + mu (D+(sg(z_hist), z_local) + 1/2 D-(q(z_local), sg(z_f'))), z_f' recomputed after step 1.
+        After each local epoch the history becomes a snapshot of the local model."""
+        mu = self.params.mu
+
+        def siamese_loss(ws: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
+            with torch.no_grad():
+                z_local = embed(ws.model, x)  # the local model's training-mode forward on this batch
+            return 0.5 * negative_cosine(ws.siamese.predictor(embed(ws.siamese, x)), z_local)
+
+        def local_loss(ws: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
+            z_local = embed(ws.model, x)  # same batch statistics as in step 1, counted once (frozen_stats)
+            with torch.no_grad():
+                z_s = embed(ws.siamese, x)
+                z_hist = embed(ws.hist, x)
+            ce = F.cross_entropy(ws.model.head(z_local), y)
+            siam_term = 0.5 * negative_cosine(ws.model.predictor(z_local), z_s)
+            hist_term = flags["has_hist"] * F.cosine_similarity(z_hist, z_local, dim=1).mean()
+            return ce + mu * (hist_term + siam_term)
+
+        siamese = Update(("siamese.encoder.", "siamese.projector.", "siamese.predictor."), siamese_loss, report=None)
+        local = Update(("model.",), local_loss, frozen_stats=("model.encoder", "model.projector"))
+        return [Stage((siamese, local), snapshot_after_epoch={"hist": "model"}, flags_after_epoch={"has_hist": 1.0})]
+
+    def keep_private(self, trained: StateDict, client_state: dict, shared: list[str]) -> None:
+        client_state["personal"] = trained  # this upload: the next participation's first history
 
     def load_personal(self, model: SplitModel, global_state: StateDict, client_state: dict) -> None:
         model.load_state_dict(client_state.get("personal", global_state))

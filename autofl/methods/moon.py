@@ -4,8 +4,9 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
+from autofl.engine.state import StateDict
 from autofl.losses import contrastive_pair
-from autofl.methods.base import ClientContext, LocalResult, Method, MethodParams, clone_state, frozen_copy_into, sgd_epochs
+from autofl.methods.base import ClientStart, Method, MethodParams
 from autofl.methods.registry import register
 
 
@@ -14,30 +15,32 @@ class MoonParams(MethodParams):
     tau: float = Field(0.5, gt=0, description="temperature")
 
 
+def embed(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return model.projector(model.encoder(x))
+
+
 @register
 class Moon(Method):
     name = "moon"
     Params = MoonParams
     uses_projector = True
     default_projector_depth = 0
-    extra_forwards = 2  # frozen global and previous models
+    copies = ("glob", "prev")  # frozen: the received global model, the client's previous local model
+    extra_forwards = 2
 
-    def local_train(self, ctx: ClientContext) -> LocalResult:
-        model = ctx.model
-        glob = frozen_copy_into(self.spare("glob", model), ctx.global_state)
-        prev_state = ctx.state.get("prev")
-        prev = frozen_copy_into(self.spare("prev", model), prev_state) if prev_state is not None else None
-        embed = lambda m, x: m.projector(m.encoder(x))  # noqa: E731
+    def client_start(self, global_state: StateDict, client_state: dict) -> ClientStart:
+        """Before its first participation a client has no previous model: the term is off (has_prev = 0)."""
+        prev = client_state.get("prev")
+        return ClientStart({"model": self.start_state(global_state, client_state), "glob": global_state,
+                            "prev": prev if prev is not None else global_state},
+                           {"has_prev": float(prev is not None)})
 
-        def loss_fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            z = embed(model, x)
-            ce = F.cross_entropy(model.head(z), y)
-            if prev is None:
-                return ce
-            with torch.no_grad():
-                z_g, z_p = embed(glob, x), embed(prev, x)
-            return ce + self.params.mu * contrastive_pair(z, z_g, z_p, self.params.tau)
+    def loss(self, ws: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
+        z = embed(ws.model, x)
+        ce = F.cross_entropy(ws.model.head(z), y)
+        with torch.no_grad():
+            z_g, z_p = embed(ws.glob, x), embed(ws.prev, x)
+        return ce + flags["has_prev"] * self.params.mu * contrastive_pair(z, z_g, z_p, self.params.tau)
 
-        result = sgd_epochs(ctx, model.parameters(), ctx.local_epochs, loss_fn)
-        ctx.state["prev"] = clone_state(model)
-        return result
+    def keep_private(self, trained: StateDict, client_state: dict, shared: list[str]) -> None:
+        client_state["prev"] = trained

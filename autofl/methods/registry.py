@@ -40,6 +40,11 @@ def method_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def all_methods() -> dict[str, type[Method]]:
+    _discover()
+    return dict(_REGISTRY)
+
+
 def get_method_class(name: str) -> type[Method]:
     _discover()
     return _REGISTRY[name]

@@ -7,7 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from autofl.config import Experiment, build_experiment, read_yaml
+from autofl.config import Experiment, read_yaml
+from autofl.experiment import build_experiment
 from autofl.errors import ConfigError, format_validation_error
 
 VALIDATION_OBJECTIVES = ("personal_val_acc", "global_val_acc")

@@ -130,7 +130,8 @@ def export_best_config(study: Study) -> dict[str, Any]:
     import torch
 
     import autofl
-    from autofl.config import build_experiment, experiment_to_dict
+    from autofl.config import experiment_to_dict
+    from autofl.experiment import build_experiment
     from autofl.tune.space import experiment_dict
 
     space = study.space()

@@ -14,7 +14,7 @@ import ray
 import torch
 from ray import tune
 
-from autofl.config import build_experiment
+from autofl.experiment import build_experiment
 from autofl.data.datasets import RawDataset
 from autofl.engine.simulation import Simulation
 from autofl.tune.space import experiment_dict

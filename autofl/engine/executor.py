@@ -1,0 +1,168 @@
+"""The executor seam: how a round's sampled clients run a method's declared local step.
+
+An executor gets the round's `RoundPlan` (the method's stages and the SGD settings) and one
+`ClientJob` per sampled client, and returns each client's trained model state and mean losses.
+Both executors draw every client's batch order from the same per-client generator with
+`epoch_batches`, so a client sees the same batches, in the same order, under either.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any, Iterator, Protocol
+
+import torch
+from torch import nn
+
+from autofl.engine.state import StateDict
+from autofl.methods.base import ClientStart, Stage, Update
+
+
+@dataclass
+class RoundPlan:
+    stages: list[Stage]
+    lr: float
+    momentum: float
+    weight_decay: float
+    batch_size: int
+    local_epochs: int
+
+    def optimizer(self, params: list[torch.Tensor]) -> torch.optim.Optimizer:
+        return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
+
+    def epochs(self, stage: Stage) -> int:
+        return stage.epochs if stage.epochs is not None else self.local_epochs
+
+
+@dataclass
+class ClientJob:
+    cid: int
+    start: ClientStart
+    train_idx: torch.Tensor  # rows of the pooled data
+    generator: torch.Generator  # this client's batch order in this round
+
+
+@dataclass
+class ClientOutcome:
+    state: StateDict  # the trained model's state (the client's own tensors)
+    losses: dict[str, float]  # sample-weighted mean of each reported loss
+
+
+class Executor(Protocol):
+    name: str
+
+    def train(self, plan: RoundPlan, jobs: list[ClientJob], x: torch.Tensor, y: torch.Tensor) -> list[ClientOutcome]:
+        """Train every job; outcomes in the order of `jobs`."""
+        ...
+
+
+def batch_cuts(n: int, batch_size: int) -> list[tuple[int, int]]:
+    """(start, end) of each batch of an n-sample epoch; a lone last sample is dropped (BatchNorm
+    cannot train on one sample) unless it is the client's only sample."""
+    cuts = [(s, min(s + batch_size, n)) for s in range(0, n, batch_size)]
+    return [(a, b) for a, b in cuts if not (b - a < 2 <= n)]
+
+
+def epoch_orders(job: ClientJob, plan: RoundPlan) -> list[list[torch.Tensor]]:
+    """For each stage, for each of its epochs, the client's shuffled train rows (one randperm per
+    epoch, drawn in stage then epoch order from the client's generator)."""
+    n = len(job.train_idx)
+    orders = []
+    for stage in plan.stages:
+        per_epoch = []
+        for _ in range(plan.epochs(stage)):
+            perm = torch.randperm(n, generator=job.generator).to(job.train_idx.device)
+            per_epoch.append(job.train_idx[perm])
+        orders.append(per_epoch)
+    return orders
+
+
+def stage_models(stage: Stage) -> set[str]:
+    """Top-level workspace models some update of the stage trains (they run in train mode)."""
+    return {prefix.split(".", 1)[0] for update in stage.updates for prefix in update.trains}
+
+
+class Workspace(nn.Module):
+    """The modules a method's loss sees: `ws.model` plus the method's named copies, each a model
+    of the same layout. Calling it runs a loss: `ws(x, y, flags, loss)` = `loss(ws, x, y, flags)`,
+    which is what `torch.func.functional_call` needs to run the loss on substituted tensors."""
+
+    def __init__(self, model: nn.Module, copies: tuple[str, ...]):
+        super().__init__()
+        self.model = model
+        for name in copies:
+            self.add_module(name, copy.deepcopy(model))
+        self._mode_key: Any = None
+        self._frozen_bn: list[nn.Module] = []
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor, flags: dict[str, torch.Tensor], loss: Any) -> torch.Tensor:
+        return loss(self, x, y, flags)
+
+    def model_names(self) -> list[str]:
+        return [name for name, _ in self.named_children()]
+
+    def param_names(self, prefixes: tuple[str, ...]) -> list[str]:
+        return [name for name, _ in self.named_parameters() if name.startswith(prefixes)]
+
+    def enter(self, trained_models: set[str], update: Update) -> None:
+        """Set train / eval modes for one update (cached: nothing to do when unchanged)."""
+        key = (frozenset(trained_models), update.eval_modules, update.frozen_stats)
+        if key == self._mode_key:
+            return
+        self.leave()
+        for name, module in self.named_children():
+            module.train(name in trained_models)
+        for name in update.eval_modules:
+            self.get_submodule(name).eval()
+        for name in update.frozen_stats:
+            for module in self.get_submodule(name).modules():
+                if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.track_running_stats:
+                    module.track_running_stats = False
+                    self._frozen_bn.append(module)
+        self._mode_key = key
+
+    def leave(self) -> None:
+        for module in self._frozen_bn:
+            module.track_running_stats = True
+        self._frozen_bn = []
+        self._mode_key = None
+
+
+def iter_stage_batches(orders: list[torch.Tensor], batch_size: int) -> Iterator[torch.Tensor]:
+    """The batches (row indices) of each epoch of one stage, in order."""
+    for order in orders:
+        for a, b in batch_cuts(len(order), batch_size):
+            yield order[a:b]
+
+
+# module types whose forward is known to run under torch.func.vmap with per-client tensors
+_VMAP_SAFE = (nn.Linear, nn.Conv2d, nn.modules.batchnorm._BatchNorm, nn.ReLU, nn.MaxPool2d, nn.AdaptiveAvgPool2d,
+              nn.Flatten, nn.Identity, nn.Sequential)
+
+
+def vectorizable(ws: Workspace) -> str | None:
+    """None when the vectorized executor can run this workspace, else the reason it cannot."""
+    for name, module in ws.named_modules():
+        if not list(module.children()) and not isinstance(module, _VMAP_SAFE):
+            return f"{name} ({type(module).__name__}) has no known batching rule"
+    return None
+
+
+def make_executor(choice: str, ws: Workspace, client_chunk: int | None) -> tuple[Executor, str]:
+    """The executor for runtime.executor = `choice`, and a line saying which and why."""
+    from autofl.engine.sequential import SequentialExecutor
+    from autofl.engine.vectorized import VectorizedExecutor
+
+    if choice == "sequential":
+        return SequentialExecutor(ws), "executor: sequential (runtime.executor=sequential)"
+    blocker = vectorizable(ws)
+    if blocker is None:
+        chunk = f", {client_chunk} clients per chunk" if client_chunk else ""
+        return VectorizedExecutor(ws, client_chunk), f"executor: vectorized (runtime.executor={choice}{chunk})"
+    if choice == "vectorized":
+        from autofl.errors import ConfigError
+
+        raise ConfigError(f"runtime.executor: vectorized cannot run this model: {blocker}; "
+                          f"allowed here: auto, sequential")
+    return SequentialExecutor(ws), f"executor: sequential (runtime.executor=auto: {blocker})"

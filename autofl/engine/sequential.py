@@ -1,0 +1,63 @@
+"""The sequential executor: one client after another, on the workspace's own modules.
+
+Each client's states are loaded into the workspace (`load_state_dict`, no copies of modules),
+each update steps its own `torch.optim.SGD` over the module parameters it trains.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from autofl.engine.executor import (ClientJob, ClientOutcome, RoundPlan, Workspace, batch_cuts, epoch_orders,
+                                    stage_models)
+from autofl.engine.state import clone_state
+
+
+class SequentialExecutor:
+    name = "sequential"
+
+    def __init__(self, ws: Workspace):
+        self.ws = ws
+
+    def train(self, plan: RoundPlan, jobs: list[ClientJob], x: torch.Tensor, y: torch.Tensor) -> list[ClientOutcome]:
+        return [self.train_client(plan, job, x, y) for job in jobs]
+
+    def train_client(self, plan: RoundPlan, job: ClientJob, x: torch.Tensor, y: torch.Tensor) -> ClientOutcome:
+        ws = self.ws
+        for name in ws.model_names():
+            ws.get_submodule(name).load_state_dict(job.start.models[name])
+        flags = {k: torch.tensor(v, dtype=x.dtype, device=x.device) for k, v in job.start.flags.items()}
+        totals: dict[str, torch.Tensor] = {}
+        counts: dict[str, int] = {}
+        for stage, orders in zip(plan.stages, epoch_orders(job, plan)):
+            trained = stage_models(stage)
+            trainable = set(ws.param_names(tuple(p for u in stage.updates for p in u.trains)))
+            for name, p in ws.named_parameters():
+                p.requires_grad_(name in trainable)
+            params = [[p for name, p in ws.named_parameters() if name.startswith(u.trains)] for u in stage.updates]
+            opts = [plan.optimizer(ps) for ps in params]
+            for order in orders:
+                for a, b in batch_cuts(len(order), plan.batch_size):
+                    idx = order[a:b]
+                    xb, yb = x[idx], y[idx]
+                    for update, ps, opt in zip(stage.updates, params, opts):
+                        ws.enter(trained, update)
+                        loss = update.loss(ws, xb, yb, flags)
+                        opt.zero_grad(set_to_none=True)
+                        loss.backward(inputs=ps)
+                        opt.step()
+                        if update.report is not None:
+                            key = update.report
+                            totals[key] = totals.get(key, 0.0) + loss.detach() * (b - a)
+                            counts[key] = counts.get(key, 0) + (b - a)
+                ws.leave()
+                for target, source in stage.snapshot_after_epoch.items():
+                    ws.get_submodule(target).load_state_dict(ws.get_submodule(source).state_dict())
+                for key, value in stage.flags_after_epoch.items():
+                    flags[key] = torch.tensor(value, dtype=x.dtype, device=x.device)
+        for p in ws.parameters():
+            p.grad = None
+        ws.leave()
+        losses = {key: float(totals[key]) / max(counts[key], 1) for key in totals}
+        losses.setdefault("loss", 0.0)
+        return ClientOutcome(clone_state(ws.model), losses)

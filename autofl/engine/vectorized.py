@@ -1,0 +1,244 @@
+"""The vectorized executor: a round's sampled clients trained as one batched model.
+
+Every client's starting tensors (parameters, BatchNorm buffers, and the method's per-client copies
+such as `prev`, `hist` or the Siamese f') are stacked along a new leading client dimension. Each
+lockstep step runs the method's loss once for all active clients with
+`vmap(grad(functional_call(...)))` and steps a standard `torch.optim.SGD` over the stacked
+tensors (SGD's momentum and weight decay are elementwise, so this is per-client SGD).
+
+Uneven clients (how this stays exact):
+- Clients are ordered by (number of batches, size of the last batch), both descending, so at
+  every step the clients that still have a batch are a prefix of the stack, and clients whose
+  batch at that step has the same size form contiguous runs. Each run is one vmapped call on a
+  slice (a view, no copy): every client sees exactly its own batch, so batch-dependent losses
+  (SupCon, contrastive terms, BatchNorm statistics) are those of the sequential executor.
+- A client that has run out of batches gets a zero gradient, but momentum and weight decay would
+  still move it. It is *restored* instead: when a client finishes an epoch its rows (all stacked
+  tensors and the optimizers' momentum buffers) are copied aside, and copied back at the end of
+  the epoch, before the next epoch or stage starts. The stale steps in between are discarded.
+- Copies that no update trains and no snapshot writes, and that every client shares (FDCL's and
+  MOON's received global model, FedProx's anchor), are passed unbatched instead of stacked.
+
+Memory: with K clients in a chunk (`runtime.client_chunk`, default all sampled clients) and P
+the size of one model's state, the chunk holds K x P for each stacked model of the workspace
+(the model, plus per-client copies: 1 for FedAvg-like methods, 2 for FDCL/MOON `prev`, 3 for
+FedSiam-DA's f' and `hist`), plus for each trained tensor a gradient and a momentum buffer
+(K x P each, momentum only when fl.momentum > 0), plus an end-of-epoch copy (K x P per stacked
+model), plus the activations of K x batch_size samples. Roughly 5 x K x P for FedAvg.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch.func import functional_call, grad, vmap
+
+from autofl.engine.executor import ClientJob, ClientOutcome, RoundPlan, Workspace, batch_cuts, epoch_orders, stage_models
+from autofl.methods.base import Stage, Update
+
+
+class VectorizedExecutor:
+    name = "vectorized"
+
+    def __init__(self, ws: Workspace, client_chunk: int | None = None):
+        self.ws = ws
+        self.client_chunk = client_chunk
+
+    def train(self, plan: RoundPlan, jobs: list[ClientJob], x: torch.Tensor, y: torch.Tensor) -> list[ClientOutcome]:
+        sizes = [[b - a for a, b in batch_cuts(len(job.train_idx), plan.batch_size)] for job in jobs]
+        order = sorted(range(len(jobs)), key=lambda i: (-len(sizes[i]), -(sizes[i][-1] if sizes[i] else 0)))
+        chunk = self.client_chunk or len(jobs) or 1
+        outcomes: dict[int, ClientOutcome] = {}
+        for start in range(0, len(order), chunk):
+            members = order[start : start + chunk]
+            for i, outcome in zip(members, _ChunkRun(self.ws, plan, [jobs[i] for i in members], x, y).run()):
+                outcomes[i] = outcome
+        return [outcomes[i] for i in range(len(jobs))]
+
+
+class _ChunkRun:
+    """One chunk of clients, already sorted by (batches, last batch size) descending."""
+
+    def __init__(self, ws: Workspace, plan: RoundPlan, jobs: list[ClientJob], x: torch.Tensor, y: torch.Tensor):
+        self.ws, self.plan, self.jobs, self.x, self.y = ws, plan, jobs, x, y
+        self.k = len(jobs)
+        self.device = x.device
+        self.orders = [epoch_orders(job, plan) for job in jobs]  # [client][stage][epoch] -> rows
+        self.cuts = [batch_cuts(len(job.train_idx), plan.batch_size) for job in jobs]
+        self.state, self.batched = self._stack_state()
+        flag_names = list(jobs[0].start.flags)
+        self.flags = {n: torch.tensor([job.start.flags[n] for job in jobs], dtype=x.dtype, device=self.device)
+                      for n in flag_names}
+        self.totals: dict[str, torch.Tensor] = {}
+        self.counts: dict[str, torch.Tensor] = {}
+
+    # ----- stacking ----------------------------------------------------------------------------
+    def _stack_state(self) -> tuple[dict[str, torch.Tensor], dict[str, bool]]:
+        """Workspace tensor name -> stacked (K, ...) tensor, or the shared tensor itself."""
+        written = {prefix.split(".", 1)[0] for stage in self.plan.stages for u in stage.updates for prefix in u.trains}
+        written |= {t for stage in self.plan.stages for t in stage.snapshot_after_epoch}
+        state: dict[str, torch.Tensor] = {}
+        batched: dict[str, bool] = {}
+        for name in self.ws.model_names():
+            per_client = [job.start.models[name] for job in self.jobs]
+            for key in per_client[0]:
+                tensors = [s[key] for s in per_client]
+                full = f"{name}.{key}"
+                if name not in written and all(t is tensors[0] for t in tensors):
+                    state[full], batched[full] = tensors[0].to(self.device), False
+                else:
+                    state[full], batched[full] = torch.stack(tensors).to(self.device), True
+        return state, batched
+
+    def _stacked_names(self) -> list[str]:
+        return [n for n, b in self.batched.items() if b]
+
+    # ----- training ------------------------------------------------------------------------------
+    def run(self) -> list[ClientOutcome]:
+        for s, stage in enumerate(self.plan.stages):
+            self._run_stage(s, stage)
+        self.ws.leave()
+        keys = list(self.ws.model.state_dict())
+        outcomes = []
+        for i in range(self.k):
+            state = {key: self.state[f"model.{key}"][i].clone() for key in keys}
+            losses = {n: float(self.totals[n][i]) / max(int(self.counts[n][i]), 1) for n in self.totals}
+            losses.setdefault("loss", 0.0)
+            outcomes.append(ClientOutcome(state, losses))
+        return outcomes
+
+    def _run_stage(self, s: int, stage: Stage) -> None:
+        trained_models = stage_models(stage)
+        param_names = [self.ws.param_names(u.trains) for u in stage.updates]
+        for names in param_names:
+            for n in names:
+                if not self.batched[n]:
+                    raise RuntimeError(f"{n}: a trained tensor must be stacked")
+        opts = [self.plan.optimizer([self.state[n] for n in names]) for names in param_names]
+        steps = [self._make_step(u, names) for u, names in zip(stage.updates, param_names)]
+        n_steps = [len(c) for c in self.cuts]
+        max_steps = max(n_steps, default=0)
+        for e in range(self.plan.epochs(stage)):
+            batch_rows = self._batch_rows(s, e, max_steps)
+            saved = {n: torch.empty_like(self.state[n]) for n in self._stacked_names()}
+            saved_momentum: dict[tuple[int, str], torch.Tensor] = {}
+            idle = sum(1 for c in n_steps if c > 0)  # clients with no batch at all keep their start
+            if idle < self.k:
+                self._save_rows(saved, saved_momentum, opts, param_names, idle, self.k)
+            for step in range(max_steps):
+                active = sum(1 for c in n_steps if c > step)
+                runs = self._runs(step, active)
+                for update, names, step_fn, opt in zip(stage.updates, param_names, steps, opts):
+                    self.ws.enter(trained_models, update)
+                    self._update(update, names, step_fn, opt, runs, batch_rows[:, step], active)
+                done_lo = sum(1 for c in n_steps if c > step + 1)  # these rows finished their epoch
+                if done_lo < active:
+                    self._save_rows(saved, saved_momentum, opts, param_names, done_lo, active)
+            finished_early = sum(1 for c in n_steps if c == max_steps)
+            if finished_early < self.k:
+                self._restore_rows(saved, saved_momentum, opts, param_names, finished_early)
+            self.ws.leave()
+            for target, source in stage.snapshot_after_epoch.items():
+                for key in self.ws.get_submodule(source).state_dict():
+                    self.state[f"{target}.{key}"].copy_(self.state[f"{source}.{key}"])
+            for key, value in stage.flags_after_epoch.items():
+                self.flags[key] = torch.full((self.k,), value, dtype=self.x.dtype, device=self.device)
+
+    def _batch_rows(self, s: int, e: int, max_steps: int) -> torch.Tensor:
+        """(K, steps, batch) row indices of epoch e of stage s (padding rows are never read)."""
+        bs = self.plan.batch_size
+        rows = torch.zeros(self.k, max_steps, bs, dtype=torch.int64, device=self.device)
+        for i, cuts in enumerate(self.cuts):
+            order = self.orders[i][s][e]
+            full = sum(1 for a, b in cuts if b - a == bs)
+            if full:
+                rows[i, :full] = order[: full * bs].view(full, bs)
+            for j, (a, b) in enumerate(cuts[full:], start=full):
+                rows[i, j, : b - a] = order[a:b]
+        return rows
+
+    def _runs(self, step: int, active: int) -> list[tuple[int, int, int]]:
+        """(lo, hi, batch size): contiguous runs of active clients whose batch at `step` has one size."""
+        runs: list[tuple[int, int, int]] = []
+        for i in range(active):
+            a, b = self.cuts[i][step]
+            if runs and runs[-1][2] == b - a:
+                runs[-1] = (runs[-1][0], i + 1, b - a)
+            else:
+                runs.append((i, i + 1, b - a))
+        return runs
+
+    def _make_step(self, update: Update, trained: list[str]) -> Callable[..., Any]:
+        trained_set = set(trained)
+        rest_names = [n for n in self.state if n not in trained_set]
+        rest_dims = {n: 0 if self.batched[n] else None for n in rest_names}
+        ws = self.ws
+
+        def client_loss(tr: dict[str, torch.Tensor], rest: dict[str, torch.Tensor], x: torch.Tensor,
+                        y: torch.Tensor, flags: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+            loss = functional_call(ws, (tr, rest), (x, y, flags, update.loss), strict=True)
+            return loss, loss.detach()
+
+        batched_step = vmap(grad(client_loss, has_aux=True), in_dims=(0, rest_dims, 0, 0, 0))
+
+        def step(lo: int, hi: int) -> Callable[..., Any]:
+            whole = lo == 0 and hi == self.k
+            tr = {n: self.state[n] if whole else self.state[n][lo:hi] for n in trained}
+            rest = {n: (self.state[n] if whole else self.state[n][lo:hi]) if self.batched[n] else self.state[n]
+                    for n in rest_names}
+            flags = {n: f if whole else f[lo:hi] for n, f in self.flags.items()}
+            return lambda xb, yb: batched_step(tr, rest, xb, yb, flags)
+
+        return step
+
+    def _update(self, update: Update, names: list[str], step_fn: Callable[..., Any], opt: torch.optim.Optimizer,
+                runs: list[tuple[int, int, int]], rows: torch.Tensor, active: int) -> None:
+        single = len(runs) == 1 and runs[0][0] == 0 and runs[0][1] == self.k
+        if not single:
+            for n in names:
+                self.state[n].grad = torch.zeros_like(self.state[n])
+        for lo, hi, size in runs:
+            idx = rows[lo:hi, :size]
+            grads, loss = step_fn(lo, hi)(self.x[idx], self.y[idx])
+            for n in names:
+                if single:
+                    self.state[n].grad = grads[n]
+                else:
+                    self.state[n].grad[lo:hi] = grads[n]
+            if update.report is not None:
+                self._meter(update.report, lo, hi, loss * size, size)
+        opt.step()
+
+    def _meter(self, key: str, lo: int, hi: int, weighted: torch.Tensor, size: int) -> None:
+        if key not in self.totals:
+            self.totals[key] = torch.zeros(self.k, dtype=self.x.dtype, device=self.device)
+            self.counts[key] = torch.zeros(self.k, dtype=torch.int64)
+        self.totals[key][lo:hi] += weighted.detach()
+        self.counts[key][lo:hi] += size
+
+    # ----- keeping idle clients still ------------------------------------------------------------
+    def _momentum(self, opts: list[torch.optim.Optimizer], param_names: list[list[str]]):
+        for u, (opt, names) in enumerate(zip(opts, param_names)):
+            for n in names:
+                buf = opt.state.get(self.state[n], {}).get("momentum_buffer")
+                if isinstance(buf, torch.Tensor):
+                    yield (u, n), buf
+
+    def _save_rows(self, saved: dict[str, torch.Tensor], saved_momentum: dict[tuple[int, str], torch.Tensor],
+                   opts: list[torch.optim.Optimizer], param_names: list[list[str]], lo: int, hi: int) -> None:
+        for n, buf in saved.items():
+            buf[lo:hi] = self.state[n][lo:hi]
+        for key, mom in self._momentum(opts, param_names):
+            if key not in saved_momentum:
+                saved_momentum[key] = torch.empty_like(mom)
+            saved_momentum[key][lo:hi] = mom[lo:hi]
+
+    def _restore_rows(self, saved: dict[str, torch.Tensor], saved_momentum: dict[tuple[int, str], torch.Tensor],
+                      opts: list[torch.optim.Optimizer], param_names: list[list[str]], lo: int) -> None:
+        with torch.no_grad():
+            for n, buf in saved.items():
+                self.state[n][lo:] = buf[lo:]
+            for key, mom in self._momentum(opts, param_names):
+                if key in saved_momentum:
+                    mom[lo:] = saved_momentum[key][lo:]
