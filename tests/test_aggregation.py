@@ -1,6 +1,6 @@
 import torch
 
-from autofl.methods.base import weighted_average
+from autofl.engine.state import weighted_average
 
 
 def test_weighted_average_equals_weighted_mean():

@@ -4,12 +4,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from autofl.experiment import load_experiment
+from autofl.engine.executor import RoundPlan
 from autofl.engine.simulation import Simulation
-from autofl.methods.base import sgd_epochs
+from autofl.experiment import load_experiment
+from autofl.methods.base import Stage, Update
 from conftest import read_metrics
 
 PERSONALIZED = ["fdcl", "fedeccr", "dualfed", "fedsiam_da", "fedfcd"]
+EXECUTORS = ["sequential", "vectorized"]
 
 
 def sim_for(method: str, *extra: str, rounds: int = 2) -> Simulation:
@@ -17,84 +19,81 @@ def sim_for(method: str, *extra: str, rounds: int = 2) -> Simulation:
                                              "data.partition.kind=pathological", "data.partition.classes_per_client=3", *extra]))
 
 
-def snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+def train_client(sim: Simulation, cid: int, stages: list[Stage]) -> dict[str, torch.Tensor]:
+    """Client `cid`'s trained state after running `stages` from its start of the current round."""
+    plan = sim.round_plan()
+    plan.stages = stages
+    return sim.executor.train(plan, [sim.client_job(cid)], sim.data.x, sim.data.y)[0].state
 
 
-def changed(before: dict, module: torch.nn.Module) -> set[str]:
-    return {k for k, v in module.state_dict().items() if not torch.equal(before[k], v)}
+def moved(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> set[str]:
+    return {k for k, v in after.items() if not torch.equal(before[k], v)}
 
 
-def test_fdcl_frozen_copies_receive_no_gradient():
-    sim = sim_for("fdcl", "data.partition.kind=iid")
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_fdcl_frozen_copies_are_never_written(executor):
+    sim = sim_for("fdcl", "data.partition.kind=iid", f"runtime.executor={executor}")
     sim.run_round()  # every client now has a previous model
-    received = {k: v.clone() for k, v in sim.global_state.items()}
+    received = dict(sim.global_state)  # the tensors the clients read as `glob`
+    previous = {cid: dict(s["prev"]) for cid, s in sim.client_states.items()}
+    copies = {k: v.clone() for k, v in received.items()}, {c: {k: v.clone() for k, v in p.items()}
+                                                           for c, p in previous.items()}
     sim.run_round()
-    for name in ("glob", "prev"):
-        spare = sim.method._spares[name]
-        assert all(p.grad is None and not p.requires_grad for p in spare.parameters())
-    # glob still holds the global model the clients received: local training never touched it
-    for k, v in sim.method._spares["glob"].state_dict().items():
-        assert torch.equal(v, received[k]), k
+    assert all(torch.equal(received[k], copies[0][k]) for k in received)
+    assert all(torch.equal(previous[c][k], copies[1][c][k]) for c in previous for k in previous[c])
+    if executor == "sequential":
+        for name in ("glob", "prev"):
+            assert all(p.grad is None and not p.requires_grad for p in sim.workspace.get_submodule(name).parameters())
+    assert all(not torch.equal(sim.client_states[c]["prev"][k], previous[c][k])
+               for c in previous for k in previous[c] if k.endswith("weight"))  # prev moved on to this round's model
 
 
 def test_fedsiam_da_routing():
-    sim = sim_for("fedsiam_da")
+    sim = sim_for("fedsiam_da", "runtime.executor=sequential")
     received = {k: v.clone() for k, v in sim.global_state.items()}
     sim.run_round()
-    siamese = sim.method._spares["siamese"]
+    siamese = sim.workspace.siamese
     # f' trained on its own term: it moved away from the received global model
     assert any(not torch.equal(v, received[k]) for k, v in siamese.state_dict().items() if "weight" in k)
-    hist = sim.method._spares["hist"]
-    assert all(p.grad is None and not p.requires_grad for p in hist.parameters())
+    assert all(p.grad is None and not p.requires_grad for p in sim.workspace.hist.parameters())
 
 
-def test_fedsiam_da_with_mu_zero_trains_local_model_like_plain_sgd():
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_fedsiam_da_with_mu_zero_trains_local_model_like_plain_sgd(executor):
     """With mu = 0 the Siamese and history terms route no gradient into the local model, and f''s own
     updates never touch it: the local model's update equals plain CE SGD from the same start."""
-    a = sim_for("fedsiam_da", "method.mu=0", rounds=1)
-    b = sim_for("fedsiam_da", "method.mu=0", rounds=1)
-    ctx_a, ctx_b = a.client_context(0), b.client_context(0)
-    a.method.load_client(a.model, a.global_state, ctx_a.state)
-    a.method.local_train(ctx_a)
-    b.method.load_client(b.model, b.global_state, ctx_b.state)
-    sgd_epochs(ctx_b, b.model.parameters(), 1, lambda x, y: F.cross_entropy(b.model(x), y))
-    for k, v in a.model.state_dict().items():
-        if k.startswith("predictor.") and not k.endswith("weight") and not k.endswith("bias"):
-            continue  # the predictor's BN statistics move because the Siamese term runs it forward
-        torch.testing.assert_close(v, b.model.state_dict()[k], msg=k)
+    sim = sim_for("fedsiam_da", "method.mu=0", f"runtime.executor={executor}", rounds=1)
+    siamese_da = train_client(sim, 0, sim.method.local_stages(0))
+    plain = Update(("model.encoder.", "model.projector.", "model.head."),
+                   lambda ws, x, y, flags: F.cross_entropy(ws.model.head(ws.model.projector(ws.model.encoder(x))), y))
+    ce_only = train_client(sim, 0, [Stage((plain,))])
+    for k, v in siamese_da.items():
+        if k.startswith("predictor."):
+            continue  # the predictor trains on the Siamese term (weighted 0) and runs forward
+        torch.testing.assert_close(v, ce_only[k], msg=k)
 
 
-def test_fedfcd_alternating_steps_touch_only_their_parameters():
-    sim = sim_for("fedfcd")
-    ctx = sim.client_context(0)
-    model = sim.model
-    sim.method.load_client(model, sim.global_state, ctx.state)
-    model.train()
-    x, y = next(ctx.batches())
-    before = snapshot(model)
-    sim.method.step_extractor(model, x, y, ctx.optimizer(model.encoder.parameters()))
-    moved = changed(before, model)
-    assert moved and all(k.startswith("encoder.") for k in moved)  # (a) leaves phi_i (and phi_g) unchanged
-    before = snapshot(model)
-    sim.method.step_personal_head(model, x, y, ctx.optimizer(model.head.parameters()))
-    moved = changed(before, model)
-    assert moved and all(k.startswith("head.") for k in moved)  # (b) leaves theta (and phi_g) unchanged
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_fedfcd_alternating_steps_touch_only_their_parameters(executor):
+    sim = sim_for("fedfcd", f"runtime.executor={executor}")
+    extractor_step, head_step = sim.method.local_stages(0)[0].updates
+    start = sim.method.start_state(sim.global_state, {})
+    changed = moved(start, train_client(sim, 0, [Stage((extractor_step,))]))
+    assert changed and all(k.startswith("encoder.") for k in changed)  # (a) leaves phi_i (and phi_g) unchanged
+    changed = moved(start, train_client(sim, 0, [Stage((head_step,))]))
+    assert changed and all(k.startswith("head.") for k in changed)  # (b) leaves theta (and phi_g) unchanged
 
 
-def test_dualfed_stage2_changes_only_the_global_head():
-    sim = sim_for("dualfed", "model.projector_depth=2")
-    ctx = sim.client_context(1)
-    sim.method.load_client(sim.model, sim.global_state, ctx.state)
-    before = snapshot(sim.model)
-    sim.method.train_stage2(ctx)
-    moved = changed(before, sim.model)
-    assert moved and all(k.startswith("global_head.") for k in moved)
-    before = snapshot(sim.model)
-    sim.method.train_stage1(ctx)
-    moved = changed(before, sim.model)
-    assert not any(k.startswith("global_head.") for k in moved)  # h_g frozen in stage 1
-    assert any(k.startswith("projector.") for k in moved) and any(k.startswith("encoder.") for k in moved)
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_dualfed_stages_train_only_their_parameters(executor):
+    sim = sim_for("dualfed", "model.projector_depth=2", f"runtime.executor={executor}")
+    stage1, stage2 = sim.method.local_stages(0)
+    start = sim.method.start_state(sim.global_state, {})
+    changed = moved(start, train_client(sim, 1, [stage2]))
+    assert changed and all(k.startswith("global_head.") for k in changed)  # encoder statistics stay too
+    changed = moved(start, train_client(sim, 1, [stage1]))
+    assert not any(k.startswith("global_head.") for k in changed)  # h_g frozen in stage 1
+    assert any(k.startswith("projector.") for k in changed) and any(k.startswith("encoder.") for k in changed)
 
 
 @pytest.mark.parametrize("method,private_prefixes", [("dualfed", ("projector.", "head.")),
@@ -111,9 +110,7 @@ def test_private_parameters_differ_across_clients_and_shared_equal_the_aggregate
         # BN statistics of the projector are private too
         assert any(k.startswith("projector.") and k.endswith("running_mean") for k in privates[0])
         # a client starts the next round from the aggregate for shared parts, its own for private ones
-        ctx = sim.client_context(2)
-        sim.method.load_client(sim.model, sim.global_state, ctx.state)
-        state = sim.model.state_dict()
+        state = sim.method.client_start(sim.global_state, sim.client_states[2]).models["model"]
         for k in sim.shared:
             if not k.endswith(("running_mean", "running_var", "num_batches_tracked")):
                 assert torch.equal(state[k], sim.global_state[k]), k
@@ -125,7 +122,7 @@ def test_fedsiam_da_global_is_the_dual_weighted_aggregate():
     sim = sim_for("fedsiam_da", rounds=1)
     sim.run_round()
     uploads = [sim.client_states[c]["personal"] for c in range(4)]
-    from autofl.methods.base import weighted_average
+    from autofl.engine.state import weighted_average
     from autofl.methods.fedsiam_da import dual_weights
 
     expected = weighted_average(uploads, dual_weights(uploads, sim.method.param_keys))
@@ -184,14 +181,16 @@ def test_method_parameter_validation():
 
 def test_fedprox_loss_is_ce_plus_half_mu_squared_distance_to_the_global_model():
     sim = sim_for("fedprox", "method.mu=0.5")
-    ctx = sim.client_context(0)
-    sim.method.load_client(sim.model, sim.global_state, ctx.state)
-    x, y = next(ctx.batches())
-    at_global = sim.method.loss(ctx, x, y)
-    assert torch.allclose(at_global, F.cross_entropy(sim.model(x), y))  # no pull at the global model
+    ws = sim.workspace
+    start = sim.method.client_start(sim.global_state, {})
+    for name, state in start.models.items():
+        ws.get_submodule(name).load_state_dict(state)
+    x, y = sim.data.x[sim.data.clients[0].train[:16]], sim.data.y[sim.data.clients[0].train[:16]]
+    at_global = sim.method.loss(ws, x, y, {})
+    assert torch.allclose(at_global, F.cross_entropy(ws.model(x), y))  # no pull at the global model
     with torch.no_grad():
-        for p in sim.model.parameters():
+        for p in ws.model.parameters():
             p.add_(0.01)
-    n = sum(p.numel() for p in sim.model.parameters())
-    moved = sim.method.loss(ctx, x, y) - F.cross_entropy(sim.model(x), y)
-    assert torch.allclose(moved, torch.tensor(0.5 / 2 * n * 0.01**2), rtol=1e-4)
+    n = sum(p.numel() for p in ws.model.parameters())
+    pulled = sim.method.loss(ws, x, y, {}) - F.cross_entropy(ws.model(x), y)
+    assert torch.allclose(pulled, torch.tensor(0.5 / 2 * n * 0.01**2), rtol=1e-4)
