@@ -1,119 +1,154 @@
-"""Time one FL round of a method against its compute floor.
+"""Time one FL round under each executor against the round's FLOP floor.
 
-The floor is the same number of forward+backward sample passes (and the method's extra no-grad
-forwards) on one model in a tight loop, in the same process: what the SGD itself costs. The ratio
-says how much the engine adds (sampling, state loading, aggregation, method bookkeeping).
+    python scripts/bench_round.py [--scenario fedfcd-t1|fmnist-cnn|cifar10-cnn|digits]
+                                  [--method fedavg|all] [--executor sequential|vectorized|both] [--repeats 3]
 
-    python scripts/bench_round.py [--method fedavg|all] [--repeats 3]
+The floor is the round's arithmetic divided by this machine's dense matmul rate: forward+backward
+FLOPs of every training sample (`train_passes` of the method's model), plus its extra no-grad
+forwards (`extra_forwards`), counted by torch's FlopCounterMode on the method's own model, over
+the FLOP/s of a large `torch.mm` measured here. Evaluation is not part of a round's time
+(`fl.eval_every` is set past the timed rounds).
 
-Scenario: fmnist from $AUTOFL_DATA_ROOT when present (cnn), else digits (mlp); 10 clients; E=1.
-The last line printed is `ratio <number>` (with `--method all`: one line per method, then the
-worst ratio).
+Scenarios (real data from $AUTOFL_DATA_ROOT, except digits):
+  fedfcd-t1    FedFCD Table 1: Fashion-MNIST, mlp, pathological(2), 20 clients all sampled, batch 10,
+               lr 0.01, momentum 0, E=1, pool train+test, split 0.75/0/0.25
+  fmnist-cnn   Fashion-MNIST, cnn, dirichlet(0.5), 10 clients, batch 32, E=1
+  cifar10-cnn  CIFAR-10, cnn, dirichlet(0.5), 20 clients, batch 32, E=1
+  digits       scikit-learn digits, mlp, dirichlet(0.5), 10 clients, batch 32 (no download)
+
+Prints one line per method and executor, then `speedup[METHOD]` (sequential / vectorized) when
+both run; the last line is the smallest speedup (or the worst floor ratio with one executor).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
 
-from autofl.experiment import load_experiment
+from autofl.engine.executor import batch_cuts
 from autofl.engine.simulation import Simulation
+from autofl.experiment import load_experiment
 from autofl.methods.registry import method_names
 
+SCENARIOS: dict[str, list[str]] = {
+    "fedfcd-t1": ["data.dataset=fmnist", "model.arch=mlp", "data.partition.kind=pathological",
+                  "data.partition.classes_per_client=2", "data.num_clients=20", "fl.participation=1",
+                  "fl.batch_size=10", "fl.lr=0.01", "fl.momentum=0", "fl.local_epochs=1", "data.pool=train+test",
+                  "data.split.train=0.75", "data.split.val=0", "data.split.test=0.25"],
+    "fmnist-cnn": ["data.dataset=fmnist", "model.arch=cnn", "data.partition.kind=dirichlet", "data.num_clients=10",
+                   "fl.batch_size=32", "fl.local_epochs=1"],
+    "cifar10-cnn": ["data.dataset=cifar10", "model.arch=cnn", "data.partition.kind=dirichlet", "data.num_clients=20",
+                    "fl.batch_size=32", "fl.local_epochs=1"],
+    "digits": ["data.dataset=digits", "model.arch=mlp", "data.partition.kind=dirichlet", "data.num_clients=10",
+               "fl.batch_size=32", "fl.local_epochs=1"],
+}
 
-def scenario(method: str, extra: list[str]) -> list[str]:
-    root = os.environ.get("AUTOFL_DATA_ROOT")
-    has_fmnist = root is not None and (Path(root) / "FashionMNIST" / "raw").is_dir()
-    data = ["data.dataset=fmnist", "model.arch=cnn"] if has_fmnist else ["data.dataset=digits", "model.arch=mlp"]
-    return data + ["data.num_clients=10", "data.partition.kind=dirichlet", "fl.local_epochs=1", "fl.rounds=1000",
-                   "fl.eval_every=1000", "fl.batch_size=32", f"method.name={method}", "runtime.device=cpu", *extra]
+
+def matmul_flops_per_second(device: torch.device, n: int = 2048, repeats: int = 5) -> float:
+    """Dense float32 matmul rate of this machine: median over `repeats` of an n x n x n product."""
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    torch.mm(a, b)
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        torch.mm(a, b)
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return 2 * n**3 / statistics.median(times)
 
 
-def time_round(sim: Simulation) -> float:
-    start = time.perf_counter()
-    sim.run_round()
-    return time.perf_counter() - start
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
-def batch_sizes(sim: Simulation) -> list[int]:
-    """The batch sizes one round trains on (the same cut as ClientContext.batches)."""
-    bs, sizes = sim.exp.fl.batch_size, []
+def round_flops(sim: Simulation) -> float:
+    """Forward+backward FLOPs of one round's local training (plus the method's no-grad forwards)."""
+    model = sim.method.build_model().to(sim.device)
+    x = sim.data.x[:16]
+    y = sim.data.y[:16]
+    with FlopCounterMode(display=False) as fwd:
+        with torch.no_grad():
+            model(x)
+    with FlopCounterMode(display=False) as both:
+        F.cross_entropy(model(x), y).backward()
+    per_sample_fwd = fwd.get_total_flops() / len(x)
+    per_sample_train = both.get_total_flops() / len(x)
+    fl = sim.exp.fl
+    samples = 0
     for cid in sim.sample_clients(sim.round):
         n = len(sim.data.clients[cid].train)
-        for _ in range(sim.exp.fl.local_epochs):
-            sizes += [min(bs, n - s) for s in range(0, n, bs) if min(bs, n - s) >= 2 or n < 2]
-    return sizes
+        samples += sum(b - a for a, b in batch_cuts(n, fl.batch_size)) * fl.local_epochs
+    m = sim.method
+    return samples * (m.train_passes * per_sample_train + m.extra_forwards * per_sample_fwd)
 
 
-def time_floor(sim: Simulation) -> float:
-    method = sim.method
-    torch.manual_seed(0)
-    model = method.build_model().to(sim.device)
-    model.train()
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=sim.exp.fl.momentum)
-    x_all, y_all = sim.data.x, sim.data.y
-    sizes = batch_sizes(sim)
-    idx = torch.randint(0, len(y_all), (sum(sizes),))
-    start = time.perf_counter()
-    offset = 0
-    for size in sizes:
-        x, y = x_all[idx[offset : offset + size]], y_all[idx[offset : offset + size]]
-        offset += size
-        with torch.no_grad():
-            for _ in range(method.extra_forwards):
-                model(x)
-        for _ in range(method.train_passes):
-            loss = F.cross_entropy(model(x), y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-    return time.perf_counter() - start
-
-
-def bench(method: str, overrides: list[str], repeats: int) -> float:
-    """Print one method's round and floor times; return their ratio (medians over `repeats`)."""
-    exp = load_experiment(None, scenario(method, overrides))
-    sim = Simulation(exp)
+def time_rounds(sim: Simulation, repeats: int) -> float:
     sim.run_round()  # warm-up (allocations, first-participation branches)
-    rounds, floors = [], []
+    times = []
     for _ in range(repeats):
-        floors.append(time_floor(sim))
-        rounds.append(time_round(sim))
-    r, f = statistics.median(rounds), statistics.median(floors)
-    print(f"scenario {exp.data.dataset}/{exp.model.arch}, {exp.data.num_clients} clients, E={exp.fl.local_epochs}, "
-          f"method {exp.method.name}, threads {torch.get_num_threads()}")
-    print(f"round_seconds {r:.3f}")
-    print(f"floor_seconds {f:.3f}  ({method_passes(sim)})")
-    return r / f
+        _sync(sim.device)
+        start = time.perf_counter()
+        sim.run_round()
+        _sync(sim.device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def bench(method: str, scenario: str, executors: list[str], extra: list[str], repeats: int,
+          flops_per_s: float) -> dict[str, float]:
+    seconds: dict[str, float] = {}
+    floor = 0.0
+    for executor in executors:
+        exp = load_experiment(None, [*SCENARIOS[scenario], f"method.name={method}", "fl.rounds=1000",
+                                     "fl.eval_every=1000", f"runtime.executor={executor}", *extra])
+        sim = Simulation(exp)
+        floor = round_flops(sim) / flops_per_s
+        seconds[executor] = time_rounds(sim, repeats)
+        print(f"{scenario} {method:10s} {executor:10s} round_s {seconds[executor]:7.3f}  floor_s {floor:6.3f}  "
+              f"x_floor {seconds[executor] / floor:6.2f}  ({sim.executor_line}; threads {torch.get_num_threads()})",
+              flush=True)
+    if len(seconds) == 2:
+        seconds["speedup"] = seconds["sequential"] / seconds["vectorized"]
+        print(f"speedup[{method}] {seconds['speedup']:.2f}", flush=True)
+    seconds["floor"] = floor
+    return seconds
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scenario", default="fedfcd-t1", choices=sorted(SCENARIOS))
     parser.add_argument("--method", default="fedavg", help="a registered method, or `all`")
-    parser.add_argument("--repeats", type=int, default=3, help="timed rounds (median is reported)")
+    parser.add_argument("--executor", default="both", choices=["sequential", "vectorized", "both"])
+    parser.add_argument("--repeats", type=int, default=3, help="timed rounds (the median is reported)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
-    if args.method != "all":
-        print(f"ratio {bench(args.method, args.set, args.repeats):.3f}")
-        return
-    ratios = {}
-    for name in method_names():
-        ratios[name] = bench(name, args.set, args.repeats)
-        print(f"ratio[{name}] {ratios[name]:.3f}", flush=True)
-    worst = max(ratios, key=ratios.__getitem__)
-    print(f"worst {worst}")
-    print(f"ratio {ratios[worst]:.3f}")
-
-
-def method_passes(sim: Simulation) -> str:
-    m = sim.method
-    return f"{m.train_passes} fwd+bwd and {m.extra_forwards} no-grad forwards per sample"
+    executors = ["sequential", "vectorized"] if args.executor == "both" else [args.executor]
+    device = torch.device(args.device)
+    flops_per_s = matmul_flops_per_second(device)
+    print(f"matmul {flops_per_s / 1e9:.1f} GFLOP/s on {device}", flush=True)
+    methods = method_names() if args.method == "all" else [args.method]
+    results = {m: bench(m, args.scenario, executors, [f"runtime.device={args.device}", *args.set], args.repeats,
+                        flops_per_s) for m in methods}
+    print("| method | " + " | ".join(f"{e} s" for e in executors) + " | floor s | "
+          + ("speedup |" if len(executors) == 2 else "x floor |"))
+    for m, r in results.items():
+        cells = [f"{r[e]:.3f}" for e in executors] + [f"{r['floor']:.3f}"]
+        cells.append(f"{r['speedup']:.2f}" if len(executors) == 2 else f"{r[executors[0]] / r['floor']:.2f}")
+        print(f"| {m} | " + " | ".join(cells) + " |")
+    if len(executors) == 2:
+        worst = min(results, key=lambda m: results[m]["speedup"])
+        print(f"min_speedup {worst} {results[worst]['speedup']:.2f}")
+    else:
+        worst = max(results, key=lambda m: results[m][executors[0]] / results[m]["floor"])
+        print(f"worst_x_floor {worst} {results[worst][executors[0]] / results[worst]['floor']:.2f}")
 
 
 if __name__ == "__main__":
