@@ -43,11 +43,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         else:
             console.print("  ".join(f"{k}={v}" for k, v in zip((*_ROUND_COLUMNS, "seconds"), row)), soft_wrap=True)
 
+    announce = lambda line: console.print(line, soft_wrap=True)  # noqa: E731
     if live is not None:
         with live:
-            history = run_training(exp, out, on_round, args.overwrite)
+            history = run_training(exp, out, on_round, args.overwrite, announce)
     else:
-        history = run_training(exp, out, on_round, args.overwrite)
+        history = run_training(exp, out, on_round, args.overwrite, announce)
     last = history[-1]
     console.print(f"done: personal_test_acc={last['personal_test_acc']:.4f} "
                   f"personal_val_acc={last['personal_val_acc']:.4f}; wrote {out}/metrics.jsonl, config.yaml, "
@@ -69,7 +70,10 @@ def cmd_search(args: argparse.Namespace) -> int:
         study = st.create_study(home, space_path, space, args.name)
     from autofl.tune.runner import search
 
-    console.print(f"[bold]autofl search[/]: study {study.name} in {study.root}")
+    from autofl.engine.executor import describe_executor
+
+    console.print(f"[bold]autofl search[/]: study {study.name} in {study.root}; trials' "
+                  f"{describe_executor(study.space().base_experiment())}", soft_wrap=True)
     search(study, args.trials, args.address, resume=bool(args.resume))
     _print_status(study)
     try:

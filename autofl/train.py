@@ -35,10 +35,13 @@ def write_atomic(path: Path, text: str) -> None:
 
 def run_training(
     exp: Experiment, out: Path, on_round: Callable[[dict[str, float], float], None] | None = None,
-    overwrite: bool = False,
+    overwrite: bool = False, announce: Callable[[str], None] | None = None,
 ) -> list[dict[str, float]]:
-    """Run `exp` to the end, appending each evaluated round to `out/metrics.jsonl`."""
+    """Run `exp` to the end, appending each evaluated round to `out/metrics.jsonl`; `announce`
+    receives the line saying which executor trains the clients."""
     sim = Simulation(exp)  # loads the data first: a missing dataset fails before anything is written
+    if announce is not None:
+        announce(sim.executor_line)
     prepare_out_dir(out, overwrite)
     write_atomic(out / CONFIG_FILE, yaml.safe_dump(experiment_to_dict(exp), sort_keys=False))
     history: list[dict[str, float]] = []

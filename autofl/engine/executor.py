@@ -166,3 +166,15 @@ def make_executor(choice: str, ws: Workspace, client_chunk: int | None) -> tuple
         raise ConfigError(f"runtime.executor: vectorized cannot run this model: {blocker}; "
                           f"allowed here: auto, sequential")
     return SequentialExecutor(ws), f"executor: sequential (runtime.executor=auto: {blocker})"
+
+
+def describe_executor(exp: Any) -> str:
+    """The executor line `exp` will run with, without loading its data (for the search's banner)."""
+    from autofl.config import DATASET_INFO
+    from autofl.methods.registry import get_method_class
+
+    num_classes, side = DATASET_INFO[exp.data.dataset]
+    channels = 3 if exp.data.dataset.startswith("cifar") else 1
+    cls = get_method_class(exp.method.name)
+    method = cls(cls.Params(**exp.method.params()), exp, (channels, side, side), num_classes)
+    return make_executor(exp.runtime.executor, Workspace(method.build_model(), cls.copies), exp.runtime.client_chunk)[1]

@@ -36,20 +36,26 @@ class SequentialExecutor:
                 p.requires_grad_(name in trainable)
             params = [[p for name, p in ws.named_parameters() if name.startswith(u.trains)] for u in stage.updates]
             opts = [plan.optimizer(ps) for ps in params]
+            # one update: its parameters are the only ones requiring grad, modes are set once per epoch
+            alternating = len(stage.updates) > 1
+            for key in {u.report for u in stage.updates} - {None}:
+                totals.setdefault(key, torch.zeros((), dtype=x.dtype, device=x.device))
             for order in orders:
+                if not alternating:
+                    ws.enter(trained, stage.updates[0])
                 for a, b in batch_cuts(len(order), plan.batch_size):
                     idx = order[a:b]
                     xb, yb = x[idx], y[idx]
                     for update, ps, opt in zip(stage.updates, params, opts):
-                        ws.enter(trained, update)
+                        if alternating:
+                            ws.enter(trained, update)
                         loss = update.loss(ws, xb, yb, flags)
                         opt.zero_grad(set_to_none=True)
-                        loss.backward(inputs=ps)
+                        loss.backward(inputs=ps if alternating else None)
                         opt.step()
                         if update.report is not None:
-                            key = update.report
-                            totals[key] = totals.get(key, 0.0) + loss.detach() * (b - a)
-                            counts[key] = counts.get(key, 0) + (b - a)
+                            totals[update.report] += loss.detach() * (b - a)
+                            counts[update.report] = counts.get(update.report, 0) + (b - a)
                 ws.leave()
                 for target, source in stage.snapshot_after_epoch.items():
                     ws.get_submodule(target).load_state_dict(ws.get_submodule(source).state_dict())
@@ -58,6 +64,6 @@ class SequentialExecutor:
         for p in ws.parameters():
             p.grad = None
         ws.leave()
-        losses = {key: float(totals[key]) / max(counts[key], 1) for key in totals}
+        losses = {key: float(totals[key]) / max(counts.get(key, 0), 1) for key in totals}
         losses.setdefault("loss", 0.0)
         return ClientOutcome(clone_state(ws.model), losses)

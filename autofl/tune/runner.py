@@ -62,7 +62,8 @@ def _trainable(space: SearchSpace):
 
     raw = load_raw_dataset(space.base_experiment().data)  # once; tune.with_parameters shares it via the object store
     wrapped = tune.with_parameters(FLTrainable, base=space.base, raw_data=raw,
-                                   threads=max(1, int(space.resources.cpu)))
+                                   threads=max(1, int(space.resources.cpu)),
+                                   checkpoint_every_s=space.checkpoint_every_s)
     return tune.with_resources(wrapped, {"cpu": space.resources.cpu, "gpu": space.resources.gpu})
 
 
@@ -101,7 +102,9 @@ def run_experiment(study: Study, trials: int, address: str | None, restore: Path
             ),
             run_config=tune.RunConfig(
                 name=run_name, storage_path=str(study.root / TUNE_DIR),
-                checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1, num_to_keep=2,
+                # the trainable asks for a checkpoint (should_checkpoint) once checkpoint_every_s of
+                # training is unsaved; plus one at the end
+                checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=0, num_to_keep=2,
                                                         checkpoint_at_end=True),
                 failure_config=tune.FailureConfig(max_failures=0),
                 stop=AlreadyRecordedStopper(study.storage_url(), study.name, run_name),

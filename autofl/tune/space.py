@@ -80,6 +80,8 @@ class SearchSpace(Strict):
     scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     storage: str | None = Field(None, description="SQLAlchemy URL; default: sqlite file in the study folder")
+    checkpoint_every_s: float = Field(30.0, ge=0, description="a trial checkpoints once this much training is "
+                                      "unsaved (0: every evaluated round), and at its end")
     seed: int = 0
     start_from_base: bool = Field(True, description="first trial = the base config's values (the paper default)")
 
