@@ -7,9 +7,9 @@ from autofl.tune.trainable import FLTrainable
 BASE = {"data": {"num_clients": 4}, "fl": {"rounds": 4}, "method": {"name": "fdcl"}}
 
 
-def trainable(config: dict) -> FLTrainable:
+def trainable(config: dict, checkpoint_every_s: float = 0.0) -> FLTrainable:
     t = FLTrainable.__new__(FLTrainable)  # what tune.with_parameters hands to setup, minus the cluster
-    t.setup(config, base=BASE, threads=1)
+    t.setup(config, base=BASE, threads=1, checkpoint_every_s=checkpoint_every_s)
     return t
 
 
@@ -40,3 +40,30 @@ def test_a_restored_trial_continues_exactly_where_its_checkpoint_left_off(tmp_pa
     restored.load_checkpoint(str(tmp_path))
     assert [restored.step(), restored.step()] == expected[2:]
     assert restored.step() == {**expected[3], "done": True}  # a finished trial restores as finished
+
+
+def test_checkpoints_are_asked_for_once_enough_training_is_unsaved():
+    every_round = trainable({}, checkpoint_every_s=0.0)
+    assert [every_round.step()["should_checkpoint"] for _ in range(4)] == [True, True, True, False]  # end: Tune saves
+    rarely = trainable({}, checkpoint_every_s=3600.0)
+    assert not any(rarely.step()["should_checkpoint"] for _ in range(4))
+
+
+def test_a_planted_pickle_in_a_checkpoint_is_refused(tmp_path):
+    """Checkpoints hold tensors and plain containers only: loading never runs code from the file."""
+    import pickle
+
+    import autofl.tune.trainable as module
+
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (marker.write_text, ("ran",))
+
+    with open(tmp_path / module.STATE_FILE, "wb") as fh:
+        pickle.dump({"round": 1, "evil": Payload()}, fh, protocol=2)
+    t = trainable({})
+    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
+        t.load_checkpoint(str(tmp_path))
+    assert not marker.exists()

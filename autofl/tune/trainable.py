@@ -61,7 +61,7 @@ class FLTrainable(tune.Trainable):
 
     def step(self) -> dict[str, Any]:
         if self.sim.done() and self.last is not None:  # restored from the final checkpoint
-            return {**self.last, "done": True}
+            return {**self.last, "done": True, "should_checkpoint": False}
         start = time.perf_counter()
         metrics = None
         while metrics is None:
