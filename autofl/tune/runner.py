@@ -27,20 +27,27 @@ def _init_ray(address: str | None) -> None:
 
     if ray.is_initialized():
         return
-    ray.init(address=address, include_dashboard=False, configure_logging=True, logging_level="WARNING",
-             log_to_driver=True)
+    common = dict(include_dashboard=False, configure_logging=True, logging_level="WARNING", log_to_driver=True)
+    if address is not None:
+        ray.init(address=address, **common)
+        return
+    # a Ray of our own (never whatever cluster /tmp/ray names), on this machine's CPUs: stating them
+    # saves Ray's resource probe (measured: init 2.3 s instead of 3.3 s on 2 cores)
+    ray.init(address="local", num_cpus=len(os.sched_getaffinity(0)), _node_ip_address="127.0.0.1", **common)
 
 
 def _searcher(space: SearchSpace, study: Study, run_name: str, trials: int, with_start_point: bool):
-    from autofl.tune.searcher import RoundAwareOptunaSearch
     import optuna
+
+    from autofl.tune.searcher import RoundAwareOptunaSearch
+    from autofl.tune.storage import open_storage
 
     start = initial_point(space) if with_start_point else None
     return RoundAwareOptunaSearch(
         space=DefineByRun(space), metric=space.objective, mode=space.mode,
         points_to_evaluate=[start] if start else None,
         sampler=optuna.samplers.TPESampler(seed=space.seed),
-        storage=optuna.storages.RDBStorage(study.storage_url()),
+        storage=open_storage(study.storage_url()),
         study_name=study.name, max_t=space.max_rounds, run_name=run_name, budget=trials,
     )
 

@@ -23,16 +23,20 @@ class AlreadyRecordedStopper(Stopper):
         self._study_name = study_name
         self._run_name = run_name  # only this Tune experiment's trials (the searcher tags them)
         self._looked_up: set[str] = set()
+        self._study: optuna.Study | None = None  # opened once per driver, never pickled
 
     def __getstate__(self) -> dict[str, Any]:  # a restored driver looks every trial up again
-        return {**self.__dict__, "_looked_up": set()}
+        return {**self.__dict__, "_looked_up": set(), "_study": None}
 
     def __call__(self, trial_id: str, result: dict) -> bool:
         if trial_id in self._looked_up:
             return False
         self._looked_up.add(trial_id)
-        study = optuna.load_study(study_name=self._study_name, storage=self._storage_url)
-        return trial_id in finished_in_run(study.get_trials(deepcopy=False), self._run_name)
+        if self._study is None:
+            from autofl.tune.storage import open_storage
+
+            self._study = optuna.load_study(study_name=self._study_name, storage=open_storage(self._storage_url))
+        return trial_id in finished_in_run(self._study.get_trials(deepcopy=False), self._run_name)
 
     def stop_all(self) -> bool:
         return False

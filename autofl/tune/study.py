@@ -58,7 +58,9 @@ class Study:
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         try:
-            return optuna.load_study(study_name=self.name, storage=self.storage_url())
+            from autofl.tune.storage import open_storage
+
+            return optuna.load_study(study_name=self.name, storage=open_storage(self.storage_url()))
         except KeyError:
             return None
 
