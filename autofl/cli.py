@@ -70,10 +70,14 @@ def cmd_search(args: argparse.Namespace) -> int:
         study = st.create_study(home, space_path, space, args.name)
     from autofl.tune.runner import search
 
+    import torch
+
     from autofl.engine.executor import describe_executor
 
+    space = study.space()
+    trial_device = torch.device("cuda" if space.resources.gpu > 0 else "cpu")
     console.print(f"[bold]autofl search[/]: study {study.name} in {study.root}; trials' "
-                  f"{describe_executor(study.space().base_experiment())}", soft_wrap=True)
+                  f"{describe_executor(space.base_experiment(), trial_device)}", soft_wrap=True)
     search(study, args.trials, args.address, resume=bool(args.resume))
     _print_status(study)
     try:

@@ -1,0 +1,96 @@
+"""How much a search adds around its trials: wall time against summed trial time, and checkpoints.
+
+    python scripts/search_overhead.py [--space FILE] [--trials 2] [--set KEY=VALUE ...]
+
+Runs a throw-away study (in a temporary folder) and prints: the whole command's wall time, the Tune
+experiment's time, the trials' summed training time (Tune's `time_total_s`: the rounds and their
+evaluation), the overhead of the experiment over that training as a percentage, and the size of the
+checkpoints written. Without --space it uses the FedFCD Table-1 scenario with fedavg for 40 rounds,
+no ASHA, one trial at a time on 2 CPUs (trials of 30-40 s here), needing Fashion-MNIST in
+$AUTOFL_DATA_ROOT. `--set` overrides keys of the space (dotted, e.g. base.fl.rounds=20).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+DEFAULT_SPACE = {
+    "study": "overhead",
+    "base": {"data": {"dataset": "fmnist", "pool": "train+test", "num_clients": 20,
+                      "partition": {"kind": "pathological", "classes_per_client": 2},
+                      "split": {"train": 0.75, "val": 0.05, "test": 0.2}},
+             "model": {"arch": "mlp"},
+             "fl": {"rounds": 40, "batch_size": 10, "lr": 0.01, "momentum": 0.0, "eval_every": 5},
+             "method": {"name": "fedavg"}},
+    "params": {"fl.lr": {"type": "float", "low": 0.005, "high": 0.05, "log": True}},
+    "trials": 2,
+    "scheduler": {"kind": "none"},
+    "resources": {"cpu": 2},
+}
+
+
+def set_dotted(tree: dict, key: str, value: object) -> None:
+    parts = key.split(".")
+    for part in parts[:-1]:
+        tree = tree.setdefault(part, {})
+    tree[parts[-1]] = value
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--space", help="a search-space file (default: the Table-1 scenario above)")
+    parser.add_argument("--trials", type=int, default=None)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args()
+    space = yaml.safe_load(Path(args.space).read_text()) if args.space else json.loads(json.dumps(DEFAULT_SPACE))
+    for item in args.set:
+        key, value = item.split("=", 1)
+        set_dotted(space, key, yaml.safe_load(value))
+    if args.trials:
+        space["trials"] = args.trials
+    home = Path(tempfile.mkdtemp(prefix="autofl-overhead-"))
+    try:
+        space_file = home / "space.yaml"
+        space_file.write_text(yaml.safe_dump(space))
+        cmd = [sys.executable, "-m", "autofl.cli", "search", "--space", str(space_file), "--dir", str(home / "studies")]
+        start = time.perf_counter()
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        wall = time.perf_counter() - start
+        run_dir = home / "studies" / space["study"] / "tune" / "run-1"
+        state = json.loads(max(run_dir.glob("experiment_state-*.json")).read_text())
+        trial_dirs = [p for p in run_dir.iterdir() if p.is_dir()]
+        trained = 0.0
+        rounds = 0
+        for trial in trial_dirs:
+            results = [json.loads(line) for line in (trial / "result.json").read_text().splitlines() if line]
+            trained += results[-1]["time_total_s"]
+            rounds += int(results[-1]["round"])
+        ckpts = [c for t in trial_dirs for c in t.glob("checkpoint_*")]
+        ckpt_bytes = sum(f.stat().st_size for c in ckpts for f in c.rglob("*") if f.is_file())
+        started = state.get("trial_runner_data", {}).get("_start_time") or state.get("runner_data", {}).get(
+            "_start_time")
+        print(f"trials {len(trial_dirs)}, rounds {rounds}, summed trial time {trained:.1f} s")
+        print(f"wall (whole command) {wall:.1f} s")
+        serial = space.get("resources", {}).get("cpu", 1) >= 2
+        if serial:
+            print(f"overhead of the command over training {100 * (wall - trained) / trained:.1f}% "
+                  f"(trials ran one at a time)")
+        print(f"checkpoints {len(ckpts)}, {ckpt_bytes / 1e6:.2f} MB in all, "
+              f"{ckpt_bytes / max(len(ckpts), 1) / 1e6:.2f} MB each")
+        if started:
+            print(f"experiment start {started}")
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
