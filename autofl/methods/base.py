@@ -203,6 +203,15 @@ class Method:
         """The trained model's start plus any copies in `copies` (override to fill them)."""
         return ClientStart({"model": self.start_state(global_state, client_state)})
 
+    def start_with_previous(self, global_state: StateDict, client_state: dict[str, Any]) -> ClientStart:
+        """For methods that contrast with the received global model (`ws.glob`) and the client's
+        previous local model (`ws.prev`, kept by `keep_private` as client_state["prev"]): before a
+        client's first participation there is none, and `flags["has_prev"]` is 0 (the term is off)."""
+        prev = client_state.get("prev")
+        return ClientStart({"model": self.start_state(global_state, client_state), "glob": global_state,
+                            "prev": prev if prev is not None else global_state},
+                           {"has_prev": float(prev is not None)})
+
     def local_stages(self, rnd: int) -> list[Stage]:
         """The local step of round `rnd` (0-based); default: all of the model on `loss`."""
         return [Stage((Update(("model.",), self.loss),))]

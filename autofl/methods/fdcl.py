@@ -38,11 +38,7 @@ class FDCL(Method):
     extra_forwards = 2
 
     def client_start(self, global_state: StateDict, client_state: dict) -> ClientStart:
-        """First participation: no previous model, both terms are 0 (has_prev = 0)."""
-        prev = client_state.get("prev")
-        return ClientStart({"model": self.start_state(global_state, client_state), "glob": global_state,
-                            "prev": prev if prev is not None else global_state},
-                           {"has_prev": float(prev is not None)})
+        return self.start_with_previous(global_state, client_state)
 
     def loss(self, ws: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
         model = ws.model
