@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any, Iterator, Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -127,13 +127,6 @@ class Workspace(nn.Module):
             module.track_running_stats = True
         self._frozen_bn = []
         self._mode_key = None
-
-
-def iter_stage_batches(orders: list[torch.Tensor], batch_size: int) -> Iterator[torch.Tensor]:
-    """The batches (row indices) of each epoch of one stage, in order."""
-    for order in orders:
-        for a, b in batch_cuts(len(order), batch_size):
-            yield order[a:b]
 
 
 # module types whose forward is known to run under torch.func.vmap with per-client tensors
