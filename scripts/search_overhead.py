@@ -2,10 +2,10 @@
 
     python scripts/search_overhead.py [--space FILE] [--trials 2] [--set KEY=VALUE ...]
 
-Runs a throw-away study (in a temporary folder) and prints: the whole command's wall time, the Tune
-experiment's time, the trials' summed training time (Tune's `time_total_s`: the rounds and their
-evaluation), the overhead of the experiment over that training as a percentage, and the size of the
-checkpoints written. Without --space it uses the FedFCD Table-1 scenario with fedavg for 40 rounds,
+Runs a throw-away study (in a temporary folder) and prints: the whole command's wall time, the trials'
+summed training time (Tune's `time_total_s`: the rounds and their evaluation), the command's overhead
+over that training as a percentage when trials ran one at a time, and the size of the checkpoints
+written. Without --space it uses the FedFCD Table-1 scenario with fedavg for 40 rounds,
 no ASHA, one trial at a time on 2 CPUs (trials of 30-40 s here), needing Fashion-MNIST in
 $AUTOFL_DATA_ROOT. `--set` overrides keys of the space (dotted, e.g. base.fl.rounds=20).
 """
@@ -23,6 +23,8 @@ from pathlib import Path
 
 import yaml
 
+from autofl.config import apply_overrides
+
 DEFAULT_SPACE = {
     "study": "overhead",
     "base": {"data": {"dataset": "fmnist", "pool": "train+test", "num_clients": 20,
@@ -38,23 +40,13 @@ DEFAULT_SPACE = {
 }
 
 
-def set_dotted(tree: dict, key: str, value: object) -> None:
-    parts = key.split(".")
-    for part in parts[:-1]:
-        tree = tree.setdefault(part, {})
-    tree[parts[-1]] = value
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--space", help="a search-space file (default: the Table-1 scenario above)")
     parser.add_argument("--trials", type=int, default=None)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
-    space = yaml.safe_load(Path(args.space).read_text()) if args.space else json.loads(json.dumps(DEFAULT_SPACE))
-    for item in args.set:
-        key, value = item.split("=", 1)
-        set_dotted(space, key, yaml.safe_load(value))
+    space = apply_overrides(yaml.safe_load(Path(args.space).read_text()) if args.space else DEFAULT_SPACE, args.set)
     if args.trials:
         space["trials"] = args.trials
     home = Path(tempfile.mkdtemp(prefix="autofl-overhead-"))
@@ -66,7 +58,6 @@ def main() -> None:
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         wall = time.perf_counter() - start
         run_dir = home / "studies" / space["study"] / "tune" / "run-1"
-        state = json.loads(max(run_dir.glob("experiment_state-*.json")).read_text())
         trial_dirs = [p for p in run_dir.iterdir() if p.is_dir()]
         trained = 0.0
         rounds = 0
@@ -76,8 +67,6 @@ def main() -> None:
             rounds += int(results[-1]["round"])
         ckpts = [c for t in trial_dirs for c in t.glob("checkpoint_*")]
         ckpt_bytes = sum(f.stat().st_size for c in ckpts for f in c.rglob("*") if f.is_file())
-        started = state.get("trial_runner_data", {}).get("_start_time") or state.get("runner_data", {}).get(
-            "_start_time")
         print(f"trials {len(trial_dirs)}, rounds {rounds}, summed trial time {trained:.1f} s")
         print(f"wall (whole command) {wall:.1f} s")
         serial = space.get("resources", {}).get("cpu", 1) >= 2
@@ -86,8 +75,6 @@ def main() -> None:
                   f"(trials ran one at a time)")
         print(f"checkpoints {len(ckpts)}, {ckpt_bytes / 1e6:.2f} MB in all, "
               f"{ckpt_bytes / max(len(ckpts), 1) / 1e6:.2f} MB each")
-        if started:
-            print(f"experiment start {started}")
     finally:
         shutil.rmtree(home, ignore_errors=True)
 

@@ -3,7 +3,7 @@
 An executor gets the round's `RoundPlan` (the method's stages and the SGD settings) and one
 `ClientJob` per sampled client, and returns each client's trained model state and mean losses.
 Both executors draw every client's batch order from the same per-client generator with
-`epoch_batches`, so a client sees the same batches, in the same order, under either.
+`epoch_orders` and cut it with `batch_cuts`, so a client sees the same batches, in the same order, under either.
 """
 
 from __future__ import annotations
@@ -159,17 +159,16 @@ def make_executor(choice: str, ws: Workspace, client_chunk: int | None,
 
     if choice == "sequential":
         return SequentialExecutor(ws), "executor: sequential (runtime.executor=sequential)"
-    blocker = vectorizable(ws)
-    if blocker is None and choice == "auto":
-        blocker = slower_vectorized(ws, device)
+    unsupported = vectorizable(ws)
+    if unsupported is not None and choice == "vectorized":
+        from autofl.errors import ConfigError
+
+        raise ConfigError(f"runtime.executor: vectorized cannot run this model: {unsupported}; "
+                          f"allowed here: auto, sequential")
+    blocker = unsupported or (slower_vectorized(ws, device) if choice == "auto" else None)
     if blocker is None:
         chunk = f", {client_chunk} clients per chunk" if client_chunk else ""
         return VectorizedExecutor(ws, client_chunk), f"executor: vectorized (runtime.executor={choice}{chunk})"
-    if choice == "vectorized" and vectorizable(ws) is not None:
-        from autofl.errors import ConfigError
-
-        raise ConfigError(f"runtime.executor: vectorized cannot run this model: {blocker}; "
-                          f"allowed here: auto, sequential")
     return SequentialExecutor(ws), f"executor: sequential (runtime.executor=auto: {blocker})"
 
 

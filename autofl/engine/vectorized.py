@@ -76,8 +76,7 @@ class _ChunkRun:
     # ----- stacking ----------------------------------------------------------------------------
     def _stack_state(self) -> tuple[dict[str, torch.Tensor], dict[str, bool]]:
         """Workspace tensor name -> stacked (K, ...) tensor, or the shared tensor itself."""
-        written = {prefix.split(".", 1)[0] for stage in self.plan.stages for u in stage.updates for prefix in u.trains}
-        written |= {t for stage in self.plan.stages for t in stage.snapshot_after_epoch}
+        written = set().union(*(stage_models(stage) | set(stage.snapshot_after_epoch) for stage in self.plan.stages))
         state: dict[str, torch.Tensor] = {}
         batched: dict[str, bool] = {}
         for name in self.ws.model_names():
@@ -121,7 +120,9 @@ class _ChunkRun:
         max_steps = max(n_steps, default=0)
         for e in range(self.plan.epochs(stage)):
             batch_rows = self._batch_rows(s, e, max_steps)
-            saved = {n: torch.empty_like(self.state[n]) for n in self._stacked_names()}
+            finished_early = sum(1 for c in n_steps if c == max_steps)  # rows past this finish early
+            saved = ({n: torch.empty_like(self.state[n]) for n in self._stacked_names()}
+                     if finished_early < self.k else {})  # nothing to restore when all end together
             saved_momentum: dict[tuple[int, str], torch.Tensor] = {}
             idle = sum(1 for c in n_steps if c > 0)  # clients with no batch at all keep their start
             if idle < self.k:
@@ -135,7 +136,6 @@ class _ChunkRun:
                 done_lo = sum(1 for c in n_steps if c > step + 1)  # these rows finished their epoch
                 if done_lo < active:
                     self._save_rows(saved, saved_momentum, opts, param_names, done_lo, active)
-            finished_early = sum(1 for c in n_steps if c == max_steps)
             if finished_early < self.k:
                 self._restore_rows(saved, saved_momentum, opts, param_names, finished_early)
             self.ws.leave()

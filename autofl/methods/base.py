@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from autofl.engine.state import StateDict
+from autofl.engine.state import StateDict, weighted_average
 from autofl.models.parts import SplitModel, build_model
 
 if TYPE_CHECKING:
@@ -180,8 +180,6 @@ class Method:
         """Called once before round 0 (e.g. initial prototypes)."""
 
     def aggregate(self, uploads: list[Upload]) -> StateDict:
-        from autofl.engine.state import weighted_average
-
         return weighted_average([u.state for u in uploads], [u.num_samples for u in uploads])
 
     def server_update(self, sim: "Simulation", uploads: list[Upload]) -> None:
