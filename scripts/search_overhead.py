@@ -69,10 +69,15 @@ def main() -> None:
         ckpt_bytes = sum(f.stat().st_size for c in ckpts for f in c.rglob("*") if f.is_file())
         print(f"trials {len(trial_dirs)}, rounds {rounds}, summed trial time {trained:.1f} s")
         print(f"wall (whole command) {wall:.1f} s")
+        meta = json.loads((home / "studies" / space["study"] / "study.json").read_text())
+        tune_wall = sum(run.get("tune_wall_s", 0.0) for run in meta["runs"])
+        print(f"Tune experiment wall (Tuner.fit: actor start, trials, checkpoints, clean-up) {tune_wall:.1f} s")
         serial = space.get("resources", {}).get("cpu", 1) >= 2
         if serial:
-            print(f"overhead of the command over training {100 * (wall - trained) / trained:.1f}% "
+            print(f"Tune's overhead over training {100 * (tune_wall - trained) / trained:.1f}% "
                   f"(trials ran one at a time)")
+            print(f"overhead of the whole command over training {100 * (wall - trained) / trained:.1f}% "
+                  f"(adds Python imports, Ray start and stop: {wall - tune_wall:.1f} s once per command)")
         print(f"checkpoints {len(ckpts)}, {ckpt_bytes / 1e6:.2f} MB in all, "
               f"{ckpt_bytes / max(len(ckpts), 1) / 1e6:.2f} MB each")
     finally:

@@ -9,6 +9,7 @@ Optuna study, so TPE sees every earlier trial.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the classic live trial table
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 
-def _init_ray(address: str | None) -> None:
+def init_ray(address: str | None) -> None:
     import ray
 
     if ray.is_initialized():
@@ -89,7 +90,7 @@ def run_experiment(study: Study, trials: int, address: str | None, restore: Path
     from autofl.tune.stopper import AlreadyRecordedStopper
 
     space = study.space()
-    _init_ray(address)
+    init_ray(address)
     trainable = _trainable(space)
     if restore is not None:
         tuner = tune.Tuner.restore(str(restore), trainable=trainable, resume_unfinished=True,
@@ -118,7 +119,20 @@ def run_experiment(study: Study, trials: int, address: str | None, restore: Path
                 progress_reporter=_reporter(space), verbose=1,
             ),
         )
+    started = time.time()
     tuner.fit()
+    _record_wall(study, restore.name if restore is not None else run_name, time.time() - started)
+
+
+def _record_wall(study: Study, run_name: str, seconds: float) -> None:
+    """Add this invocation's Tune wall time (Tuner.fit, from actor start to the last trial's end)
+    to its run's entry in the study's meta: what `scripts/search_overhead.py` compares with the
+    trials' own training time."""
+    meta = study.meta()
+    for run in meta["runs"]:
+        if run["name"] == run_name:
+            run["tune_wall_s"] = round(run.get("tune_wall_s", 0.0) + seconds, 3)
+    study.write_meta(meta)
 
 
 FINISHED_FLAG = ".autofl_finished"  # written in a Tune experiment's folder once all its trials ran
