@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from autofl.errors import AutoFLError
+from autofl.errors import AutoFLError, StorageError
 
 console = Console()
 err_console = Console(stderr=True)
@@ -67,16 +67,32 @@ def _import_trial_stack() -> None:
 def cmd_search(args: argparse.Namespace) -> int:
     from autofl.tune import study as st
 
+    from autofl.tune.driver_lock import DriverLock
+    from autofl.tune.storage import is_sqlite, probe_storage
+
     home = st.studies_dir(args.dir)
-    if args.resume:
-        study = st.open_study(home, args.resume)
+    existing = args.resume or args.join
+    if args.resume and args.join:
+        raise AutoFLError("search: give --resume NAME or --join NAME, not both")
+    if existing:
+        study = st.open_study(home, existing)
         study.space()  # validate before Ray starts
+        if not is_sqlite(study.storage_url()):
+            probe_storage(study.storage_url())
     else:
         if not args.space:
             raise AutoFLError("search: give --space FILE for a new study or --resume NAME to continue one")
         space_path, space = st.ensure_space_file(args.space)
         study = st.create_study(home, space_path, space, args.name)
-    from autofl.tune.runner import init_ray, search
+    sqlite = is_sqlite(study.storage_url())
+    lock = DriverLock(study.root)
+    if args.join:
+        if sqlite:
+            raise StorageError(f"--join {study.name}: the study is on SQLite, which takes one driver; create it "
+                               f"with PostgreSQL storage (space `storage:` or AUTOFL_STORAGE) to run several")
+    else:
+        lock.acquire(sqlite=sqlite)
+    from autofl.tune.runner import init_ray, join, search
 
     # Ray's processes start while this thread waits on them: import the trial stack meanwhile
     # (measured on 2 cores: the quickstart's start-up overlaps by about 1.5 s)
@@ -92,7 +108,13 @@ def cmd_search(args: argparse.Namespace) -> int:
     trial_device = torch.device("cuda" if space.resources.gpu > 0 else "cpu")
     console.print(f"[bold]autofl search[/]: study {study.name} in {study.root}; trials' "
                   f"{describe_executor(space.base_experiment(), trial_device)}", soft_wrap=True)
-    search(study, args.trials, args.address, resume=bool(args.resume))
+    try:
+        if args.join:
+            join(study, args.address)
+        else:
+            search(study, args.trials, args.address, resume=bool(args.resume))
+    finally:
+        lock.release()
     _print_status(study)
     try:
         best = st.best_trial(study)
@@ -108,11 +130,16 @@ def _print_status(study) -> None:
     from autofl.tune.study import state_counts, trial_rows
 
     rows = trial_rows(study)
-    table = Table("trial", "state", "round", study.space().objective, "params", title=f"study {study.name}")
+    from autofl.tune.storage import mask_url
+
+    table = Table("trial", "state", "round", study.space().objective, "node", "params", title=f"study {study.name}")
     for r in rows:
         params = ", ".join(f"{k.split(':')[-1]}={_fmt(v)}" for k, v in r["params"].items())
-        table.add_row(str(r["number"]), r["state"], _fmt(r["round"]), _fmt(r["objective"]), params)
+        state = "INTERRUPTED" if r["state"] == "FAIL" and r["user_attrs"].get("interrupted") else r["state"]
+        node = str(r["user_attrs"].get("node_id") or "-")[:8]
+        table.add_row(str(r["number"]), state, _fmt(r["round"]), _fmt(r["objective"]), node, params)
     console.print(table)
+    console.print(f"storage: {mask_url(study.storage_url())}", soft_wrap=True)
     counts = state_counts(rows)
     console.print("trials: " + (", ".join(f"{v} {k.lower()}" for k, v in sorted(counts.items())) or "none"))
 
@@ -180,6 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--space", help="search-space YAML (new study)")
     search.add_argument("--name", help="study name (default: the space's `study`)")
     search.add_argument("--resume", metavar="NAME", help="continue an interrupted study")
+    search.add_argument("--join", metavar="NAME", help="add a driver to a running study on PostgreSQL storage "
+                        "(its own Tune experiment; the study's trial budget is shared)")
     search.add_argument("--trials", type=int, help="trials to run (new study: overrides the space; "
                         "with --resume: add this many to the study)")
     search.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
@@ -213,7 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except AutoFLError as err:
-        err_console.print(f"autofl: error: {err}", highlight=False, soft_wrap=True)
+        from autofl.tune.storage import mask_url
+
+        err_console.print(f"autofl: error: {mask_url(str(err))}", highlight=False, soft_wrap=True)
         return err.exit_code
     except KeyboardInterrupt:
         err_console.print("autofl: interrupted")

@@ -21,6 +21,10 @@ class DataError(AutoFLError):
     """A dataset that cannot be found or loaded."""
 
 
+class StorageError(AutoFLError):
+    """A study storage that cannot be opened, or a driver that may not run on it now."""
+
+
 def _submodel_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
     """Follow `loc` through nested pydantic models; return the model that owns the last key."""
     current: Any = model

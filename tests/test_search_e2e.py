@@ -114,3 +114,31 @@ def test_killed_driver_resumes_without_losing_or_rerunning_trials(tmp_path):
     assert len(real) == 6  # every requested trial accounted for
     ids = [t.user_attrs.get("tune_trial_id") for t in real]
     assert len(set(ids)) == len(ids)  # no trial ran twice
+
+
+def test_a_second_driver_on_a_sqlite_study_is_refused_while_the_first_runs(tmp_path):
+    """SQLite takes one driver: a concurrent --resume (which would train a config twice) or --join is
+    refused at start with one line; the running study ends with exactly its trials."""
+    home = tmp_path / "home"
+    space = space_file(tmp_path, "busy", trials=4, rounds=6)
+    driver = subprocess.Popen([*AUTOFL, "search", "--space", str(space), "--dir", str(home)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 600
+    while time.time() < deadline and driver.poll() is None:
+        try:
+            if trials_of(home, "busy"):
+                break
+        except Exception:  # not created yet
+            pass
+        time.sleep(1)
+    assert driver.poll() is None, "the study finished before a second driver could try; make it longer"
+    for flag in ("--resume", "--join"):
+        second = run(["search", flag, "busy", "--dir", home])
+        assert second.returncode == 2, second.stderr[-2000:]
+        assert second.stderr.count("\n") == 1 and "busy" in second.stderr, second.stderr
+    assert "running driver" in run(["search", "--resume", "busy", "--dir", home]).stderr
+    assert driver.wait(timeout=900) == 0
+    trials = trials_of(home, "busy")
+    assert len(trials) == 4 and all(t.state.is_finished() for t in trials)
+    again = run(["search", "--resume", "busy", "--dir", home])  # the lock died with its driver
+    assert again.returncode == 0, again.stderr[-2000:]

@@ -2,6 +2,7 @@
 (a driver killed between Optuna's write and Tune's snapshot must not make a resume fail or rerun)."""
 
 import pickle
+from pathlib import Path
 
 import optuna
 from optuna.distributions import FloatDistribution
@@ -12,14 +13,23 @@ from autofl.tune.searcher import RoundAwareOptunaSearch
 from autofl.tune.stopper import AlreadyRecordedStopper
 
 
+def study_url(tmp_path: Path) -> str:
+    """A study folder `s` (its space file names it) and the URL of its default SQLite storage."""
+    root = tmp_path / "s"
+    root.mkdir(exist_ok=True)
+    (root / "space.yaml").write_text("study: s\n")
+    return f"sqlite:///{root / 'optuna.db'}"
+
+
 def make_searcher(url: str, budget: int = 6) -> RoundAwareOptunaSearch:
+    root = Path(url.removeprefix("sqlite:///")).parent
     return RoundAwareOptunaSearch(space={"x": FloatDistribution(0.0, 1.0)}, metric="personal_val_acc", mode="max",
                                   storage=optuna.storages.RDBStorage(url), study_name="s", max_t=4,
-                                  run_name="run-1", budget=budget)
+                                  run_name="run-1", budget=budget, study_root=root)
 
 
 def test_stopped_early_is_pruned_full_length_is_complete_errors_fail(tmp_path):
-    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    url = study_url(tmp_path)
     searcher = make_searcher(url)
     for tid in ("stopped", "full", "broken"):
         assert searcher.suggest(tid) is not None
@@ -40,7 +50,7 @@ def test_stopped_early_is_pruned_full_length_is_complete_errors_fail(tmp_path):
 
 
 def test_searcher_ignores_results_of_a_trial_the_study_already_finished(tmp_path):
-    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    url = study_url(tmp_path)
     searcher = make_searcher(url)
     assert searcher.suggest("t1") is not None
     searcher.on_trial_result("t1", {"personal_val_acc": 0.5, "round": 1})
@@ -56,22 +66,22 @@ def test_searcher_ignores_results_of_a_trial_the_study_already_finished(tmp_path
 
 
 def test_searcher_budget_counts_finished_trials_its_restored_state_never_saw(tmp_path):
-    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    url = study_url(tmp_path)
     snapshot = make_searcher(url, budget=4)
     assert snapshot.suggest("a") is not None
-    saved = pickle.dumps(snapshot.__dict__)  # what Tune's last snapshot holds
+    snapshot.save(str(tmp_path / "searcher.pkl"))  # what Tune's last snapshot holds
     assert snapshot.suggest("b") is not None and snapshot.suggest("c") is not None  # after the snapshot
     study = optuna.load_study(study_name="s", storage=url)
     study.tell(1, 0.8)  # "b" finished before the kill, "c" was still running (an orphan to replace)
 
     restored = make_searcher(url, budget=4)
-    restored.__dict__.update(pickle.loads(saved))
+    restored.restore(str(tmp_path / "searcher.pkl"))
     assert restored.suggest("d") is not None and restored.suggest("e") is not None  # a, b, d, e
     assert restored.suggest("f") == Searcher.FINISHED
 
 
 def test_stopper_stops_only_trials_already_finished_in_the_study_and_rechecks_after_restore(tmp_path):
-    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    url = study_url(tmp_path)
     study = optuna.create_study(study_name="s", storage=url)
     for tune_id, run in (("done", "run-2"), ("running", "run-2"), ("other_run", "run-1")):
         trial = study.ask()
@@ -80,7 +90,7 @@ def test_stopper_stops_only_trials_already_finished_in_the_study_and_rechecks_af
     study.tell(0, 0.9)
     study.tell(2, 0.5)
 
-    stopper = AlreadyRecordedStopper(url, "s", "run-2")
+    stopper = AlreadyRecordedStopper(tmp_path / "s", "run-2")
     assert stopper("done", {"round": 3}) is True
     assert stopper("other_run", {"round": 1}) is False  # an id of another experiment is not this one
     assert stopper("running", {"round": 3}) is False
@@ -117,3 +127,19 @@ def test_resume_without_a_tune_snapshot_replaces_interrupted_trials(tmp_path, mo
     states = [(t.state, t.user_attrs.get("interrupted")) for t in optuna.load_study(
         study_name="s", storage=study.storage_url()).get_trials()]
     assert states == [(TrialState.COMPLETE, None), (TrialState.FAIL, True)]
+
+
+def test_pickled_searcher_and_stopper_carry_the_study_folder_not_the_storage(tmp_path):
+    """Tune pickles both into tuner.pkl and its state files: a storage URL there (which may hold a
+    password from AUTOFL_STORAGE) would be written in clear; they reopen it from the study instead."""
+    url = study_url(tmp_path)
+    searcher = make_searcher(url)
+    assert searcher.suggest("a") is not None
+    blob = pickle.dumps(searcher)
+    assert b"optuna.db" not in blob and b"sqlite" not in blob
+    restored = pickle.loads(blob)
+    restored.on_trial_complete("a", {"personal_val_acc": 0.5, "round": 4})
+    (trial,) = optuna.load_study(study_name="s", storage=url).get_trials()
+    assert trial.state == TrialState.COMPLETE and trial.value == 0.5
+    stopper = pickle.dumps(AlreadyRecordedStopper(tmp_path / "s", "run-1"))
+    assert b"optuna.db" not in stopper and b"sqlite" not in stopper

@@ -9,6 +9,7 @@ Optuna study, so TPE sees every earlier trial.
 from __future__ import annotations
 
 import os
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,7 @@ def _searcher(space: SearchSpace, study: Study, run_name: str, trials: int, with
         points_to_evaluate=[start] if start else None,
         sampler=optuna.samplers.TPESampler(seed=space.seed),
         storage=open_storage(study.storage_url()),
-        study_name=study.name, max_t=space.max_rounds, run_name=run_name, budget=trials,
+        study_name=study.name, max_t=space.max_rounds, run_name=run_name, budget=trials, study_root=study.root,
     )
 
 
@@ -83,8 +84,10 @@ def _reporter(space: SearchSpace):
                        max_report_frequency=10, sort_by_metric=True)
 
 
-def run_experiment(study: Study, trials: int, address: str | None, restore: Path | None = None) -> None:
-    """Run `trials` new trials (or restore the interrupted experiment at `restore`)."""
+def run_experiment(study: Study, trials: int, address: str | None, restore: Path | None = None,
+                   join: bool = False) -> None:
+    """Run `trials` new trials (or restore the interrupted experiment at `restore`). A joined
+    driver (`join`) runs its own experiment and takes trials from the study's shared budget."""
     from ray import tune
 
     from autofl.tune.stopper import AlreadyRecordedStopper
@@ -97,14 +100,20 @@ def run_experiment(study: Study, trials: int, address: str | None, restore: Path
                                    resume_errored=False, restart_errored=False)
     else:
         meta = study.meta()
-        run_name = f"run-{len(meta['runs']) + 1}"
+        if join:  # its own Tune experiment; the study's requested total is unchanged
+            run_name = f"join-{socket.gethostname()}-{os.getpid()}-{len(meta['runs']) + 1}"
+        else:
+            run_name = f"run-{len(meta['runs']) + 1}"
+            meta["trials_requested"] = meta.get("trials_requested", 0) + trials
         meta["runs"].append({"name": run_name, "trials": trials})
-        meta["trials_requested"] = meta.get("trials_requested", 0) + trials
         study.write_meta(meta)
+        searcher = _searcher(space, study, run_name, trials, with_start_point=len(meta["runs"]) == 1 and not join)
+        if not join:  # what every driver of the study counts against (PostgreSQL: several drivers)
+            searcher._ot_study.set_user_attr("trials_requested", meta["trials_requested"])
         tuner = tune.Tuner(
             trainable,
             tune_config=tune.TuneConfig(
-                search_alg=_searcher(space, study, run_name, trials, with_start_point=len(meta["runs"]) == 1),
+                search_alg=searcher,
                 scheduler=_scheduler(space), metric=space.objective, mode=space.mode, num_samples=trials,
                 time_budget_s=space.time_budget_s, reuse_actors=True,
             ),
@@ -115,7 +124,7 @@ def run_experiment(study: Study, trials: int, address: str | None, restore: Path
                 checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=0, num_to_keep=2,
                                                         checkpoint_at_end=True),
                 failure_config=tune.FailureConfig(max_failures=0),
-                stop=AlreadyRecordedStopper(study.storage_url(), study.name, run_name),
+                stop=AlreadyRecordedStopper(study.root, run_name),
                 progress_reporter=_reporter(space), verbose=1,
             ),
         )
@@ -167,11 +176,19 @@ def fail_orphans(study: Study) -> int:
     ot = study.load_optuna()
     if ot is None:
         return 0
-    orphans = [t for t in ot.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING))]
+    # only this study's main runs: a --join driver may be running its trials right now
+    orphans = [t for t in ot.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING))
+               if not str(t.user_attrs.get("tune_run", "")).startswith("join-")]
     for t in orphans:
         ot._storage.set_trial_user_attr(t._trial_id, "interrupted", True)
         ot.tell(t.number, state=TrialState.FAIL)
     return len(orphans)
+
+
+def join(study: Study, address: str | None) -> None:
+    """Another driver on a study whose storage is shared (PostgreSQL): trials until the study's
+    requested total is reached, counting every driver's."""
+    run_experiment(study, study.meta().get("trials_requested") or study.space().trials, address, join=True)
 
 
 def search(study: Study, trials: int | None, address: str | None, resume: bool) -> None:

@@ -9,7 +9,11 @@ trial id, the round of its value and its (reported, never optimized) test metric
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+import pickle
+import zlib
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterable, Iterator
 
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, TrialState
@@ -17,7 +21,7 @@ from ray.tune.search import Searcher
 from ray.tune.search.optuna import OptunaSearch
 
 REPORTED_KEYS = ("round", "personal_val_acc", "personal_test_acc", "personal_test_acc_std",
-                 "personal_test_acc_p10", "global_val_acc", "global_test_acc", "train_loss")
+                 "personal_test_acc_p10", "global_val_acc", "global_test_acc", "train_loss", "node_id")
 
 
 def finished_in_run(trials: Iterable[FrozenTrial], run_name: str) -> set[str]:
@@ -26,26 +30,126 @@ def finished_in_run(trials: Iterable[FrozenTrial], run_name: str) -> set[str]:
             if t.state.is_finished() and t.user_attrs.get("tune_run") == run_name}
 
 
+def _shared(storage: Any) -> bool:
+    """Whether several drivers may share this storage (PostgreSQL)."""
+    return storage is not None and storage.engine.dialect.name == "postgresql"
+
+
+@contextmanager
+def shared_suggest_lock(storage: Any, study_name: str) -> Iterator[None]:
+    """On PostgreSQL, a session advisory lock per study around count-then-create, so that drivers
+    joined to one study never create more trials than it requested. SQLite has one driver."""
+    if not _shared(storage):
+        yield
+        return
+    from sqlalchemy import text
+
+    key = zlib.crc32(f"autofl-study:{study_name}".encode())
+    with storage.engine.connect() as conn:
+        conn.execute(text("SELECT pg_advisory_lock(:key)"), {"key": key})
+        conn.commit()
+        try:
+            yield
+        finally:
+            conn.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": key})
+            conn.commit()
+
+
+def study_storage(study_root: str | Path):
+    """Open the storage of the study in `study_root`: pickled searchers and stoppers carry the
+    folder, never the storage URL (which may hold a password taken from the environment)."""
+    from autofl.tune.storage import open_storage
+    from autofl.tune.study import Study
+
+    return open_storage(Study(Path(study_root)).storage_url())
+
+
 class RoundAwareOptunaSearch(OptunaSearch):
-    def __init__(self, *args: Any, max_t: int, run_name: str, budget: int, **kwargs: Any):
+    def __init__(self, *args: Any, max_t: int, run_name: str, budget: int, study_root: Path, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self._max_t = max_t
         self._run_name = run_name
         self._budget = budget
+        self._study_root = str(study_root)
+
+    # ----- pickling without the storage (Tune pickles searchers into tuner.pkl and its state files)
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_storage"] = None
+        state["_ot_study"] = None
+        state["_ot_trials"] = {tid: t._trial_id for tid, t in self._ot_trials.items()}
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._attach()
+
+    def _attach(self) -> None:
+        """Reopen the study's storage and the Optuna trials after unpickling."""
+        import optuna
+
+        if self._ot_study is not None:
+            return
+        self._storage = study_storage(self._study_root)
+        self._ot_study = optuna.load_study(study_name=self._study_name, storage=self._storage,
+                                           sampler=self._sampler, pruner=optuna.pruners.NopPruner())
+        self._ot_trials = {tid: t if isinstance(t, optuna.Trial) else optuna.Trial(self._ot_study, t)
+                           for tid, t in self._ot_trials.items()}
+
+    def save(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "wb") as f:
+            pickle.dump(self.__getstate__(), f)
+
+    def restore(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "rb") as f:
+            state = pickle.load(f)
+        self.__dict__.update(state)
+        self._ot_study = None
+        self._attach()
+        self._fail_orphans_unknown_to_the_snapshot()
+
+    def _fail_orphans_unknown_to_the_snapshot(self) -> None:
+        """Trials this run's dead driver created after Tune's last snapshot: no one will train them
+        (Tune does not know them), so they are recorded FAIL, interrupted, and replaced by new ones.
+        Without this, every driver's count of the study's trials would include them."""
+        known = set(self._ot_trials)
+        with shared_suggest_lock(self._storage, self._study_name):  # no other driver is between ask and tag
+            for t in self._ot_study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING)):
+                run = t.user_attrs.get("tune_run")
+                mine = run == self._run_name or run is None  # untagged: killed between ask and tag
+                if mine and t.user_attrs.get("tune_trial_id") not in known:
+                    self._ot_study._storage.set_trial_user_attr(t._trial_id, "interrupted", True)
+                    self._ot_study.tell(t.number, state=TrialState.FAIL)
 
     def _budget_used(self) -> int:
         """Trials this searcher suggested, plus the run's trials finished by a driver that died
         before Tune saved them (still RUNNING ones are orphans to replace, not counted)."""
-        finished = finished_in_run(self._ot_study.get_trials(deepcopy=False), self._run_name)
-        return len(self._ot_trials) + len(finished - set(self._ot_trials))
+        trials = self._ot_study.get_trials(deepcopy=False)
+        interrupted = {t.user_attrs.get("tune_trial_id") for t in trials if t.user_attrs.get("interrupted")}
+        finished = finished_in_run(trials, self._run_name) - interrupted
+        return len(set(self._ot_trials) - interrupted) + len(finished - set(self._ot_trials))
+
+    def _study_budget_reached(self) -> bool:
+        """Every driver's trials together (interrupted ones are replaced, so not counted) against
+        the study's `trials_requested` user attribute."""
+        if not _shared(self._storage):  # SQLite: one driver, whose own budget is the rule
+            return False
+        requested = self._ot_study.user_attrs.get("trials_requested")
+        if requested is None:
+            return False
+        counted = sum(1 for t in self._ot_study.get_trials(deepcopy=False) if not t.user_attrs.get("interrupted"))
+        return counted >= int(requested)
 
     def suggest(self, trial_id: str) -> dict | str | None:
-        if self._ot_study is not None and self._budget_used() >= self._budget:
-            return Searcher.FINISHED
-        params = super().suggest(trial_id)
-        if params is not None:
-            self._ot_trials[trial_id].set_user_attr("tune_trial_id", trial_id)
-            self._ot_trials[trial_id].set_user_attr("tune_run", self._run_name)
+        if self._ot_study is None:
+            return super().suggest(trial_id)
+        with shared_suggest_lock(self._storage, self._study_name):
+            if self._budget_used() >= self._budget or self._study_budget_reached():
+                return Searcher.FINISHED
+            params = super().suggest(trial_id)  # creates the Optuna trial inside the lock
+            if params is not None:  # tagged inside it too: an untagged RUNNING trial is an orphan
+                self._ot_trials[trial_id].set_user_attr("tune_trial_id", trial_id)
+                self._ot_trials[trial_id].set_user_attr("tune_run", self._run_name)
         return params
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from autofl.config import Experiment, read_yaml
 from autofl.experiment import build_experiment
@@ -84,6 +84,13 @@ class SearchSpace(Strict):
                                       "unsaved (0: every evaluated round), and at its end")
     seed: int = 0
     start_from_base: bool = Field(True, description="first trial = the base config's values (the paper default)")
+
+    @field_validator("storage")
+    @classmethod
+    def _storage_url(cls, value: str | None) -> str | None:
+        from autofl.tune.storage import check_storage_url
+
+        return None if value is None else check_storage_url(value, None)
 
     @model_validator(mode="after")
     def _objective_is_validation(self) -> "SearchSpace":

@@ -9,18 +9,19 @@ trial is already finished, so no trial is trained or recorded twice.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import optuna
 from ray.tune import Stopper
 
-from autofl.tune.searcher import finished_in_run
+from autofl.tune.searcher import finished_in_run, study_storage
 
 
 class AlreadyRecordedStopper(Stopper):
-    def __init__(self, storage_url: str, study_name: str, run_name: str):
-        self._storage_url = storage_url
-        self._study_name = study_name
+    def __init__(self, study_root: Path, run_name: str):
+        self._study_root = str(study_root)  # the storage URL is read from the study, never pickled
+        self._study_name = Path(study_root).name
         self._run_name = run_name  # only this Tune experiment's trials (the searcher tags them)
         self._looked_up: set[str] = set()
         self._study: optuna.Study | None = None  # opened once per driver, never pickled
@@ -33,9 +34,7 @@ class AlreadyRecordedStopper(Stopper):
             return False
         self._looked_up.add(trial_id)
         if self._study is None:
-            from autofl.tune.storage import open_storage
-
-            self._study = optuna.load_study(study_name=self._study_name, storage=open_storage(self._storage_url))
+            self._study = optuna.load_study(study_name=self._study_name, storage=study_storage(self._study_root))
         return trial_id in finished_in_run(self._study.get_trials(deepcopy=False), self._run_name)
 
     def stop_all(self) -> bool:

@@ -51,7 +51,9 @@ class Study:
         os.replace(tmp, self.root / META_FILE)
 
     def storage_url(self) -> str:
-        return self.space().storage or f"sqlite:///{self.root / 'optuna.db'}"
+        """The study's storage, without password: the space's `storage`, else the `AUTOFL_STORAGE`
+        URL recorded when the study was created, else a SQLite file in the study folder."""
+        return self.space().storage or self.meta().get("storage") or sqlite_url(self.root)
 
     def load_optuna(self):
         import optuna
@@ -77,16 +79,46 @@ def open_study(home: Path, name: str) -> Study:
     return Study(root)
 
 
+def sqlite_url(root: Path) -> str:
+    return f"sqlite:///{root / 'optuna.db'}"
+
+
+def new_study_storage(space: SearchSpace) -> str | None:
+    """The storage a new study will use when it is not the default SQLite file: the space's
+    `storage`, else `AUTOFL_STORAGE` (checked; recorded without its password)."""
+    from autofl.tune.storage import STORAGE_ENV, check_storage_url, without_password
+
+    if space.storage:
+        return space.storage
+    env = os.environ.get(STORAGE_ENV)
+    if not env:
+        return None
+    try:
+        return without_password(check_storage_url(env, STORAGE_ENV, allow_password=True))
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
 def create_study(home: Path, space_path: Path, space: SearchSpace, name: str | None) -> Study:
+    """A new study folder, after every check that can fail (name, storage reachable): a failed
+    start leaves nothing behind."""
+    from autofl.tune.storage import probe_storage
+
     name = name or space.study
     root = home / name
     if (root / SPACE_FILE).exists():
         raise AutoFLError(f"study {name!r} already exists in {home}; continue it with --resume {name}, "
                           f"add trials with --resume {name} --trials N, or pick another --name")
+    storage = new_study_storage(space)
+    if storage is not None:
+        probe_storage(storage)
     root.mkdir(parents=True, exist_ok=True)
+    study = Study(root)
+    if storage is not None and not space.storage:
+        study.write_meta({**study.meta(), "storage": storage})
     text = space_path.read_text()
-    (root / SPACE_FILE).write_text(text)
-    return Study(root)
+    (root / SPACE_FILE).write_text(text)  # last: a folder without it is no study
+    return study
 
 
 def trial_rows(study: Study) -> list[dict[str, Any]]:

@@ -49,6 +49,7 @@ class FLTrainable(tune.Trainable):
             raw_data = None  # the dataset itself is searched: load this trial's own
         self.sim = Simulation(exp, raw=raw_data, device=trial_device())
         self.last: dict[str, Any] | None = None
+        self._node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else "local"
 
     def reset_config(self, new_config: dict[str, Any]) -> bool:
         """Reuse this worker for the next trial (no new process, no second torch import)."""
@@ -61,7 +62,7 @@ class FLTrainable(tune.Trainable):
 
     def step(self) -> dict[str, Any]:
         if self.sim.done() and self.last is not None:  # restored from the final checkpoint
-            return {**self.last, "done": True, "should_checkpoint": False}
+            return {**self.last, "node_id": self._node_id, "done": True, "should_checkpoint": False}
         start = time.perf_counter()
         metrics = None
         while metrics is None:
@@ -71,7 +72,7 @@ class FLTrainable(tune.Trainable):
         self.last = metrics
         self._unsaved_s += time.perf_counter() - start
         due = self._unsaved_s >= self._checkpoint_every_s and not self.sim.done()  # the end is saved anyway
-        return {**metrics, "done": self.sim.done(), "should_checkpoint": due}
+        return {**metrics, "node_id": self._node_id, "done": self.sim.done(), "should_checkpoint": due}
 
     def save_checkpoint(self, checkpoint_dir: str) -> None:
         torch.save(self.sim.state_dict(), os.path.join(checkpoint_dir, STATE_FILE))

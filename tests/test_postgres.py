@@ -1,0 +1,168 @@
+"""Studies on a real PostgreSQL server (Debian's package; `.ci/run` installs it when missing):
+search, SIGKILL of the driver and resume, export, two drivers on one study (`--join`), and the
+password never written or printed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+from pg_server import PgProcess, PgServer, server_binaries
+
+pytestmark = pytest.mark.slow
+AUTOFL = [sys.executable, "-m", "autofl.cli"]
+
+
+@pytest.fixture(scope="module")
+def pg() -> PgServer:
+    bindir = server_binaries()
+    if bindir is None:
+        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) are not installed: apt-get install postgresql "
+                    "(.ci/run does this when it can)")
+    try:
+        process = PgProcess(bindir)
+    except KeyError:
+        pytest.skip("running as root and there is no `postgres` user to run the server as")
+    try:
+        yield process.start()
+    finally:
+        process.stop()
+
+
+def space(tmp_path: Path, study: str, trials: int, rounds: int, storage: str | None = None) -> Path:
+    tree = {
+        "study": study,
+        "base": {"data": {"num_clients": 4, "partition": {"kind": "pathological", "classes_per_client": 3}},
+                 "fl": {"rounds": rounds}, "method": {"name": "fdcl"}},
+        "params": {"method.mu": {"type": "float", "low": 0.05, "high": 2.0, "log": True},
+                   "fl.lr": {"type": "float", "low": 0.0005, "high": 0.2, "log": True}},
+        "trials": trials,
+        "scheduler": {"kind": "asha", "grace_period": 1, "reduction_factor": 2},
+        "resources": {"cpu": 1},
+        "checkpoint_every_s": 0,
+    }
+    if storage:
+        tree["storage"] = storage
+    path = tmp_path / f"{study}.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    return path
+
+
+def trials_of(pg: PgServer, name: str):
+    return optuna.load_study(study_name=name, storage=pg.url_with_password).get_trials()
+
+
+def wait_for(predicate, seconds: float = 600) -> None:
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(1)
+    raise AssertionError("timed out")
+
+
+def finished_count(pg: PgServer, name: str) -> int:
+    try:
+        return sum(t.state.is_finished() for t in trials_of(pg, name))
+    except KeyError:  # study not created yet
+        return 0
+
+
+def stop_ray() -> None:
+    subprocess.run([str(Path(sys.executable).parent / "ray"), "stop", "--force"], capture_output=True, timeout=120)
+
+
+def test_postgres_study_survives_a_killed_driver_and_never_writes_the_password(pg, tmp_path):
+    home = tmp_path / "home"
+    env = {**os.environ, "AUTOFL_STORAGE": pg.url_with_password}  # the password comes from the environment only
+    env.pop("PGPASSWORD", None)
+    outputs: list[str] = []
+
+    def run(*args: object) -> subprocess.CompletedProcess:
+        proc = subprocess.run([*AUTOFL, *map(str, args)], capture_output=True, text=True, timeout=900, env=env)
+        outputs.extend([proc.stdout, proc.stderr])
+        return proc
+
+    log = tmp_path / "driver.log"
+    with open(log, "w") as sink:
+        driver = subprocess.Popen([*AUTOFL, "search", "--space", str(space(tmp_path, "pgkill", 6, 8)), "--dir",
+                                   str(home)], stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        wait_for(lambda: finished_count(pg, "pgkill") >= 2 or driver.poll() is not None)
+        assert driver.poll() is None, "the study finished before it could be killed; make it longer"
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait()
+    outputs.append(log.read_text())
+    stop_ray()
+    finished_before = {t.number: (t.state.name, t.value) for t in trials_of(pg, "pgkill") if t.state.is_finished()}
+
+    proc = run("search", "--resume", "pgkill", "--dir", home)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    after = trials_of(pg, "pgkill")
+    assert all(t.state.is_finished() for t in after), [t.state.name for t in after]
+    for number, (state, value) in finished_before.items():
+        assert (after[number].state.name, after[number].value) == (state, value)
+    real = [t for t in after if not t.user_attrs.get("interrupted")]
+    assert len(real) == 6, " ".join(f"{t.number}:{t.state.name}:{t.user_attrs.get('tune_run')}:"
+                                    f"{'interrupted' if t.user_attrs.get('interrupted') else ''}" for t in after)
+    ids = [t.user_attrs["tune_trial_id"] for t in real]
+    assert len(set(ids)) == len(ids)
+    assert all(t.user_attrs.get("node_id") for t in real if t.state.name != "FAIL")
+
+    status = run("status", "pgkill", "--dir", home)
+    assert status.returncode == 0 and "postgresql+psycopg://autofl@127.0.0.1" in status.stdout
+    out = tmp_path / "best.yaml"
+    assert run("best-config", "export", "pgkill", "--dir", home, "-o", out).returncode == 0
+    assert yaml.safe_load(out.read_text())["metadata"]["study"] == "pgkill"
+
+    env["AUTOFL_STORAGE"] = pg.url_with_password.replace(str(pg.port), "1")  # nothing listens there
+    refused = run("search", "--space", space(tmp_path, "pgdown", 2, 2), "--dir", home)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "storage: cannot open" in refused.stderr
+    assert ":1/autofl" in refused.stderr and not (home / "pgdown").exists()  # nothing half-made
+
+    secret = pg.password.encode()
+    for text in outputs:
+        assert pg.password not in text
+    for path in [*home.rglob("*"), out]:
+        if path.is_file():
+            assert secret not in path.read_bytes(), path
+
+
+def test_two_drivers_share_one_study_and_its_budget(pg, tmp_path):
+    home = tmp_path / "home"
+    env = {**os.environ, "PGPASSWORD": pg.password}  # libpq's own variable; the space holds no password
+    env.pop("AUTOFL_STORAGE", None)
+    spec = space(tmp_path, "pgjoin", 6, 8, storage=pg.url)
+    logs = [tmp_path / "first.log", tmp_path / "joined.log"]
+    with open(logs[0], "w") as first_log, open(logs[1], "w") as joined_log:
+        first = subprocess.Popen([*AUTOFL, "search", "--space", str(spec), "--dir", str(home)],
+                                 stdout=first_log, stderr=subprocess.STDOUT, env=env)
+        wait_for(lambda: len(trials_of_safe(pg, "pgjoin")) >= 1 or first.poll() is not None)
+        joined = subprocess.Popen([*AUTOFL, "search", "--join", "pgjoin", "--dir", str(home)],
+                                  stdout=joined_log, stderr=subprocess.STDOUT, env=env)
+        assert first.wait(timeout=900) == 0, logs[0].read_text()[-3000:]
+        assert joined.wait(timeout=900) == 0, logs[1].read_text()[-3000:]
+    trials = trials_of(pg, "pgjoin")
+    assert len(trials) == 6 and all(t.state.is_finished() for t in trials), [t.state.name for t in trials]
+    ids = [t.user_attrs["tune_trial_id"] for t in trials]
+    assert len(set(ids)) == 6
+    runs = {t.user_attrs["tune_run"] for t in trials}
+    assert "run-1" in runs and any(r.startswith("join-") for r in runs), runs
+
+    proc = subprocess.run([*AUTOFL, "search", "--resume", "pgjoin", "--dir", str(home)], capture_output=True,
+                          text=True, env=env, timeout=600)
+    assert proc.returncode == 0 and len(trials_of(pg, "pgjoin")) == 6  # nothing left to run
+
+
+def trials_of_safe(pg: PgServer, name: str):
+    try:
+        return trials_of(pg, name)
+    except KeyError:
+        return []
