@@ -126,21 +126,45 @@ def cmd_search(args: argparse.Namespace) -> int:
     return 0
 
 
+def display_state(row: dict, live_driver: bool) -> str:
+    """Optuna's state, except INTERRUPTED for a trial a killed or stopped driver left: FAIL marked
+    interrupted, or RUNNING with no live main driver (a --join driver's trials stay RUNNING)."""
+    if row["state"] == "FAIL" and row["user_attrs"].get("interrupted"):
+        return "INTERRUPTED"
+    joined = str(row["user_attrs"].get("tune_run", "")).startswith("join-")
+    if row["state"] in ("RUNNING", "WAITING") and not live_driver and not joined:
+        return "INTERRUPTED"
+    return row["state"]
+
+
 def _print_status(study) -> None:
     from autofl.tune.study import state_counts, trial_rows
 
     rows = trial_rows(study)
+    from autofl.tune.driver_lock import DriverLock
     from autofl.tune.storage import mask_url
 
+    live_driver = DriverLock(study.root).is_held()
     table = Table("trial", "state", "round", study.space().objective, "node", "params", title=f"study {study.name}")
     for r in rows:
         params = ", ".join(f"{k.split(':')[-1]}={_fmt(v)}" for k, v in r["params"].items())
-        state = "INTERRUPTED" if r["state"] == "FAIL" and r["user_attrs"].get("interrupted") else r["state"]
+        state = display_state(r, live_driver)
         node = str(r["user_attrs"].get("node_id") or "-")[:8]
         table.add_row(str(r["number"]), state, _fmt(r["round"]), _fmt(r["objective"]), node, params)
     console.print(table)
     console.print(f"storage: {mask_url(study.storage_url())}", soft_wrap=True)
-    counts = state_counts(rows)
+    space = study.space()
+    if space.budget_rounds is not None:
+        from autofl.tune.stopper import rounds_used
+
+        ot = study.load_optuna()
+        used = sum(rounds_used(ot.get_trials(deepcopy=False)).values()) if ot is not None else 0
+        console.print(f"budget: {used} of {space.budget_rounds} FL rounds used (budget_rounds)")
+    if space.time_budget_s is not None:
+        walls = [run.get("tune_wall_s", 0.0) for run in study.meta()["runs"]]
+        console.print(f"budget: runs took {', '.join(f'{w:.0f} s' for w in walls) or 'none'} of "
+                      f"{space.time_budget_s:.0f} s each (time_budget_s)")
+    counts = state_counts([{**r, "state": display_state(r, live_driver)} for r in rows])
     console.print("trials: " + (", ".join(f"{v} {k.lower()}" for k, v in sorted(counts.items())) or "none"))
 
 
@@ -152,17 +176,20 @@ def cmd_studies(args: argparse.Namespace) -> int:
     if not names:
         console.print(f"no studies in {home}")
         return 0
-    table = Table("study", "trials", "complete", "pruned", "failed", "best", title=str(home))
+    from autofl.tune.driver_lock import DriverLock
+
+    table = Table("study", "trials", "complete", "pruned", "failed", "interrupted", "running", "best", title=str(home))
     for name in names:
         s = st.open_study(home, name)
         rows = st.trial_rows(s)
-        counts = st.state_counts(rows)
+        live = DriverLock(s.root).is_held()
+        counts = st.state_counts([{**r, "state": display_state(r, live)} for r in rows])
         try:
             best = st.best_trial(s).value
         except AutoFLError:  # no completed trial yet
             best = None
-        table.add_row(name, str(len(rows)), str(counts.get("COMPLETE", 0)), str(counts.get("PRUNED", 0)),
-                      str(counts.get("FAIL", 0)), _fmt(best))
+        table.add_row(name, str(len(rows)), *(str(counts.get(k, 0)) for k in
+                                              ("COMPLETE", "PRUNED", "FAIL", "INTERRUPTED", "RUNNING")), _fmt(best))
     console.print(table)
     return 0
 

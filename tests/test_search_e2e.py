@@ -142,3 +142,53 @@ def test_a_second_driver_on_a_sqlite_study_is_refused_while_the_first_runs(tmp_p
     assert len(trials) == 4 and all(t.state.is_finished() for t in trials)
     again = run(["search", "--resume", "busy", "--dir", home])  # the lock died with its driver
     assert again.returncode == 0, again.stderr[-2000:]
+
+
+def test_budget_rounds_stops_the_study_cleanly_and_status_shows_it(tmp_path):
+    home = tmp_path / "home"
+    path = space_file(tmp_path, "budget", trials=8, rounds=4)
+    tree = yaml.safe_load(path.read_text())
+    tree.update(budget_rounds=10, scheduler={"kind": "none"}, resources={"cpu": 2})  # trials one at a time
+    path.write_text(yaml.safe_dump(tree))
+    proc = run(["search", "--space", path, "--dir", home])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    trials = trials_of(home, "budget")
+    used = sum(max(t.intermediate_values, default=0) for t in trials)
+    real = [t for t in trials if not t.user_attrs.get("interrupted")]  # a suggested, never started one is not
+    assert 10 <= used <= 11, [(t.state.name, dict(t.intermediate_values)) for t in trials]
+    assert [t.state.name for t in real] == ["COMPLETE", "COMPLETE", "PRUNED"]  # the cut trial is PRUNED
+    assert all(t.state.is_finished() for t in trials)
+    status = run(["status", "budget", "--dir", home])
+    assert f"budget: {used} of 10 FL rounds used" in status.stdout
+
+
+def test_ctrl_c_stops_the_study_within_seconds_and_it_resumes(tmp_path):
+    home = tmp_path / "home"
+    space = space_file(tmp_path, "ctrlc", trials=6, rounds=8)
+    driver = subprocess.Popen([*AUTOFL, "search", "--space", str(space), "--dir", str(home)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.time() + 600
+    while time.time() < deadline and driver.poll() is None:
+        try:
+            if sum(t.state.is_finished() for t in trials_of(home, "ctrlc")) >= 1:
+                break
+        except Exception:  # not created yet
+            pass
+        time.sleep(0.5)
+    assert driver.poll() is None, "the study finished before Ctrl-C; make it longer"
+    os.killpg(driver.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends to the foreground group
+    sent = time.time()
+    _, err = driver.communicate(timeout=120)
+    assert time.time() - sent < 30 and driver.returncode == 130, err[-3000:]
+    assert "resume it with autofl search --resume 'ctrlc'" in err.splitlines()[-1]
+    status = run(["status", "ctrlc", "--dir", home])
+    open_trials = [t for t in trials_of(home, "ctrlc") if not t.state.is_finished()]
+    assert status.stdout.count("INTERRUPTED") >= len(open_trials) and "RUNNING" not in status.stdout
+
+    proc = run(["search", "--resume", "ctrlc", "--dir", home])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    trials = trials_of(home, "ctrlc")
+    real = [t for t in trials if not t.user_attrs.get("interrupted")]
+    assert all(t.state.is_finished() for t in trials) and len(real) == 6
+    ids = [t.user_attrs.get("tune_trial_id") for t in real]
+    assert len(set(ids)) == len(ids)

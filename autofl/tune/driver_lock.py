@@ -34,6 +34,18 @@ class DriverLock:
             return "another process"
         return f"pid {info.get('pid', '?')} on {info.get('host', '?')}"
 
+    def is_held(self) -> bool:
+        """Whether a live driver holds the lock now (a killed one's lock is gone with it)."""
+        if not self.path.exists():
+            return False
+        with open(self.path) as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(handle, fcntl.LOCK_UN)
+        return False
+
     def acquire(self, sqlite: bool) -> None:
         handle = open(self.path, "a+")
         try:

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from autofl.errors import AutoFLError
 from autofl.tune.space import DefineByRun, SearchSpace, initial_point
 from autofl.tune.study import FINISHED, TUNE_DIR, Study, trial_rows
 
@@ -22,6 +23,12 @@ from autofl.tune.study import FINISHED, TUNE_DIR, Study, trial_rows
 os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "2")
 os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the classic live trial table (CLIReporter)
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+
+class StudyInterrupted(AutoFLError):
+    """Ctrl-C during a run: Tune saved its state; the study resumes with --resume."""
+
+    exit_code = 130
 
 
 def init_ray(address: str | None) -> None:
@@ -76,12 +83,23 @@ def _trainable(space: SearchSpace):
     return tune.with_resources(wrapped, {"cpu": space.resources.cpu, "gpu": space.resources.gpu})
 
 
+def _stopper(space: SearchSpace, study: Study, run_name: str):
+    from ray.tune.stopper import CombinedStopper
+
+    from autofl.tune.stopper import AlreadyRecordedStopper, RoundBudgetStopper
+
+    recorded = AlreadyRecordedStopper(study.root, run_name)
+    if space.budget_rounds is None:
+        return recorded
+    return CombinedStopper(recorded, RoundBudgetStopper(study.root, space.budget_rounds))
+
+
 def _reporter(space: SearchSpace):
     from ray.tune import CLIReporter
 
     columns = {k: k.replace("method.", "").replace("model.", "") for k in space.params}
     return CLIReporter(parameter_columns=columns, metric_columns={"round": "round", space.objective: space.objective},
-                       max_report_frequency=10, sort_by_metric=True)
+                       max_report_frequency=10)  # sort_by_metric fails on a trial stopped before its first result
 
 
 def run_experiment(study: Study, trials: int, address: str | None, restore: Path | None = None,
@@ -89,8 +107,6 @@ def run_experiment(study: Study, trials: int, address: str | None, restore: Path
     """Run `trials` new trials (or restore the interrupted experiment at `restore`). A joined
     driver (`join`) runs its own experiment and takes trials from the study's shared budget."""
     from ray import tune
-
-    from autofl.tune.stopper import AlreadyRecordedStopper
 
     space = study.space()
     init_ray(address)
@@ -124,13 +140,46 @@ def run_experiment(study: Study, trials: int, address: str | None, restore: Path
                 checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=0, num_to_keep=2,
                                                         checkpoint_at_end=True),
                 failure_config=tune.FailureConfig(max_failures=0),
-                stop=AlreadyRecordedStopper(study.root, run_name),
+                stop=_stopper(space, study, run_name),
                 progress_reporter=_reporter(space), verbose=1,
             ),
         )
     started = time.time()
     tuner.fit()
-    _record_wall(study, restore.name if restore is not None else run_name, time.time() - started)
+    run = restore.name if restore is not None else run_name
+    _record_wall(study, run, time.time() - started)
+    _settle_run(study, space, run)
+
+
+def _settle_run(study: Study, space: SearchSpace, run: str) -> None:
+    """After Tune returns: if trials of this run are still open in Optuna, either a budget ended the
+    run (the trials it cut are recorded PRUNED, those it never started FAIL + interrupted) or the
+    driver was interrupted (Ctrl-C: Tune saved its state; the run stays resumable)."""
+    from optuna.trial import TrialState
+
+    from autofl.tune.stopper import rounds_used
+
+    ot = study.load_optuna()
+    if ot is None:
+        return
+    trials = ot.get_trials(deepcopy=False)
+    open_trials = [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)
+                   and t.user_attrs.get("tune_run") == run]
+    if not open_trials:
+        return
+    walls = [r.get("tune_wall_s", 0.0) for r in study.meta()["runs"] if r["name"] == run]
+    budget_spent = (
+        (space.budget_rounds is not None and sum(rounds_used(trials).values()) >= space.budget_rounds)
+        or (space.time_budget_s is not None and walls and walls[-1] >= 0.95 * space.time_budget_s))
+    if not budget_spent:
+        raise StudyInterrupted(f"interrupted; study {study.name!r} is saved: resume it with "
+                               f"autofl search --resume {study.name!r}")
+    for t in open_trials:
+        if t.intermediate_values:
+            ot.tell(t.number, state=TrialState.PRUNED)  # cut by the budget: its last value stands
+        else:
+            ot._storage.set_trial_user_attr(t._trial_id, "interrupted", True)
+            ot.tell(t.number, state=TrialState.FAIL)  # never trained: replaced if trials are added
 
 
 def _record_wall(study: Study, run_name: str, seconds: float) -> None:

@@ -76,7 +76,10 @@ class SearchSpace(Strict):
     objective: str = "personal_val_acc"
     mode: Literal["max", "min"] = "max"
     trials: int = Field(20, ge=1)
-    time_budget_s: float | None = Field(None, gt=0)
+    time_budget_s: float | None = Field(None, gt=0, description="wall seconds per driver run; then its trials "
+                                        "in flight are stopped (recorded PRUNED) and no new one starts")
+    budget_rounds: int | None = Field(None, ge=1, description="FL rounds trained by all the study's trials "
+                                      "together; once reached, trials in flight stop (PRUNED), none starts")
     scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     storage: str | None = Field(None, description="SQLAlchemy URL; default: sqlite file in the study folder")

@@ -10,9 +10,10 @@ trial is already finished, so no trial is trained or recorded twice.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import optuna
+from optuna.trial import FrozenTrial
 from ray.tune import Stopper
 
 from autofl.tune.searcher import finished_in_run, study_storage
@@ -39,3 +40,32 @@ class AlreadyRecordedStopper(Stopper):
 
     def stop_all(self) -> bool:
         return False
+
+
+def rounds_used(trials: Iterable[FrozenTrial]) -> dict[str, int]:
+    """Rounds each trial reached (its last reported round), keyed by Tune trial id."""
+    return {str(t.user_attrs.get("tune_trial_id", f"#{t.number}")): max(t.intermediate_values, default=0)
+            for t in trials}
+
+
+class RoundBudgetStopper(Stopper):
+    """Stop the study once its trials together trained `budget_rounds` FL rounds (every run of the
+    study counts: the rounds already in the storage are read at the first result)."""
+
+    def __init__(self, study_root: Path, budget_rounds: int):
+        self._study_root = str(study_root)
+        self._budget = budget_rounds
+        self._rounds: dict[str, int] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:  # a restored driver reads the storage again
+        return {**self.__dict__, "_rounds": None}
+
+    def __call__(self, trial_id: str, result: dict) -> bool:
+        if self._rounds is None:
+            study = optuna.load_study(study_name=Path(self._study_root).name, storage=study_storage(self._study_root))
+            self._rounds = rounds_used(study.get_trials(deepcopy=False))
+        self._rounds[trial_id] = max(self._rounds.get(trial_id, 0), int(result.get("round", 0)))
+        return False
+
+    def stop_all(self) -> bool:
+        return self._rounds is not None and sum(self._rounds.values()) >= self._budget
