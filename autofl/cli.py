@@ -74,6 +74,8 @@ def cmd_search(args: argparse.Namespace) -> int:
     existing = args.resume or args.join
     if args.resume and args.join:
         raise AutoFLError("search: give --resume NAME or --join NAME, not both")
+    if existing and args.storage_path:
+        raise AutoFLError("--storage-path: applies to a new study; an existing one keeps the place it was made with")
     if existing:
         study = st.open_study(home, existing)
         study.space()  # validate before Ray starts
@@ -83,7 +85,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         if not args.space:
             raise AutoFLError("search: give --space FILE for a new study or --resume NAME to continue one")
         space_path, space = st.ensure_space_file(args.space)
-        study = st.create_study(home, space_path, space, args.name)
+        study = st.create_study(home, space_path, space, args.name, storage_path=args.storage_path)
     sqlite = is_sqlite(study.storage_url())
     lock = DriverLock(study.root)
     if args.join:
@@ -239,6 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--trials", type=int, help="trials to run (new study: overrides the space; "
                         "with --resume: add this many to the study)")
     search.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
+    search.add_argument("--storage-path", help="new study: where Tune keeps experiments and checkpoints, a folder "
+                        "or URI (s3://...) every Ray node reaches (default: the study folder)")
     search.add_argument("--dir", help=dir_help)
     search.set_defaults(func=cmd_search)
 

@@ -192,3 +192,17 @@ def test_ctrl_c_stops_the_study_within_seconds_and_it_resumes(tmp_path):
     assert all(t.state.is_finished() for t in trials) and len(real) == 6
     ids = [t.user_attrs.get("tune_trial_id") for t in real]
     assert len(set(ids)) == len(ids)
+
+
+def test_storage_path_puts_tune_experiments_in_a_shared_place_and_resume_finds_them(tmp_path):
+    home, shared = tmp_path / "home", tmp_path / "shared"
+    space = space_file(tmp_path, "elsewhere", trials=2, rounds=2)
+    proc = run(["search", "--space", space, "--dir", home, "--storage-path", f"file://{shared}"])  # a pyarrow URI
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (shared / "elsewhere" / "run-1" / ".autofl_finished").exists() and not (home / "elsewhere" / "tune").exists()
+    assert list((shared / "elsewhere" / "run-1").glob("FLTrainable_*/checkpoint_*"))
+    proc = run(["search", "--resume", "elsewhere", "--trials", "1", "--dir", home])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(trials_of(home, "elsewhere")) == 3 and (shared / "elsewhere" / "run-2").is_dir()
+    refused = run(["search", "--resume", "elsewhere", "--dir", home, "--storage-path", str(shared)])
+    assert refused.returncode == 2 and "--storage-path" in refused.stderr

@@ -11,12 +11,11 @@ from __future__ import annotations
 import os
 import socket
 import time
-from pathlib import Path
 from typing import Any
 
 from autofl.errors import AutoFLError
 from autofl.tune.space import DefineByRun, SearchSpace, initial_point
-from autofl.tune.study import FINISHED, TUNE_DIR, Study, trial_rows
+from autofl.tune.study import FINISHED, Study, trial_rows
 
 # Tune writes its experiment state (trials, searcher) at most this often; a killed driver loses
 # at most this much bookkeeping, and Optuna's storage is written at every trial event anyway.
@@ -102,7 +101,7 @@ def _reporter(space: SearchSpace):
                        max_report_frequency=10)  # sort_by_metric fails on a trial stopped before its first result
 
 
-def run_experiment(study: Study, trials: int, address: str | None, restore: Path | None = None,
+def run_experiment(study: Study, trials: int, address: str | None, restore: str | None = None,
                    join: bool = False) -> None:
     """Run `trials` new trials (or restore the interrupted experiment at `restore`). A joined
     driver (`join`) runs its own experiment and takes trials from the study's shared budget."""
@@ -112,7 +111,7 @@ def run_experiment(study: Study, trials: int, address: str | None, restore: Path
     init_ray(address)
     trainable = _trainable(space)
     if restore is not None:
-        tuner = tune.Tuner.restore(str(restore), trainable=trainable, resume_unfinished=True,
+        tuner = tune.Tuner.restore(restore, trainable=trainable, resume_unfinished=True,
                                    resume_errored=False, restart_errored=False)
     else:
         meta = study.meta()
@@ -134,7 +133,7 @@ def run_experiment(study: Study, trials: int, address: str | None, restore: Path
                 time_budget_s=space.time_budget_s, reuse_actors=True,
             ),
             run_config=tune.RunConfig(
-                name=run_name, storage_path=str(study.root / TUNE_DIR),
+                name=run_name, storage_path=study.tune_root(),
                 # the trainable asks for a checkpoint (should_checkpoint) once checkpoint_every_s of
                 # training is unsaved; plus one at the end
                 checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=0, num_to_keep=2,
@@ -146,7 +145,7 @@ def run_experiment(study: Study, trials: int, address: str | None, restore: Path
         )
     started = time.time()
     tuner.fit()
-    run = restore.name if restore is not None else run_name
+    run = restore.rstrip("/").rsplit("/", 1)[-1] if restore is not None else run_name
     _record_wall(study, run, time.time() - started)
     _settle_run(study, space, run)
 
@@ -196,26 +195,49 @@ def _record_wall(study: Study, run_name: str, seconds: float) -> None:
 FINISHED_FLAG = ".autofl_finished"  # written in a Tune experiment's folder once all its trials ran
 
 
-def _last_run_dir(study: Study) -> Path | None:
-    runs = study.meta()["runs"]
-    return study.root / TUNE_DIR / runs[-1]["name"] if runs else None
+def _last_run_dir(study: Study) -> str | None:
+    """Where the study's last main run (not a --join driver's) keeps its Tune experiment."""
+    runs = [r for r in study.meta()["runs"] if not r["name"].startswith("join-")]
+    return experiment_location(study, runs[-1]["name"]) if runs else None
 
 
-def interrupted_run(study: Study) -> Path | None:
+def experiment_location(study: Study, run_name: str) -> str:
+    return f"{study.tune_root().rstrip('/')}/{run_name}"
+
+
+def _filesystem(location: str):
+    """(pyarrow filesystem, path) for a folder or a URI such as s3://bucket/prefix or file:///x."""
+    import pyarrow.fs
+
+    if "://" in location:
+        return pyarrow.fs.FileSystem.from_uri(location)
+    return pyarrow.fs.LocalFileSystem(), location
+
+
+def _flag_exists(location: str) -> bool:
+    import pyarrow.fs
+
+    fs, path = _filesystem(location)
+    return fs.get_file_info(f"{path}/{FINISHED_FLAG}").type != pyarrow.fs.FileType.NotFound
+
+
+def interrupted_run(study: Study) -> str | None:
     """The last Tune experiment of the study if it did not finish all its trials and Tune can restore it."""
     from ray import tune
 
-    path = _last_run_dir(study)
-    if path is None or (path / FINISHED_FLAG).exists() or not tune.Tuner.can_restore(str(path)):
+    location = _last_run_dir(study)
+    if location is None or _flag_exists(location) or not tune.Tuner.can_restore(location):
         return None
-    return path
+    return location
 
 
 def mark_finished(study: Study) -> None:
-    path = _last_run_dir(study)
-    if path is not None:
-        path.mkdir(parents=True, exist_ok=True)
-        (path / FINISHED_FLAG).write_text("")
+    location = _last_run_dir(study)
+    if location is not None:
+        fs, path = _filesystem(location)
+        fs.create_dir(path, recursive=True)
+        with fs.open_output_stream(f"{path}/{FINISHED_FLAG}"):
+            pass
 
 
 def fail_orphans(study: Study) -> int:
@@ -254,7 +276,7 @@ def search(study: Study, trials: int | None, address: str | None, resume: bool) 
         fail_orphans(study)
     else:  # killed before Tune saved anything: start over with what is missing
         last = _last_run_dir(study)
-        if last is not None and not (last / FINISHED_FLAG).exists():
+        if last is not None and not _flag_exists(last):
             meta = study.meta()
             fail_orphans(study)
             done = sum(1 for r in trial_rows(study)  # orphans just failed above are replaced, not counted

@@ -83,6 +83,9 @@ class SearchSpace(Strict):
     scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     storage: str | None = Field(None, description="SQLAlchemy URL; default: sqlite file in the study folder")
+    storage_path: str | None = Field(None, description="where Tune keeps experiments and trial checkpoints "
+                                     "(default: the study folder); on a multi-node cluster a folder or URI "
+                                     "(s3://, gs://) every node reaches")
     checkpoint_every_s: float = Field(30.0, ge=0, description="a trial checkpoints once this much training is "
                                       "unsaved (0: every evaluated round), and at its end")
     seed: int = 0

@@ -55,6 +55,13 @@ class Study:
         URL recorded when the study was created, else a SQLite file in the study folder."""
         return self.space().storage or self.meta().get("storage") or sqlite_url(self.root)
 
+    def tune_root(self) -> str:
+        """Where Tune keeps this study's experiments (trial checkpoints included): `<study>/tune`, or
+        `<storage_path>/<study>` when the space or `--storage-path` names a folder every Ray node
+        reaches (a shared folder, or a pyarrow URI such as s3://bucket/prefix)."""
+        base = self.space().storage_path or self.meta().get("storage_path")
+        return f"{base.rstrip('/')}/{self.name}" if base else str(self.root / TUNE_DIR)
+
     def load_optuna(self):
         import optuna
 
@@ -99,7 +106,8 @@ def new_study_storage(space: SearchSpace) -> str | None:
         raise ConfigError(str(err)) from None
 
 
-def create_study(home: Path, space_path: Path, space: SearchSpace, name: str | None) -> Study:
+def create_study(home: Path, space_path: Path, space: SearchSpace, name: str | None,
+                 storage_path: str | None = None) -> Study:
     """A new study folder, after every check that can fail (name, storage reachable): a failed
     start leaves nothing behind."""
     from autofl.tune.storage import probe_storage
@@ -116,6 +124,8 @@ def create_study(home: Path, space_path: Path, space: SearchSpace, name: str | N
     study = Study(root)
     if storage is not None and not space.storage:
         study.write_meta({**study.meta(), "storage": storage})
+    if storage_path:
+        study.write_meta({**study.meta(), "storage_path": storage_path})
     text = space_path.read_text()
     (root / SPACE_FILE).write_text(text)  # last: a folder without it is no study
     return study
