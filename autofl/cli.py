@@ -78,6 +78,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         raise AutoFLError("--storage-path: applies to a new study; an existing one keeps the place it was made with")
     if existing:
         study = st.open_study(home, existing)
+        st.check_owned(study.root)  # Tune unpickles from it
         study.space()  # validate before Ray starts
         if not is_sqlite(study.storage_url()):
             probe_storage(study.storage_url())
@@ -147,12 +148,14 @@ def _print_status(study) -> None:
     from autofl.tune.storage import mask_url
 
     live_driver = DriverLock(study.root).is_held()
-    table = Table("trial", "state", "round", study.space().objective, "node", "params", title=f"study {study.name}")
+    table = Table("trial", "state", "round", study.space().objective, "node", "params", "note",
+                  title=f"study {study.name}")
     for r in rows:
         params = ", ".join(f"{k.split(':')[-1]}={_fmt(v)}" for k, v in r["params"].items())
         state = display_state(r, live_driver)
         node = str(r["user_attrs"].get("node_id") or "-")[:8]
-        table.add_row(str(r["number"]), state, _fmt(r["round"]), _fmt(r["objective"]), node, params)
+        table.add_row(str(r["number"]), state, _fmt(r["round"]), _fmt(r["objective"]), node, params,
+                      str(r["user_attrs"].get("fail_reason", "")))
     console.print(table)
     console.print(f"storage: {mask_url(study.storage_url())}", soft_wrap=True)
     space = study.space()

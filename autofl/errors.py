@@ -21,6 +21,12 @@ class DataError(AutoFLError):
     """A dataset that cannot be found or loaded."""
 
 
+class RunDiverged(AutoFLError):
+    """Training produced a non-finite loss: not bad input, so exit code 1."""
+
+    exit_code = 1
+
+
 class StorageError(AutoFLError):
     """A study storage that cannot be opened, or a driver that may not run on it now."""
 

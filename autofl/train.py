@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -13,7 +14,7 @@ import yaml
 
 from autofl.config import Experiment, experiment_to_dict
 from autofl.engine.simulation import Simulation
-from autofl.errors import AutoFLError
+from autofl.errors import AutoFLError, RunDiverged
 
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.yaml"
@@ -51,6 +52,9 @@ def run_training(
             fh.write(json.dumps(metrics) + "\n")
             fh.flush()
             history.append(metrics)
+            if not math.isfinite(metrics["train_loss"]):
+                raise RunDiverged(f"training diverged at round {metrics['round']}: train_loss is "
+                                  f"{metrics['train_loss']} (try a lower fl.lr); rounds so far are in {out / METRICS_FILE}")
             if on_round is not None:
                 on_round(metrics, time.perf_counter() - start)
     tmp = out / (STATE_FILE + ".tmp")

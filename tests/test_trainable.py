@@ -22,11 +22,39 @@ def test_each_step_reports_one_evaluated_round_and_done_at_the_last():
     assert t.sim.method.params.mu == 0.5
 
 
-def test_nan_training_loss_errors_the_trial():
+def test_nan_training_loss_ends_the_trial_with_its_reason_and_the_searcher_records_fail(tmp_path):
     t = trainable({"fl.lr": 1e8})
-    with pytest.raises(FloatingPointError, match="training loss is nan"):
-        for _ in range(4):
-            t.step()
+    result = t.step()
+    while not result["done"]:
+        result = t.step()
+    assert result["diverged"] == f"diverged at round {result['round']}: train_loss is nan"
+
+    import optuna
+    from optuna.distributions import FloatDistribution
+
+    from autofl.tune.searcher import RoundAwareOptunaSearch
+
+    root = tmp_path / "s"
+    root.mkdir()
+    (root / "space.yaml").write_text("study: s\n")
+    url = f"sqlite:///{root / 'optuna.db'}"
+    searcher = RoundAwareOptunaSearch(space={"x": FloatDistribution(0.0, 1.0)}, metric="personal_val_acc",
+                                      mode="max", storage=optuna.storages.RDBStorage(url), study_name="s", max_t=4,
+                                      run_name="run-1", budget=1, study_root=root)
+    searcher.suggest("t")
+    searcher.on_trial_complete("t", result)
+    (trial,) = optuna.load_study(study_name="s", storage=url).get_trials()
+    assert trial.state.name == "FAIL" and trial.user_attrs["fail_reason"] == result["diverged"]
+
+
+def test_train_stops_with_one_line_naming_the_round_when_training_diverges(tmp_path, capsys):
+    from autofl.cli import main
+
+    code = main(["train", "--set", "fl.lr=1e8", "--set", "fl.rounds=3", "--set", "data.num_clients=4",
+                 "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip()
+    assert code == 1 and len(err.splitlines()) == 1, err
+    assert "training diverged at round 1: train_loss is nan" in err
 
 
 def test_a_restored_trial_continues_exactly_where_its_checkpoint_left_off(tmp_path):

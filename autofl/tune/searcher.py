@@ -177,7 +177,9 @@ class RoundAwareOptunaSearch(OptunaSearch):
         for key in REPORTED_KEYS:
             if result and result.get(key) is not None:
                 ot_trial.set_user_attr(key, result[key])
-        if error or value is None or not math.isfinite(value):
+        if result and result.get("diverged"):
+            ot_trial.set_user_attr("fail_reason", str(result["diverged"]))
+        if error or value is None or not math.isfinite(value) or (result and result.get("diverged")):
             self._ot_study.tell(ot_trial, state=TrialState.FAIL)
         elif rnd < self._max_t:
             self._ot_study.tell(ot_trial, state=TrialState.PRUNED)

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from autofl.errors import AutoFLError, ConfigError
+from autofl.errors import AutoFLError, ConfigError, StorageError
 from autofl.tune.space import SearchSpace, load_space
 
 HOME_ENV = "AUTOFL_HOME"
@@ -74,12 +75,32 @@ class Study:
             return None
 
 
+STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+
+
+def check_study_name(name: str, field: str) -> str:
+    """A study name is one folder under the studies dir: no path separators, no `..`."""
+    if not STUDY_NAME.fullmatch(name) or ".." in name:
+        raise ConfigError(f"{field}: {name!r} is not a study name; allowed: 1-100 letters, digits, '_', '.', '-', "
+                          f"starting with a letter or digit (no '/', no '..')")
+    return name
+
+
+def check_owned(root: Path) -> None:
+    """A study folder holds pickles that Tune unpickles on resume: only folders this user owns are resumed."""
+    owner = root.stat().st_uid
+    if owner != os.geteuid():
+        raise StorageError(f"study folder {root} belongs to uid {owner}, not to you (uid {os.geteuid()}); Tune "
+                           f"unpickles files from it on resume, so resume only folders you made or trust: copy it "
+                           f"(cp -r) to take ownership")
+
+
 def existing_studies(home: Path) -> list[str]:
     return sorted(p.name for p in home.iterdir() if (p / SPACE_FILE).is_file()) if home.is_dir() else []
 
 
 def open_study(home: Path, name: str) -> Study:
-    root = home / name
+    root = home / check_study_name(name, "study name")
     if not (root / SPACE_FILE).is_file():
         known = existing_studies(home)
         raise AutoFLError(f"study {name!r} not found in {home}; existing studies: {', '.join(known) or '(none)'}")
@@ -112,7 +133,7 @@ def create_study(home: Path, space_path: Path, space: SearchSpace, name: str | N
     start leaves nothing behind."""
     from autofl.tune.storage import probe_storage
 
-    name = name or space.study
+    name = check_study_name(name, "--name") if name else space.study
     root = home / name
     if (root / SPACE_FILE).exists():
         raise AutoFLError(f"study {name!r} already exists in {home}; continue it with --resume {name}, "

@@ -67,8 +67,9 @@ class FLTrainable(tune.Trainable):
         metrics = None
         while metrics is None:
             metrics = self.sim.run_round()
-        if not math.isfinite(metrics["train_loss"]):
-            raise FloatingPointError(f"training loss is {metrics['train_loss']} at round {metrics['round']}")
+        if not math.isfinite(metrics["train_loss"]):  # the searcher records FAIL with this reason, no traceback
+            reason = f"diverged at round {metrics['round']}: train_loss is {metrics['train_loss']}"
+            return {**metrics, "node_id": self._node_id, "diverged": reason, "done": True, "should_checkpoint": False}
         self.last = metrics
         self._unsaved_s += time.perf_counter() - start
         due = self._unsaved_s >= self._checkpoint_every_s and not self.sim.done()  # the end is saved anyway
