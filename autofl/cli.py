@@ -7,6 +7,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import NoReturn
 
 from rich.console import Console
 from rich.live import Live
@@ -207,23 +208,50 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from autofl.train import write_atomic
     from autofl.tune import study as st
 
-    study = st.open_study(st.studies_dir(args.dir), args.name)
-    text = st.dump_config(st.export_best_config(study), args.format)
-    if args.output:
-        out = Path(args.output)
+    out = Path(args.output) if args.output else None
+    if out is not None:  # checked before any work
+        if out.is_dir():
+            raise AutoFLError(f"-o {out}: is a folder; give a file name, e.g. {out / 'best.yaml'}")
         if out.exists() and not args.overwrite:
             raise AutoFLError(f"-o {out}: file exists; choose another name or pass --overwrite")
-        out.write_text(text)
+        if not out.parent.is_dir():
+            raise AutoFLError(f"-o {out}: folder {out.parent} does not exist; create it first")
+    study = st.open_study(st.studies_dir(args.dir), args.name)
+    text = st.dump_config(st.export_best_config(study), args.format)
+    if out is not None:
+        try:
+            write_atomic(out, text)
+        except OSError as err:
+            raise AutoFLError(f"-o {out}: cannot be written ({err.strerror})") from None
         console.print(f"wrote {out}; run it with: autofl train --config {out}", soft_wrap=True)
     else:
         sys.stdout.write(text)
     return 0
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; allowed: 1 or more") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} trials; allowed: 1 or more")
+    return value
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (the field and what is allowed) and exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"autofl: error: {self.prog.removeprefix('autofl ')}: {message}\n")
+        sys.exit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="autofl", description="Hyperparameter search for personalized FL.")
+    parser = _OneLineParser(prog="autofl", description="Hyperparameter search for personalized FL.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     train = sub.add_parser("train", help="run one FL experiment")
@@ -241,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--resume", metavar="NAME", help="continue an interrupted study")
     search.add_argument("--join", metavar="NAME", help="add a driver to a running study on PostgreSQL storage "
                         "(its own Tune experiment; the study's trial budget is shared)")
-    search.add_argument("--trials", type=int, help="trials to run (new study: overrides the space; "
+    search.add_argument("--trials", type=_positive_int, help="trials to run (new study: overrides the space; "
                         "with --resume: add this many to the study)")
     search.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
     search.add_argument("--storage-path", help="new study: where Tune keeps experiments and checkpoints, a folder "
@@ -278,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     except AutoFLError as err:
         from autofl.tune.storage import mask_url
 
-        err_console.print(f"autofl: error: {mask_url(str(err))}", highlight=False, soft_wrap=True)
+        one_line = " ".join(str(err).split())  # messages quoting YAML or driver errors can span lines
+        err_console.print(f"autofl: error: {mask_url(one_line)}", highlight=False, soft_wrap=True)
         return err.exit_code
     except KeyboardInterrupt:
         err_console.print("autofl: interrupted")

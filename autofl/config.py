@@ -35,7 +35,7 @@ ARCH_MIN_SIDE: dict[str, int] = {"mlp": 1, "cnn": 14, "moon_cnn": 14, "resnet18"
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class PartitionConfig(Strict):
@@ -79,15 +79,16 @@ class ModelConfig(Strict):
 
 
 class FLConfig(Strict):
-    rounds: int = Field(20, ge=1)
+    # upper bounds are sanity limits: a typo such as rounds=10**12 is an error, not a run that never ends
+    rounds: int = Field(20, ge=1, le=100_000)
     participation: float = Field(1.0, gt=0, le=1)
-    local_epochs: int = Field(1, ge=1)
-    batch_size: int = Field(32, ge=1)
-    lr: float = Field(0.05, gt=0)
+    local_epochs: int = Field(1, ge=1, le=1000)
+    batch_size: int = Field(32, ge=1, le=100_000)
+    lr: float = Field(0.05, gt=0, le=100)
     momentum: float = Field(0.9, ge=0, lt=1)
-    weight_decay: float = Field(0.0, ge=0)
+    weight_decay: float = Field(0.0, ge=0, le=1)
     lr_decay: float = Field(1.0, gt=0, le=1)
-    eval_every: int = Field(1, ge=1)
+    eval_every: int = Field(1, ge=1, le=100_000)
 
 
 class MethodConfig(BaseModel):
@@ -183,7 +184,11 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"{path}: no such config file")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text file (expected UTF-8 YAML)") from None
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot be read ({err.strerror})") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""

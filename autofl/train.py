@@ -21,6 +21,22 @@ CONFIG_FILE = "config.yaml"
 STATE_FILE = "final_state.pt"
 
 
+def check_out_dir(out: Path, overwrite: bool) -> None:
+    """Everything about `--out` that can fail, checked before any work: not a file, not under a
+    file, writable, and not an earlier run's folder unless --overwrite."""
+    if out.exists() and not out.is_dir():
+        raise AutoFLError(f"--out {out}: is a file; give a folder")
+    existing = out
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise AutoFLError(f"--out {out}: {existing} is a file, so no folder can be made under it")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise AutoFLError(f"--out {out}: {existing} is not writable")
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise AutoFLError(f"--out {out}: folder already holds files; choose another folder or pass --overwrite")
+
+
 def prepare_out_dir(out: Path, overwrite: bool) -> None:
     """Refuse to write over an earlier run unless asked: nothing already on disk is lost by accident."""
     if out.exists() and any(out.iterdir()) and not overwrite:
@@ -40,6 +56,7 @@ def run_training(
 ) -> list[dict[str, float]]:
     """Run `exp` to the end, appending each evaluated round to `out/metrics.jsonl`; `announce`
     receives the line saying which executor trains the clients."""
+    check_out_dir(out, overwrite)
     sim = Simulation(exp)  # loads the data first: a missing dataset fails before anything is written
     if announce is not None:
         announce(sim.executor_line)

@@ -39,3 +39,37 @@ def test_resume_refuses_a_study_folder_another_user_owns(tmp_path, capsys):
     code = main(["search", "--resume", "theirs", "--dir", str(tmp_path / "home")])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "belongs to uid 12345" in err, err
+
+
+def test_every_listed_bad_input_is_one_line_and_exit_2_touching_nothing(tmp_path, capsys):
+    (tmp_path / "binary.yaml").write_bytes(bytes(range(256)))
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "inf.yaml").write_text("study: a\nparams:\n  fl.lr: {type: float, low: 0.01, high: .inf}\n")
+    (tmp_path / "edge.yaml").write_text("study: b\nparams:\n  fl.momentum: {type: float, low: 0.5, high: 1.0}\n")
+    (tmp_path / "fine.yaml").write_text("study: c\ntrials: 1\n")
+    home = str(tmp_path / "home")
+    cases = {
+        ("train", "--config", str(tmp_path / "binary.yaml")): "not a text file",
+        ("search", "--space", str(tmp_path / "binary.yaml"), "--dir", home): "not a text file",
+        ("train", "--out", str(tmp_path / "afile")): "is a file",
+        ("train", "--out", str(tmp_path / "afile" / "run")): "is a file, so no folder",
+        ("train", "--set", "fl.lr=inf", "--out", str(tmp_path / "r1")): "fl.lr: Input should be a finite number",
+        ("train", "--set", "fl.rounds=1000000000000", "--out", str(tmp_path / "r2")): "less than or equal to 100000",
+        ("search", "--space", str(tmp_path / "fine.yaml"), "--trials", "0", "--dir", home): "allowed: 1 or more",
+        ("search", "--space", str(tmp_path / "fine.yaml"), "--trials", "-3", "--dir", home): "allowed: 1 or more",
+        ("search", "--space", str(tmp_path / "inf.yaml"), "--dir", home): "params.fl.lr.high",
+        ("search", "--space", str(tmp_path / "edge.yaml"), "--dir", home): "params.fl.momentum: high=1.0 is invalid",
+        ("best-config", "export", "c", "-o", str(tmp_path / "adir"), "--overwrite", "--dir", home): "is a folder",
+        ("best-config", "export", "c", "-o", str(tmp_path / "missing" / "dir" / "x.yaml"), "--dir", home):
+            "does not exist",
+    }
+    before = files_under(tmp_path)
+    for args, expected in cases.items():
+        try:
+            code = main(list(args))
+        except SystemExit as exit_:  # argparse's own errors
+            code = exit_.code
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and len(err.splitlines()) == 1 and expected in err, (args, err)
+    assert files_under(tmp_path) == before

@@ -40,9 +40,9 @@ LossFn = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor, dict[str, torch.
 
 
 class MethodParams(BaseModel):
-    """A method's own hyperparameters; unknown keys are errors."""
+    """A method's own hyperparameters; unknown keys and non-finite numbers are errors."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ CONDITIONAL_SEP = ":"  # optuna name of a conditional param: "<method>:<config k
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class ParamSpec(Strict):
@@ -147,7 +147,12 @@ def _check_keys(space: SearchSpace, method: str | None, params: dict[str, ParamS
             build_experiment(experiment_dict(space.base, {**values, key: spec.example()}))
         except ConfigError as err:
             raise ConfigError(f"{where}.{key}: {err}") from None
-        if spec.type != "categorical":
+        if spec.type != "categorical":  # both ends of the range must make a valid config
+            high = int(spec.high) if spec.type == "int" else spec.high  # type: ignore[arg-type]
+            try:
+                build_experiment(experiment_dict(space.base, {**values, key: high}))
+            except ConfigError as err:
+                raise ConfigError(f"{where}.{key}: high={high!r} is invalid ({err})") from None
             continue
         for choice in spec.choices or []:  # every choice (e.g. each method name) must make a valid config
             try:
