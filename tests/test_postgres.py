@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from pg_server import PgProcess, PgServer, server_binaries
+from test_search_e2e import space_file
 
 pytestmark = pytest.mark.slow
 AUTOFL = [sys.executable, "-m", "autofl.cli"]
@@ -38,20 +39,11 @@ def pg() -> PgServer:
 
 
 def space(tmp_path: Path, study: str, trials: int, rounds: int, storage: str | None = None) -> Path:
-    tree = {
-        "study": study,
-        "base": {"data": {"num_clients": 4, "partition": {"kind": "pathological", "classes_per_client": 3}},
-                 "fl": {"rounds": rounds}, "method": {"name": "fdcl"}},
-        "params": {"method.mu": {"type": "float", "low": 0.05, "high": 2.0, "log": True},
-                   "fl.lr": {"type": "float", "low": 0.0005, "high": 0.2, "log": True}},
-        "trials": trials,
-        "scheduler": {"kind": "asha", "grace_period": 1, "reduction_factor": 2},
-        "resources": {"cpu": 1},
-        "checkpoint_every_s": 0,
-    }
+    """The end-to-end tests' space, checkpointing every round, on `storage` when given."""
+    path = space_file(tmp_path, study, trials, rounds)
+    tree = {**yaml.safe_load(path.read_text()), "checkpoint_every_s": 0}
     if storage:
         tree["storage"] = storage
-    path = tmp_path / f"{study}.yaml"
     path.write_text(yaml.safe_dump(tree))
     return path
 
