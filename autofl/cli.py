@@ -81,14 +81,14 @@ def cmd_search(args: argparse.Namespace) -> int:
         study = st.open_study(home, existing)
         st.check_owned(study.root)  # Tune unpickles from it
         study.space()  # validate before Ray starts
-        if not is_sqlite(study.storage_url()):
-            probe_storage(study.storage_url())
     else:
         if not args.space:
             raise AutoFLError("search: give --space FILE for a new study or --resume NAME to continue one")
         space_path, space = st.ensure_space_file(args.space)
         study = st.create_study(home, space_path, space, args.name, storage_path=args.storage_path)
     sqlite = is_sqlite(study.storage_url())
+    if existing and not sqlite:  # a new study's storage was probed before its folder was made
+        probe_storage(study.storage_url())
     lock = DriverLock(study.root)
     if args.join:
         if sqlite:
@@ -141,13 +141,18 @@ def display_state(row: dict, live_driver: bool) -> str:
     return row["state"]
 
 
-def _print_status(study) -> None:
-    from autofl.tune.study import state_counts, trial_rows
+def display_counts(rows: list[dict], live_driver: bool) -> dict[str, int]:
+    from autofl.tune.study import state_counts
 
-    rows = trial_rows(study)
+    return state_counts([{**r, "state": display_state(r, live_driver)} for r in rows])
+
+
+def _print_status(study) -> None:
     from autofl.tune.driver_lock import DriverLock
     from autofl.tune.storage import mask_url
+    from autofl.tune.study import trial_rows
 
+    rows = trial_rows(study)
     live_driver = DriverLock(study.root).is_held()
     table = Table("trial", "state", "round", study.space().objective, "node", "params", "note",
                   title=f"study {study.name}")
@@ -161,16 +166,13 @@ def _print_status(study) -> None:
     console.print(f"storage: {mask_url(study.storage_url())}", soft_wrap=True)
     space = study.space()
     if space.budget_rounds is not None:
-        from autofl.tune.stopper import rounds_used
-
-        ot = study.load_optuna()
-        used = sum(rounds_used(ot.get_trials(deepcopy=False)).values()) if ot is not None else 0
+        used = sum(r["round"] or 0 for r in rows)  # each trial's last reported round, as the budget counts
         console.print(f"budget: {used} of {space.budget_rounds} FL rounds used (budget_rounds)")
     if space.time_budget_s is not None:
         walls = [run.get("tune_wall_s", 0.0) for run in study.meta()["runs"]]
         console.print(f"budget: runs took {', '.join(f'{w:.0f} s' for w in walls) or 'none'} of "
                       f"{space.time_budget_s:.0f} s each (time_budget_s)")
-    counts = state_counts([{**r, "state": display_state(r, live_driver)} for r in rows])
+    counts = display_counts(rows, live_driver)
     console.print("trials: " + (", ".join(f"{v} {k.lower()}" for k, v in sorted(counts.items())) or "none"))
 
 
@@ -188,8 +190,7 @@ def cmd_studies(args: argparse.Namespace) -> int:
     for name in names:
         s = st.open_study(home, name)
         rows = st.trial_rows(s)
-        live = DriverLock(s.root).is_held()
-        counts = st.state_counts([{**r, "state": display_state(r, live)} for r in rows])
+        counts = display_counts(rows, DriverLock(s.root).is_held())
         try:
             best = st.best_trial(s).value
         except AutoFLError:  # no completed trial yet

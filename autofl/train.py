@@ -37,13 +37,6 @@ def check_out_dir(out: Path, overwrite: bool) -> None:
         raise AutoFLError(f"--out {out}: folder already holds files; choose another folder or pass --overwrite")
 
 
-def prepare_out_dir(out: Path, overwrite: bool) -> None:
-    """Refuse to write over an earlier run unless asked: nothing already on disk is lost by accident."""
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise AutoFLError(f"--out {out}: folder already holds files; choose another folder or pass --overwrite")
-    out.mkdir(parents=True, exist_ok=True)
-
-
 def write_atomic(path: Path, text: str) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(text)
@@ -60,7 +53,7 @@ def run_training(
     sim = Simulation(exp)  # loads the data first: a missing dataset fails before anything is written
     if announce is not None:
         announce(sim.executor_line)
-    prepare_out_dir(out, overwrite)
+    out.mkdir(parents=True, exist_ok=True)  # check_out_dir above already refused what must not be written
     write_atomic(out / CONFIG_FILE, yaml.safe_dump(experiment_to_dict(exp), sort_keys=False))
     history: list[dict[str, float]] = []
     with open(out / METRICS_FILE, "w") as fh:

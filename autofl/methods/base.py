@@ -25,8 +25,9 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 
+from autofl.config import Strict
 from autofl.engine.state import StateDict, weighted_average
 from autofl.models.parts import SplitModel, build_model
 
@@ -39,10 +40,8 @@ if TYPE_CHECKING:
 LossFn = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]], torch.Tensor]
 
 
-class MethodParams(BaseModel):
+class MethodParams(Strict):
     """A method's own hyperparameters; unknown keys and non-finite numbers are errors."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 @dataclass(frozen=True)

@@ -156,6 +156,7 @@ def _settle_run(study: Study, space: SearchSpace, run: str) -> None:
     driver was interrupted (Ctrl-C: Tune saved its state; the run stays resumable)."""
     from optuna.trial import TrialState
 
+    from autofl.tune.searcher import fail_interrupted
     from autofl.tune.stopper import rounds_used
 
     ot = study.load_optuna()
@@ -177,8 +178,7 @@ def _settle_run(study: Study, space: SearchSpace, run: str) -> None:
         if t.intermediate_values:
             ot.tell(t.number, state=TrialState.PRUNED)  # cut by the budget: its last value stands
         else:
-            ot._storage.set_trial_user_attr(t._trial_id, "interrupted", True)
-            ot.tell(t.number, state=TrialState.FAIL)  # never trained: replaced if trials are added
+            fail_interrupted(ot, t)  # never trained: replaced if trials are added
 
 
 def _record_wall(study: Study, run_name: str, seconds: float) -> None:
@@ -244,6 +244,8 @@ def fail_orphans(study: Study) -> int:
     """Optuna trials left RUNNING by a killed driver that no Tune experiment will finish: mark them FAIL."""
     from optuna.trial import TrialState
 
+    from autofl.tune.searcher import fail_interrupted
+
     ot = study.load_optuna()
     if ot is None:
         return 0
@@ -251,8 +253,7 @@ def fail_orphans(study: Study) -> int:
     orphans = [t for t in ot.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING))
                if not str(t.user_attrs.get("tune_run", "")).startswith("join-")]
     for t in orphans:
-        ot._storage.set_trial_user_attr(t._trial_id, "interrupted", True)
-        ot.tell(t.number, state=TrialState.FAIL)
+        fail_interrupted(ot, t)
     return len(orphans)
 
 

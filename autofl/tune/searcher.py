@@ -30,6 +30,12 @@ def finished_in_run(trials: Iterable[FrozenTrial], run_name: str) -> set[str]:
             if t.state.is_finished() and t.user_attrs.get("tune_run") == run_name}
 
 
+def fail_interrupted(study: Any, trial: FrozenTrial) -> None:
+    """Record `trial` FAIL and `interrupted`: no driver will train it; counts and budgets replace it."""
+    study._storage.set_trial_user_attr(trial._trial_id, "interrupted", True)
+    study.tell(trial.number, state=TrialState.FAIL)
+
+
 def _shared(storage: Any) -> bool:
     """Whether several drivers may share this storage (PostgreSQL)."""
     return storage is not None and storage.engine.dialect.name == "postgresql"
@@ -118,18 +124,16 @@ class RoundAwareOptunaSearch(OptunaSearch):
                 run = t.user_attrs.get("tune_run")
                 mine = run == self._run_name or run is None  # untagged: killed between ask and tag
                 if mine and t.user_attrs.get("tune_trial_id") not in known:
-                    self._ot_study._storage.set_trial_user_attr(t._trial_id, "interrupted", True)
-                    self._ot_study.tell(t.number, state=TrialState.FAIL)
+                    fail_interrupted(self._ot_study, t)
 
-    def _budget_used(self) -> int:
+    def _budget_used(self, trials: list[FrozenTrial]) -> int:
         """Trials this searcher suggested, plus the run's trials finished by a driver that died
         before Tune saved them (still RUNNING ones are orphans to replace, not counted)."""
-        trials = self._ot_study.get_trials(deepcopy=False)
         interrupted = {t.user_attrs.get("tune_trial_id") for t in trials if t.user_attrs.get("interrupted")}
         finished = finished_in_run(trials, self._run_name) - interrupted
         return len(set(self._ot_trials) - interrupted) + len(finished - set(self._ot_trials))
 
-    def _study_budget_reached(self) -> bool:
+    def _study_budget_reached(self, trials: list[FrozenTrial]) -> bool:
         """Every driver's trials together (interrupted ones are replaced, so not counted) against
         the study's `trials_requested` user attribute."""
         if not _shared(self._storage):  # SQLite: one driver, whose own budget is the rule
@@ -137,14 +141,15 @@ class RoundAwareOptunaSearch(OptunaSearch):
         requested = self._ot_study.user_attrs.get("trials_requested")
         if requested is None:
             return False
-        counted = sum(1 for t in self._ot_study.get_trials(deepcopy=False) if not t.user_attrs.get("interrupted"))
+        counted = sum(1 for t in trials if not t.user_attrs.get("interrupted"))
         return counted >= int(requested)
 
     def suggest(self, trial_id: str) -> dict | str | None:
         if self._ot_study is None:
             return super().suggest(trial_id)
         with shared_suggest_lock(self._storage, self._study_name):
-            if self._budget_used() >= self._budget or self._study_budget_reached():
+            trials = self._ot_study.get_trials(deepcopy=False)
+            if self._budget_used(trials) >= self._budget or self._study_budget_reached(trials):
                 return Searcher.FINISHED
             params = super().suggest(trial_id)  # creates the Optuna trial inside the lock
             if params is not None:  # tagged inside it too: an untagged RUNNING trial is an orphan

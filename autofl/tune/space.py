@@ -5,18 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from autofl.config import Experiment, read_yaml
+from autofl.config import Experiment, Strict, read_yaml
 from autofl.experiment import build_experiment
 from autofl.errors import ConfigError, format_validation_error
 
 VALIDATION_OBJECTIVES = ("personal_val_acc", "global_val_acc")
 CONDITIONAL_SEP = ":"  # optuna name of a conditional param: "<method>:<config key>"
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class ParamSpec(Strict):

@@ -16,13 +16,13 @@ import optuna
 from optuna.trial import FrozenTrial
 from ray.tune import Stopper
 
-from autofl.tune.searcher import finished_in_run, study_storage
+from autofl.tune.searcher import finished_in_run
+from autofl.tune.study import Study
 
 
 class AlreadyRecordedStopper(Stopper):
     def __init__(self, study_root: Path, run_name: str):
         self._study_root = str(study_root)  # the storage URL is read from the study, never pickled
-        self._study_name = Path(study_root).name
         self._run_name = run_name  # only this Tune experiment's trials (the searcher tags them)
         self._looked_up: set[str] = set()
         self._study: optuna.Study | None = None  # opened once per driver, never pickled
@@ -35,7 +35,7 @@ class AlreadyRecordedStopper(Stopper):
             return False
         self._looked_up.add(trial_id)
         if self._study is None:
-            self._study = optuna.load_study(study_name=self._study_name, storage=study_storage(self._study_root))
+            self._study = Study(Path(self._study_root)).load_optuna()
         return trial_id in finished_in_run(self._study.get_trials(deepcopy=False), self._run_name)
 
     def stop_all(self) -> bool:
@@ -62,7 +62,7 @@ class RoundBudgetStopper(Stopper):
 
     def __call__(self, trial_id: str, result: dict) -> bool:
         if self._rounds is None:
-            study = optuna.load_study(study_name=Path(self._study_root).name, storage=study_storage(self._study_root))
+            study = Study(Path(self._study_root)).load_optuna()
             self._rounds = rounds_used(study.get_trials(deepcopy=False))
         self._rounds[trial_id] = max(self._rounds.get(trial_id, 0), int(result.get("round", 0)))
         return False

@@ -35,33 +35,27 @@ def check_storage_url(url: str, where: str | None, allow_password: bool = False)
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
 
-    try:
-        return _check(make_url, ArgumentError, url, allow_password)
-    except ValueError as err:
-        raise ValueError(f"{where}: {err}" if where else str(err)) from None
-
-
-def _check(make_url, ArgumentError, url: str, allow_password: bool) -> str:  # noqa: N803
+    prefix = f"{where}: " if where else ""
     try:
         parsed = make_url(url)
     except ArgumentError:
-        raise ValueError(f"{mask_url(url)!r} is not a database URL; allowed: {ALLOWED}") from None
+        raise ValueError(f"{prefix}{mask_url(url)!r} is not a database URL; allowed: {ALLOWED}") from None
     backend, driver = parsed.get_backend_name(), parsed.get_driver_name()
     if backend == "postgresql":
         if driver != "psycopg":
-            raise ValueError(f"PostgreSQL goes through psycopg 3: write postgresql+psycopg://..., "
+            raise ValueError(f"{prefix}PostgreSQL goes through psycopg 3: write postgresql+psycopg://..., "
                              f"not {backend}+{driver}://")
         try:
             import psycopg  # noqa: F401
         except ImportError:
-            raise ValueError(f"PostgreSQL needs psycopg: pip install 'psycopg[binary]'") from None
+            raise ValueError(f"{prefix}PostgreSQL needs psycopg: pip install 'psycopg[binary]'") from None
         if parsed.password is not None and not allow_password:
-            raise ValueError(f"the URL holds a password, and this file is copied into the study folder; "
+            raise ValueError(f"{prefix}the URL holds a password, and this file is copied into the study folder; "
                              f"remove it and set PGPASSWORD or a ~/.pgpass line instead")
         if not parsed.database:
-            raise ValueError(f"{mask_url(url)!r} names no database; allowed: {ALLOWED}")
+            raise ValueError(f"{prefix}{mask_url(url)!r} names no database; allowed: {ALLOWED}")
     elif backend != "sqlite":
-        raise ValueError(f"back-end {backend!r} is not supported; allowed: {ALLOWED}")
+        raise ValueError(f"{prefix}back-end {backend!r} is not supported; allowed: {ALLOWED}")
     return url
 
 

@@ -143,10 +143,9 @@ def create_study(home: Path, space_path: Path, space: SearchSpace, name: str | N
         probe_storage(storage)
     root.mkdir(parents=True, exist_ok=True)
     study = Study(root)
-    if storage is not None and not space.storage:
-        study.write_meta({**study.meta(), "storage": storage})
-    if storage_path:
-        study.write_meta({**study.meta(), "storage_path": storage_path})
+    recorded = {"storage": storage if not space.storage else None, "storage_path": storage_path}
+    if any(recorded.values()):
+        study.write_meta({**study.meta(), **{k: v for k, v in recorded.items() if v}})
     text = space_path.read_text()
     (root / SPACE_FILE).write_text(text)  # last: a folder without it is no study
     return study
