@@ -53,10 +53,12 @@ def test_study_runs_on_both_nodes_and_resumes_after_its_driver_is_killed(cluster
     space.write_text(yaml.safe_dump({
         "study": "twonodes",
         "base": {"data": {"num_clients": 4, "partition": {"kind": "pathological", "classes_per_client": 3}},
-                 "fl": {"rounds": 8}, "method": {"name": "fdcl"}},
+                 "fl": {"rounds": 24}, "method": {"name": "fdcl"}},
         "params": {"fl.lr": {"type": "float", "low": 0.005, "high": 0.2, "log": True}},
         "trials": 6, "scheduler": {"kind": "none"}, "resources": {"cpu": 1}, "checkpoint_every_s": 0,
     }))
+    # a trial trains for ~5 s: longer than a worker takes to start on the second node, so one reused
+    # actor on the first node cannot drain the queue alone (8 rounds of ~1.8 s did under CI load)
     url = f"sqlite:///{home / 'twonodes' / 'optuna.db'}"
 
     def finished() -> int:
