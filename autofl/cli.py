@@ -15,8 +15,9 @@ from rich.table import Table
 
 from autofl.errors import AutoFLError, StorageError
 
-console = Console()
-err_console = Console(stderr=True)
+# in a pipe or CI log rich would wrap tables at 80 columns: give them room instead
+console = Console(width=None if sys.stdout.isatty() else 200)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
 
 _ROUND_COLUMNS = ("round", "train_loss", "personal_val_acc", "personal_test_acc", "global_val_acc", "global_test_acc")
 
@@ -174,6 +175,14 @@ def _print_status(study) -> None:
                       f"{space.time_budget_s:.0f} s each (time_budget_s)")
     counts = display_counts(rows, live_driver)
     console.print("trials: " + (", ".join(f"{v} {k.lower()}" for k, v in sorted(counts.items())) or "none"))
+    from autofl.tune.reeval import load_summary
+
+    summary = load_summary(study)
+    if summary is not None:
+        from autofl.views import reeval_table
+
+        console.print(reeval_table(summary))
+        console.print(f"verdict: {summary['verdict']}", soft_wrap=True)
 
 
 def cmd_studies(args: argparse.Namespace) -> int:
@@ -208,9 +217,52 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _reevaluate(study, seeds: int, top: int, vary_partition: bool, address: str | None,
+                show: Console = console) -> dict:
+    """Run what is missing of the study's re-evaluation (one driver at a time) and print its table
+    on `show` (stderr when stdout carries an exported config)."""
+    from autofl.tune.driver_lock import DriverLock
+    from autofl.tune.reeval import reevaluate
+    from autofl.tune.storage import is_sqlite
+    from autofl.tune.study import check_owned
+
+    check_owned(study.root)  # the lock file and run records are written into it
+    lock = DriverLock(study.root)
+    lock.acquire(sqlite=is_sqlite(study.storage_url()))
+    objective = study.space().objective
+
+    def on_plan(missing: int, total: int) -> None:
+        show.print(f"re-evaluation of study {study.name}: {total} runs (configs x seeds), "
+                   f"{total - missing} already done, {missing} to run", soft_wrap=True)
+
+    def on_done(run, result: dict) -> None:
+        show.print(f"  {run.candidate.label} seed {run.seed}: {objective}={_fmt(result.get(objective))} "
+                   f"personal_test_acc={_fmt(result.get('personal_test_acc'))}", soft_wrap=True)
+
+    try:
+        summary = reevaluate(study, seeds, top, vary_partition, address, on_done=on_done, on_plan=on_plan)
+    finally:
+        lock.release()
+    from autofl.views import reeval_table
+
+    show.print(reeval_table(summary))
+    show.print(f"verdict: {summary['verdict']}", soft_wrap=True)
+    return summary
+
+
+def cmd_reeval(args: argparse.Namespace) -> int:
+    from autofl.tune import study as st
+
+    study = st.open_study(st.studies_dir(args.dir), args.name)
+    study.space()  # validate before Ray starts
+    _reevaluate(study, args.seeds, args.top, args.vary_partition, args.address)
+    return 0
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from autofl.train import write_atomic
     from autofl.tune import study as st
+    from autofl.tune.reeval import load_summary
 
     out = Path(args.output) if args.output else None
     if out is not None:  # checked before any work
@@ -221,7 +273,13 @@ def cmd_export(args: argparse.Namespace) -> int:
         if not out.parent.is_dir():
             raise AutoFLError(f"-o {out}: folder {out.parent} does not exist; create it first")
     study = st.open_study(st.studies_dir(args.dir), args.name)
-    text = st.dump_config(st.export_best_config(study), args.format)
+    st.best_trial(study)  # a study without a completed trial fails here, before any re-evaluation
+    if args.reeval:
+        summary = _reevaluate(study, args.reeval, args.top, args.vary_partition, args.address,
+                              show=console if out is not None else err_console)
+    else:  # a stored re-evaluation still decides: its best by mean, not the single-seed best
+        summary = load_summary(study)
+    text = st.dump_config(st.export_best_config(study, summary), args.format)
     if out is not None:
         try:
             write_atomic(out, text)
@@ -233,14 +291,16 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; allowed: 1 or more") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} trials; allowed: 1 or more")
-    return value
+def _at_least(low: int, what: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; allowed: {low} or more") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} {what}; allowed: {low} or more")
+        return value
+    return parse
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -249,6 +309,14 @@ class _OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         sys.stderr.write(f"autofl: error: {self.prog.removeprefix('autofl ')}: {message}\n")
         sys.exit(2)
+
+
+def _reeval_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--top", type=_at_least(1, "configs"), default=3,
+                        help="re-evaluate the N best completed trials besides the paper default (default 3)")
+    parser.add_argument("--vary-partition", action="store_true",
+                        help="also redraw the client partition and split with each seed")
+    parser.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -270,7 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--resume", metavar="NAME", help="continue an interrupted study")
     search.add_argument("--join", metavar="NAME", help="add a driver to a running study on PostgreSQL storage "
                         "(its own Tune experiment; the study's trial budget is shared)")
-    search.add_argument("--trials", type=_positive_int, help="trials to run (new study: overrides the space; "
+    search.add_argument("--trials", type=_at_least(1, "trials"), help="trials to run (new study: overrides the space; "
                         "with --resume: add this many to the study)")
     search.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
     search.add_argument("--storage-path", help="new study: where Tune keeps experiments and checkpoints, a folder "
@@ -295,7 +363,18 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--format", choices=["yaml", "json"], default="yaml")
     export.add_argument("--overwrite", action="store_true")
     export.add_argument("--dir", help=dir_help)
+    export.add_argument("--reeval", type=_at_least(2, "seeds"), metavar="K",
+                        help="first re-run the best configs and the paper default over K fresh seeds (2 or more) "
+                             "and export the best by mean (runs already done are reused)")
+    _reeval_options(export)
     export.set_defaults(func=cmd_export)
+
+    reeval = sub.add_parser("reeval", help="re-run a study's best configs and its paper default over fresh seeds")
+    reeval.add_argument("name")
+    reeval.add_argument("--seeds", type=_at_least(2, "seeds"), default=5, help="fresh seeds per config (default 5)")
+    _reeval_options(reeval)
+    reeval.add_argument("--dir", help=dir_help)
+    reeval.set_defaults(func=cmd_reeval)
     return parser
 
 

@@ -66,6 +66,8 @@ class DataConfig(Strict):
     num_clients: int = Field(10, ge=1)
     split: SplitConfig = Field(default_factory=SplitConfig)
     min_size: int = Field(10, ge=0, description="dirichlet: fewest samples a client may hold")
+    seed: int | None = Field(None, description="seed of the partition and split; None: the experiment's seed "
+                             "(re-evaluation over fresh seeds keeps the partition by fixing it)")
 
     def resolved_root(self) -> Path:
         return Path(self.root or os.environ.get(DATA_ROOT_ENV) or "data").expanduser()
@@ -121,6 +123,10 @@ class Experiment(Strict):
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     metadata: dict[str, Any] = Field(default_factory=dict, description="free-form notes (e.g. where an exported "
                                      "config came from); never read by the run")
+
+    def data_seed(self) -> int:
+        """The seed of the partition and split: `data.seed`, else `seed`."""
+        return self.seed if self.data.seed is None else self.data.seed
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "Experiment":

@@ -3,7 +3,7 @@ import yaml
 from autofl.experiment import load_experiment
 from conftest import read_metrics
 
-METRIC_KEYS = {"round", "personal_val_acc", "personal_test_acc", "personal_test_acc_std", "personal_test_acc_p10",
+METRIC_KEYS = {"round", "personal_val_acc", "personal_val_acc_std", "personal_val_acc_p10", "personal_test_acc", "personal_test_acc_std", "personal_test_acc_p10",
                "global_val_acc", "global_test_acc", "train_loss"}
 
 

@@ -18,7 +18,7 @@ def eval_batch(device: torch.device) -> int:
 
 
 METRIC_KEYS = (
-    "round", "personal_val_acc", "personal_test_acc", "personal_test_acc_std", "personal_test_acc_p10",
+    "round", "personal_val_acc", "personal_val_acc_std", "personal_val_acc_p10", "personal_test_acc", "personal_test_acc_std", "personal_test_acc_p10",
     "global_val_acc", "global_test_acc", "train_loss",
 )
 
@@ -31,6 +31,16 @@ def count_correct(predict: Callable[[torch.Tensor], torch.Tensor], x: torch.Tens
         logits = predict(x[start : start + step])
         correct += (logits.argmax(dim=1) == y[start : start + step]).sum()
     return int(correct)
+
+
+def _per_client(name: str, correct: list[int], sizes: list[int]) -> dict[str, float]:
+    """The spread of per-client accuracies (clients holding samples of that split): `<name>_std`
+    (population std) and `<name>_p10`, the 10th percentile (the worst-decile client, a fairness
+    objective)."""
+    acc = np.array([c / n for c, n in zip(correct, sizes) if n > 0])
+    if not len(acc):
+        return {f"{name}_std": 0.0, f"{name}_p10": 0.0}
+    return {f"{name}_std": float(acc.std()), f"{name}_p10": float(np.percentile(acc, 10))}
 
 
 @torch.no_grad()
@@ -50,12 +60,11 @@ def evaluate(sim: "Simulation") -> dict[str, float]:
         test_correct.append(count_correct(predict, data.x[split.test], data.y[split.test]))
         val_sizes.append(len(split.val))
         test_sizes.append(len(split.test))
-    per_client_test = np.array([c / n for c, n in zip(test_correct, test_sizes) if n > 0])
     out = {
         "personal_val_acc": sum(val_correct) / max(sum(val_sizes), 1),
+        **_per_client("personal_val_acc", val_correct, val_sizes),
         "personal_test_acc": sum(test_correct) / max(sum(test_sizes), 1),
-        "personal_test_acc_std": float(per_client_test.std()) if len(per_client_test) else 0.0,
-        "personal_test_acc_p10": float(np.percentile(per_client_test, 10)) if len(per_client_test) else 0.0,
+        **_per_client("personal_test_acc", test_correct, test_sizes),
     }
     if method.has_global_model:
         method.load_global(model, sim.global_state)

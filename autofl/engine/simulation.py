@@ -38,7 +38,7 @@ class Simulation:
             torch.set_num_threads(exp.runtime.threads)
         raw = raw if raw is not None else load_raw_dataset(exp.data)
         self.dtype = getattr(torch, exp.runtime.dtype)
-        self.data: FederatedData = build_federated(raw, exp.data, exp.seed).to(self.device, self.dtype)
+        self.data: FederatedData = build_federated(raw, exp.data, exp.data_seed()).to(self.device, self.dtype)
         method_cls = get_method_class(exp.method.name)
         self.method: Method = method_cls(
             method_cls.Params(**exp.method.params()), exp, self.data.input_shape, self.data.num_classes

@@ -11,7 +11,8 @@ from autofl.config import Experiment, Strict, read_yaml
 from autofl.experiment import build_experiment
 from autofl.errors import ConfigError, format_validation_error
 
-VALIDATION_OBJECTIVES = ("personal_val_acc", "global_val_acc")
+# any validation metric may be the objective: the mean, the worst-decile client (p10) or the spread
+VALIDATION_OBJECTIVES = ("personal_val_acc", "personal_val_acc_p10", "personal_val_acc_std", "global_val_acc")
 CONDITIONAL_SEP = ":"  # optuna name of a conditional param: "<method>:<config key>"
 
 
@@ -173,6 +174,10 @@ def validate_space(space: SearchSpace) -> None:
                               f"{', '.join(map(str, methods))}")
     else:
         _check_keys(space, None, space.params, "params")
+    val_spec = space.params.get("data.split.val")
+    if base.data.split.val == 0 or (val_spec is not None and val_spec.example() == 0):
+        raise ConfigError(f"objective: {space.objective} needs validation samples, but data.split.val can be 0; "
+                          f"allowed: data.split.val > 0 (the test split is reported, never optimized)")
     if space.objective == "global_val_acc":
         from autofl.methods.registry import get_method_class
 
@@ -180,7 +185,7 @@ def validate_space(space: SearchSpace) -> None:
         for m in methods or []:
             if not get_method_class(str(m)).has_global_model:
                 raise ConfigError(f"objective: method {m} has no global model, so global_val_acc is undefined; "
-                                  f"allowed: personal_val_acc")
+                                  f"allowed: {', '.join(o for o in VALIDATION_OBJECTIVES if o != 'global_val_acc')}")
 
 
 def load_space(path: str | Path) -> SearchSpace:

@@ -187,8 +187,10 @@ def best_trial(study: Study):
     return pick(complete, key=lambda t: t.value)
 
 
-def export_best_config(study: Study) -> dict[str, Any]:
-    """A complete experiment config of the best trial, runnable by `autofl train --config`."""
+def export_best_config(study: Study, reeval: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A complete experiment config of the best trial, runnable by `autofl train --config`. With a
+    re-evaluation summary, the best candidate by mean objective over its seeds (possibly the paper
+    default), and the summary's table and verdict go into the metadata."""
     import optuna
     import ray
     import torch
@@ -199,20 +201,25 @@ def export_best_config(study: Study) -> dict[str, Any]:
     from autofl.tune.space import experiment_dict
 
     space = study.space()
-    trial = best_trial(study)
-    exp = build_experiment(experiment_dict(space.base, dict(trial.params)))
+    row = next((r for r in reeval["rows"] if r["candidate"] == reeval["best"]), None) if reeval else None
+    if row is not None:
+        params, number, value = row["params"], row["trial"], row["search_value"]
+        attrs = _trial_attrs(study, number)
+    else:
+        trial = best_trial(study)
+        params, number, value, attrs = dict(trial.params), trial.number, trial.value, trial.user_attrs
+    exp = build_experiment(experiment_dict(space.base, params))
     config = experiment_to_dict(exp)
     # the trial's own runtime, so that a re-run reproduces its round-by-round metrics exactly
     config["runtime"]["threads"] = max(1, int(space.resources.cpu))
     if space.resources.gpu == 0:
         config["runtime"]["device"] = "cpu"
-    attrs = trial.user_attrs
     config["metadata"] = {
         "study": study.name,
-        "trial": trial.number,
+        "trial": number,
         "tune_trial_id": attrs.get("tune_trial_id"),
         "objective": space.objective,
-        "objective_value": trial.value,
+        "objective_value": value,
         "objective_round": attrs.get("round"),
         "test_metrics_reported_not_optimized": {k: attrs[k] for k in
                                                 ("personal_test_acc", "personal_test_acc_std",
@@ -221,7 +228,18 @@ def export_best_config(study: Study) -> dict[str, Any]:
         "versions": {"autofl": autofl.__version__, "torch": str(torch.__version__), "ray": ray.__version__,
                      "optuna": optuna.__version__},
     }
+    if reeval is not None:
+        config["metadata"]["reeval"] = {
+            "picked": f"{reeval['best']}: best mean {space.objective} over seeds {reeval['seeds']}",
+            "verdict": reeval["verdict"], "vary_partition": reeval["vary_partition"], "table": reeval["rows"]}
     return config
+
+
+def _trial_attrs(study: Study, number: int | None) -> dict[str, Any]:
+    ot = study.load_optuna()
+    if number is None or ot is None:
+        return {}
+    return dict(ot.trials[number].user_attrs)
 
 
 def dump_config(config: dict[str, Any], fmt: str) -> str:

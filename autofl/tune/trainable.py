@@ -84,3 +84,15 @@ class FLTrainable(tune.Trainable):
             state = torch.load(os.path.join(checkpoint_dir, STATE_FILE), map_location="cpu", weights_only=True)
         self.sim.load_state_dict(state)
         self.last = self.sim.history[-1] if self.sim.history else None
+
+
+class RunListTrainable(FLTrainable):
+    """An FLTrainable over a fixed list of trial configs (re-evaluation): config {"run": i} trains
+    `runs[i]`, so Tune's grid over indices runs each listed config once."""
+
+    def setup(self, config: dict[str, Any], runs: list[dict[str, Any]] | None = None, **kwargs: Any) -> None:
+        self._runs = runs or []
+        super().setup(self._runs[config["run"]], **kwargs)
+
+    def reset_config(self, new_config: dict[str, Any]) -> bool:
+        return super().reset_config(self._runs[new_config["run"]])

@@ -1,0 +1,229 @@
+"""Re-evaluation: run a study's best configs and its paper default over fresh seeds, in parallel
+as Ray Tune trials, and say whether the winner's gain over the default survives seed noise.
+
+A candidate is a set of searched values: the N best COMPLETE trials by objective, plus the paper
+default (the space's base config, which is also the study's first trial). Each candidate runs
+once per fresh seed (seed `space seed + 1000 + k`, k = 0..K-1: new initial weights, client
+sampling and batch order); the partition and split stay the study's own unless `vary_partition`
+redraws them with the same seed.
+
+Every finished run is one JSON file under `<study>/reeval/runs/`, written by the driver as Tune
+reports the trial complete: a killed driver loses only the runs in flight, and a second call runs
+only what is missing. The summary (per candidate: mean, std and a Student-t 95% confidence
+interval of the objective and of every test metric, and the paired difference to the default) is
+written to `<study>/reeval/summary.json` and to the Optuna study's user attr `reeval`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from autofl.errors import AutoFLError
+from autofl.tune.study import Study
+
+REEVAL_DIR = "reeval"
+SEED_OFFSET = 1000  # fresh seeds start here, above any seed a study is likely to have searched with
+TEST_METRICS = ("personal_test_acc", "personal_test_acc_std", "personal_test_acc_p10", "global_test_acc")
+DEFAULT_LABEL = "default"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    label: str  # "default" or "trial-<number>"
+    trial: int | None  # the study trial it comes from (None: the paper default from the base config)
+    params: dict[str, Any]  # searched values (Optuna names), set on the space's base config
+    search_value: float | None  # its single-seed objective in the search
+
+
+@dataclass(frozen=True)
+class Run:
+    candidate: Candidate
+    seed: int
+    vary_partition: bool
+
+    @property
+    def key(self) -> str:
+        return f"{self.candidate.label}-seed{self.seed}" + ("-newpartition" if self.vary_partition else "")
+
+    def values(self, data_seed: int) -> dict[str, Any]:
+        """The trial config: the candidate's values plus this run's seed (and the study's partition seed)."""
+        values = {**self.candidate.params, "seed": self.seed}
+        if not self.vary_partition:
+            values["data.seed"] = data_seed
+        return values
+
+
+def fresh_seeds(study: Study, count: int) -> list[int]:
+    base = study.space().base_experiment().seed
+    return [base + SEED_OFFSET + k for k in range(count)]
+
+
+def candidates(study: Study, top: int) -> list[Candidate]:
+    """The paper default first, then the `top` best COMPLETE trials (a trial whose values equal the
+    default's, such as the study's enqueued first trial, is the default itself and not repeated)."""
+    from autofl.tune.space import initial_point
+
+    ot = study.load_optuna()
+    space = study.space()
+    complete = [t for t in (ot.get_trials(deepcopy=False) if ot is not None else [])
+                if t.state.name == "COMPLETE" and t.value is not None and math.isfinite(t.value)]
+    if not complete:
+        raise AutoFLError(f"study {study.name!r} has no completed trial to re-evaluate; see autofl status {study.name}")
+    complete.sort(key=lambda t: t.value, reverse=space.mode == "max")
+    default_point = initial_point(space) or {}
+    default_trial = next((t for t in complete if default_point and t.params == default_point), None)
+    chosen = [Candidate(DEFAULT_LABEL, default_trial.number if default_trial else None, {},
+                        default_trial.value if default_trial else None)]
+    for t in complete:
+        if len(chosen) > top:
+            break
+        if t is not default_trial:
+            chosen.append(Candidate(f"trial-{t.number}", t.number, dict(t.params), t.value))
+    return chosen
+
+
+def runs_dir(study: Study) -> Path:
+    return study.root / REEVAL_DIR / "runs"
+
+
+def load_finished(study: Study) -> dict[str, dict[str, Any]]:
+    """Finished runs by key (a file that is not valid JSON, e.g. cut by a kill, is run again)."""
+    out = {}
+    for path in sorted(runs_dir(study).glob("*.json")) if runs_dir(study).is_dir() else []:
+        try:
+            out[path.stem] = json.loads(path.read_text())
+        except ValueError:
+            continue
+    return out
+
+
+def _write_json(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+def plan(study: Study, seeds: int, top: int, vary_partition: bool) -> tuple[list[Candidate], list[Run]]:
+    chosen = candidates(study, top)
+    runs = [Run(c, s, vary_partition) for c in chosen for s in fresh_seeds(study, seeds)]
+    return chosen, runs
+
+
+def record_run(study: Study, run: Run, result: dict[str, Any]) -> None:
+    from autofl.tune.searcher import REPORTED_KEYS
+
+    _write_json(runs_dir(study) / f"{run.key}.json", {
+        "candidate": run.candidate.label, "trial": run.candidate.trial, "params": run.candidate.params,
+        "seed": run.seed, "vary_partition": run.vary_partition,
+        "metrics": {k: result[k] for k in REPORTED_KEYS if result.get(k) is not None},
+        "diverged": result.get("diverged"),
+    })
+
+
+def t_interval(values: list[float], confidence: float = 0.95) -> dict[str, float]:
+    """Mean, sample std (ddof 1) and the Student-t confidence interval of the mean."""
+    from scipy import stats
+
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return {"n": n, "mean": mean, "std": math.nan, "ci_low": math.nan, "ci_high": math.nan}
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * std / math.sqrt(n)
+    return {"n": n, "mean": mean, "std": std, "ci_low": mean - half, "ci_high": mean + half}
+
+
+def summarize(study: Study, chosen: list[Candidate], runs: list[Run]) -> dict[str, Any]:
+    """Per candidate: statistics of the objective and test metrics over its finished seeds, and the
+    paired (same seed) difference of the objective and of personal_test_acc to the default."""
+    space = study.space()
+    finished = load_finished(study)
+    by_label: dict[str, dict[int, dict[str, float]]] = {c.label: {} for c in chosen}
+    for run in runs:
+        record = finished.get(run.key)
+        if record is not None:
+            by_label[run.candidate.label][run.seed] = record["metrics"]
+    default = by_label[DEFAULT_LABEL]
+    rows = []
+    for c in chosen:
+        per_seed = by_label[c.label]
+        row: dict[str, Any] = {"candidate": c.label, "trial": c.trial, "params": c.params,
+                               "search_value": c.search_value, "seeds": sorted(per_seed)}
+        for metric in (space.objective, *TEST_METRICS):
+            values = [m[metric] for m in per_seed.values() if metric in m]
+            if values:
+                row[metric] = t_interval(values)
+        if c.label != DEFAULT_LABEL:
+            for metric in (space.objective, "personal_test_acc"):
+                common = [s for s in per_seed if s in default and metric in per_seed[s] and metric in default[s]]
+                if common:
+                    row[f"diff_{metric}"] = t_interval([per_seed[s][metric] - default[s][metric] for s in common])
+        rows.append(row)
+    complete = [r for r in rows if space.objective in r]
+    sign = 1 if space.mode == "max" else -1
+    best = max(complete, key=lambda r: sign * r[space.objective]["mean"]) if complete else None
+    return {"objective": space.objective, "mode": space.mode, "seeds": sorted({r.seed for r in runs}),
+            "vary_partition": any(r.vary_partition for r in runs), "rows": rows,
+            "best": best["candidate"] if best else None, "verdict": verdict(best, space.objective, space.mode)}
+
+
+def verdict(best: dict[str, Any] | None, objective: str, mode: str) -> str:
+    """One plain sentence: is the best candidate's gain over the paper default real?"""
+    if best is None:
+        return "no candidate has finished a re-evaluation run yet"
+    if best["candidate"] == DEFAULT_LABEL:
+        return f"the paper default has the best mean {objective}: no searched config beats it over these seeds"
+    diff = best.get(f"diff_{objective}")
+    if diff is None or diff["n"] < 2:
+        return f"{best['candidate']} has the best mean {objective}, but too few paired seeds to test it against " \
+               f"the default"
+    gain = diff["mean"] if mode == "max" else -diff["mean"]
+    low, high = (diff["ci_low"], diff["ci_high"]) if mode == "max" else (-diff["ci_high"], -diff["ci_low"])
+    span = f"{gain:+.4f}, 95% CI [{low:+.4f}, {high:+.4f}] over {diff['n']} paired seeds"
+    if low > 0:
+        return f"significant: {best['candidate']} beats the paper default on {objective} by {span}"
+    return f"not significant: {best['candidate']} vs the paper default on {objective} is {span}; the CI " \
+           f"includes 0, so the gain is within seed noise"
+
+
+def save_summary(study: Study, summary: dict[str, Any]) -> None:
+    _write_json(study.root / REEVAL_DIR / "summary.json", summary)
+    ot = study.load_optuna()
+    if ot is not None:
+        ot.set_user_attr("reeval", json.loads(json.dumps(summary)))  # plain JSON (NaN stays a float)
+
+
+def load_summary(study: Study) -> dict[str, Any] | None:
+    path = study.root / REEVAL_DIR / "summary.json"
+    try:
+        return json.loads(path.read_text()) if path.is_file() else None
+    except ValueError:
+        return None
+
+
+def reevaluate(study: Study, seeds: int, top: int, vary_partition: bool, address: str | None,
+               on_done: Callable[[Run, dict], None] = lambda run, result: None,
+               on_plan: Callable[[int, int], None] = lambda missing, total: None) -> dict[str, Any]:
+    """Run what is missing of (default + `top` best) x `seeds` fresh seeds; summarize and store."""
+    chosen, runs = plan(study, seeds, top, vary_partition)
+    done = load_finished(study)
+    missing = [r for r in runs if r.key not in done]
+    on_plan(len(missing), len(runs))
+    if missing:
+        from autofl.tune.reeval_runner import execute
+
+        errored = execute(study, missing, address, on_done)
+    else:
+        errored = []
+    summary = summarize(study, chosen, runs)
+    save_summary(study, summary)
+    if errored:
+        raise AutoFLError(f"re-evaluation: {len(errored)} run(s) failed ({', '.join(errored[:3])}); the others are "
+                          f"saved: run the same command again to retry the failed ones")
+    return summary

@@ -1,0 +1,41 @@
+"""Rich tables shared by the commands that show a study's results."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from rich.table import Table
+
+
+def _interval(stat: dict[str, float] | None, signed: bool = False) -> str:
+    """`mean ± h`: the 95% CI is [mean - h, mean + h] (Student t); the mean alone for one seed."""
+    if not stat:
+        return "-"
+    text = f"{stat['mean']:+.4f}" if signed else f"{stat['mean']:.4f}"
+    half = stat["ci_high"] - stat["mean"]
+    return text if math.isnan(half) else f"{text} ± {half:.4f}"
+
+
+def _params(params: dict[str, Any]) -> str:
+    """Searched values by their last key part (`method.mu` -> mu)."""
+    short = lambda k: k.split(":")[-1].split(".")[-1]  # noqa: E731
+    return ", ".join(f"{short(k)}={v:.4g}" if isinstance(v, float) else f"{short(k)}={v}" for k, v in params.items())
+
+
+def reeval_table(summary: dict[str, Any]) -> Table:
+    objective = summary["objective"]
+    seeds = summary["seeds"]
+    partition = "partition redrawn per seed" if summary["vary_partition"] else "the study's partition"
+    title = (f"re-evaluation over {len(seeds)} fresh seeds ({seeds[0]}..{seeds[-1]}, {partition}): "
+             f"mean ± 95% CI half-width; Δ = paired difference to the paper default")
+    table = Table("config", "search", objective, "personal_test_acc", f"Δ {objective}", "Δ personal_test_acc",
+                  "seeds", "params", title=title)
+    for row in summary["rows"]:
+        name = row["candidate"] + (" (best)" if row["candidate"] == summary["best"] else "")
+        search = "-" if row.get("search_value") is None else f"{row['search_value']:.4f}"
+        table.add_row(name, search, _interval(row.get(objective)), _interval(row.get("personal_test_acc")),
+                      _interval(row.get(f"diff_{objective}"), signed=True),
+                      _interval(row.get("diff_personal_test_acc"), signed=True),
+                      str(len(row["seeds"])), _params(row["params"]) or "(paper default)")
+    return table
