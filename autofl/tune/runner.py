@@ -20,7 +20,7 @@ from autofl.tune.study import FINISHED, Study, trial_rows
 # Tune writes its experiment state (trials, searcher) at most this often; a killed driver loses
 # at most this much bookkeeping, and Optuna's storage is written at every trial event anyway.
 os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "2")
-os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the classic live trial table (CLIReporter)
+os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's classic output engine: silent at verbose=0
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 
@@ -35,7 +35,9 @@ def init_ray(address: str | None) -> None:
 
     if ray.is_initialized():
         return
-    common = dict(include_dashboard=False, configure_logging=True, logging_level="WARNING", log_to_driver=True)
+    # Ray's log records go where autofl.tune.logs routes them (the study's logs/ folder); without
+    # routing (e.g. in tests) Ray's own stderr handler, installed when ray is imported, stays
+    common = dict(include_dashboard=False, configure_logging=False, log_to_driver=True)
     if address is not None:
         ray.init(address=address, **common)
         return
@@ -93,19 +95,13 @@ def _stopper(space: SearchSpace, study: Study, run_name: str):
     return CombinedStopper(recorded, RoundBudgetStopper(study.root, space.budget_rounds))
 
 
-def _reporter(space: SearchSpace):
-    from ray.tune import CLIReporter
-
-    columns = {k: k.replace("method.", "").replace("model.", "") for k in space.params}
-    return CLIReporter(parameter_columns=columns, metric_columns={"round": "round", space.objective: space.objective},
-                       max_report_frequency=10)  # sort_by_metric fails on a trial stopped before its first result
-
-
 def run_experiment(study: Study, trials: int, address: str | None, restore: str | None = None,
                    join: bool = False) -> None:
     """Run `trials` new trials (or restore the interrupted experiment at `restore`). A joined
     driver (`join`) runs its own experiment and takes trials from the study's shared budget."""
     from ray import tune
+
+    from autofl.tune.live_view import LiveView, close_all
 
     space = study.space()
     init_ray(address)
@@ -140,11 +136,14 @@ def run_experiment(study: Study, trials: int, address: str | None, restore: str 
                                                         checkpoint_at_end=True),
                 failure_config=tune.FailureConfig(max_failures=0),
                 stop=_stopper(space, study, run_name),
-                progress_reporter=_reporter(space), verbose=1,
+                callbacks=[LiveView(str(study.root))], verbose=0,  # the live view replaces Tune's reporter
             ),
         )
     started = time.time()
-    tuner.fit()
+    try:
+        tuner.fit()
+    finally:
+        close_all()
     run = restore.rstrip("/").rsplit("/", 1)[-1] if restore is not None else run_name
     _record_wall(study, run, time.time() - started)
     _settle_run(study, space, run)

@@ -1,0 +1,195 @@
+"""The live view of `autofl search`: a Tune callback that shows the study as it runs.
+
+In a terminal it is one rich table redrawn in place (trial, state, round reached / max, objective,
+best so far, params) under a progress line (finished / requested trials, running, elapsed, ETA,
+best). Elsewhere (CI, a pipe) it prints one line per trial event instead of redrawing.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ray.tune import Callback
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from autofl.tune.study import Study
+
+MAX_ROWS = 15  # running trials first, then the most recently finished
+_OPEN: set["LiveView"] = set()
+
+
+def close_all() -> None:
+    """Stop any live display (after Tune returns or raises, e.g. on Ctrl-C)."""
+    for view in list(_OPEN):
+        view.close()
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}" if seconds >= 3600 else \
+        f"{seconds // 60}:{seconds % 60:02d}"
+
+
+class LiveView(Callback):
+    def __init__(self, study_root: str, console: Console | None = None):
+        self._study_root = study_root
+        self._start(console)
+
+    def _start(self, console: Console | None) -> None:
+        study = Study(Path(self._study_root))
+        space = study.space()
+        self.objective, self.mode, self.max_rounds = space.objective, space.mode, space.max_rounds
+        self.requested = study.meta().get("trials_requested") or space.trials
+        # in a pipe or CI log rich would wrap at 80 columns: give the event lines room instead
+        self.console = console or Console(width=None if sys.stdout.isatty() else 200)
+        self._study = study
+        self._ot = None
+        self.rows: dict[str, dict[str, Any]] = {}
+        self.best: tuple[float, int | str] | None = None
+        self.finished_before = 0
+        self.finished_now = 0
+        self.began = time.time()
+        self._live: Live | None = None
+        self._last_draw = 0.0
+
+    # Tune pickles its callbacks with the experiment; a restored view starts afresh on this terminal
+    def __getstate__(self) -> dict:
+        return {"study_root": self._study_root}
+
+    def __setstate__(self, state: dict) -> None:
+        self._study_root = state["study_root"]
+        self._start(None)
+
+    # ---- Tune hooks --------------------------------------------------------------------------
+    def setup(self, **info: Any) -> None:
+        self.began = time.time()
+        for t in self._optuna_trials():
+            if t.state.is_finished() and not t.user_attrs.get("interrupted"):
+                self.finished_before += 1
+                if t.state.name == "COMPLETE" and t.value is not None:
+                    self._offer(t.value, t.number)
+        if self.console.is_terminal:
+            self._live = Live(self._render(), console=self.console, refresh_per_second=2, transient=False)
+            self._live.start()
+            _OPEN.add(self)
+        else:
+            self.console.print(f"{self.finished_before} of {self.requested} trials already finished; "
+                               f"running the rest", soft_wrap=True)
+
+    def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        number = self._number(trial.trial_id)
+        self.rows[trial.trial_id] = {"trial": number, "state": "RUNNING", "round": 0, "value": None,
+                                     "best": None, "params": self._params(trial.config), "order": time.time()}
+        self._event(f"trial {number} started: {self.rows[trial.trial_id]['params']}")
+
+    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+        row = self.rows.get(trial.trial_id)
+        if row is None:
+            return
+        row["round"], row["value"] = result.get("round", row["round"]), result.get(self.objective, row["value"])
+        self._redraw()
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        row = self.rows.get(trial.trial_id)
+        if row is None:
+            return
+        result = trial.last_result or {}
+        row["round"], row["value"] = result.get("round", row["round"]), result.get(self.objective, row["value"])
+        if result.get("diverged"):
+            row["state"] = "FAIL"
+        elif row["round"] < self.max_rounds:
+            row["state"] = "PRUNED"
+        else:
+            row["state"] = "COMPLETE"
+            self._offer(row["value"], row["trial"])
+        self._finish(row, f" ({result['diverged']})" if result.get("diverged") else "")
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        row = self.rows.get(trial.trial_id)
+        if row is not None:
+            row["state"] = "ERROR"
+            self._finish(row, " (see the study's logs/ folder)")
+
+    def on_experiment_end(self, trials: list, **info: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._live is not None:
+            self._live.update(self._render())
+            self._live.stop()
+            self._live = None
+        _OPEN.discard(self)
+
+    # ---- helpers -----------------------------------------------------------------------------
+    def _optuna_trials(self) -> list:
+        if self._ot is None:
+            self._ot = self._study.load_optuna()
+        return self._ot.get_trials(deepcopy=False) if self._ot is not None else []
+
+    def _number(self, tune_trial_id: str) -> int | str:
+        """The Optuna trial number (as `autofl status` shows it); Tune's id if Optuna has no such trial."""
+        for t in reversed(self._optuna_trials()):
+            if t.user_attrs.get("tune_trial_id") == tune_trial_id:
+                return t.number
+        return tune_trial_id
+
+    @staticmethod
+    def _params(config: dict[str, Any]) -> str:
+        short = lambda k: k.split(":")[-1].split(".")[-1]  # noqa: E731
+        return ", ".join(f"{short(k)}={v:.4g}" if isinstance(v, float) else f"{short(k)}={v}"
+                         for k, v in config.items())
+
+    def _offer(self, value: float | None, number: int | str) -> None:
+        if value is None or not math.isfinite(value):
+            return
+        better = self.best is None or (value > self.best[0] if self.mode == "max" else value < self.best[0])
+        if better:
+            self.best = (value, number)
+
+    def _progress(self) -> str:
+        finished = self.finished_before + self.finished_now
+        running = sum(r["state"] == "RUNNING" for r in self.rows.values())
+        elapsed = time.time() - self.began
+        remaining = max(self.requested - finished, 0)
+        eta = _clock(elapsed / self.finished_now * remaining) if self.finished_now and remaining else \
+            ("0:00" if not remaining else "-")
+        best = f"{self.objective}={self.best[0]:.4f} (trial {self.best[1]})" if self.best else "-"
+        return (f"{finished}/{self.requested} trials finished, {running} running | elapsed {_clock(elapsed)}, "
+                f"ETA {eta} | best {best}")
+
+    def _finish(self, row: dict[str, Any], note: str) -> None:
+        self.finished_now += 1
+        row["order"] = time.time()
+        row["best"] = self.best[0] if self.best else None
+        value = "-" if row["value"] is None else f"{row['value']:.4f}"
+        self._event(f"trial {row['trial']} {row['state']} at round {row['round']}/{self.max_rounds}: "
+                    f"{self.objective}={value}{note} | {self._progress()}", force=True)
+
+    def _event(self, line: str, force: bool = False) -> None:
+        if self._live is None:
+            self.console.print(line, soft_wrap=True, highlight=False)
+        else:
+            self._redraw(force)
+
+    def _redraw(self, force: bool = False) -> None:
+        if self._live is not None and (force or time.time() - self._last_draw > 0.25):
+            self._live.update(self._render())
+            self._last_draw = time.time()
+
+    def _render(self) -> Group:
+        table = Table("trial", "state", "round", self.objective, "best so far", "params",
+                      title=f"study {self._study.name}", title_justify="left")
+        running = [r for r in self.rows.values() if r["state"] == "RUNNING"]
+        done = sorted((r for r in self.rows.values() if r["state"] != "RUNNING"), key=lambda r: -r["order"])
+        for r in (running + done)[:MAX_ROWS]:
+            table.add_row(str(r["trial"]), r["state"], f"{r['round']}/{self.max_rounds}",
+                          "-" if r["value"] is None else f"{r['value']:.4f}",
+                          "-" if r["best"] is None else f"{r['best']:.4f}", r["params"])
+        return Group(table, Text(self._progress()))
