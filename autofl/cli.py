@@ -101,9 +101,13 @@ def cmd_search(args: argparse.Namespace) -> int:
 
     # Ray's processes start while this thread waits on them: import the trial stack meanwhile
     # (measured on 2 cores: the quickstart's start-up overlaps by about 1.5 s)
+    from autofl.tune.logs import route_driver_logs, route_worker_output
+
+    logs = route_driver_logs(study.root, args.verbose)
     warm = threading.Thread(target=_import_trial_stack, daemon=True)
     warm.start()
     init_ray(args.address)
+    route_worker_output(logs, args.verbose)
     warm.join()
     import torch
 
@@ -112,7 +116,8 @@ def cmd_search(args: argparse.Namespace) -> int:
     space = study.space()
     trial_device = torch.device("cuda" if space.resources.gpu > 0 else "cpu")
     console.print(f"[bold]autofl search[/]: study {study.name} in {study.root}; trials' "
-                  f"{describe_executor(space.base_experiment(), trial_device)}", soft_wrap=True)
+                  f"{describe_executor(space.base_experiment(), trial_device)}; Ray's logs: {logs}"
+                  f"{' (also shown here)' if args.verbose else ''}", soft_wrap=True)
     try:
         if args.join:
             join(study, args.address)
@@ -218,7 +223,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _reevaluate(study, seeds: int, top: int, vary_partition: bool, address: str | None,
-                show: Console = console) -> dict:
+                show: Console = console, verbose: bool = False) -> dict:
     """Run what is missing of the study's re-evaluation (one driver at a time) and print its table
     on `show` (stderr when stdout carries an exported config)."""
     from autofl.tune.driver_lock import DriverLock
@@ -234,6 +239,13 @@ def _reevaluate(study, seeds: int, top: int, vary_partition: bool, address: str 
     def on_plan(missing: int, total: int) -> None:
         show.print(f"re-evaluation of study {study.name}: {total} runs (configs x seeds), "
                    f"{total - missing} already done, {missing} to run", soft_wrap=True)
+        if missing:  # Ray starts only when there is something to run
+            from autofl.tune.logs import route_driver_logs, route_worker_output
+            from autofl.tune.runner import init_ray
+
+            logs = route_driver_logs(study.root, verbose)
+            init_ray(address)
+            route_worker_output(logs, verbose)
 
     def on_done(run, result: dict) -> None:
         show.print(f"  {run.candidate.label} seed {run.seed}: {objective}={_fmt(result.get(objective))} "
@@ -255,7 +267,37 @@ def cmd_reeval(args: argparse.Namespace) -> int:
 
     study = st.open_study(st.studies_dir(args.dir), args.name)
     study.space()  # validate before Ray starts
-    _reevaluate(study, args.seeds, args.top, args.vary_partition, args.address)
+    _reevaluate(study, args.seeds, args.top, args.vary_partition, args.address, verbose=args.verbose)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from autofl.report import build_report
+    from autofl.tune import study as st
+
+    study = st.open_study(st.studies_dir(args.dir), args.name)
+    out = Path(args.output) if args.output else study.root / "report"
+    if out.exists() and not out.is_dir():
+        raise AutoFLError(f"-o {out}: is a file; give a folder for report.html and its PNG figures")
+    page = build_report(study, out)
+    console.print(f"wrote {page} (self-contained, opens offline) and its figures as PNG in {out}", soft_wrap=True)
+    return 0
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    from autofl.tune import study as st
+    from autofl.tune.storage import mask_url, open_storage
+
+    study = st.open_study(st.studies_dir(args.dir), args.name)
+    try:
+        import optuna_dashboard
+    except ImportError:
+        raise AutoFLError('dashboard: optuna-dashboard is not installed; install the extra with '
+                          'pip install -e ".[dashboard]" (or pip install optuna-dashboard)') from None
+    storage = open_storage(study.storage_url())
+    console.print(f"optuna-dashboard for study {study.name} ({mask_url(study.storage_url())}) on "
+                  f"http://127.0.0.1:{args.port}/dashboard/ ; Ctrl-C stops it", soft_wrap=True)
+    optuna_dashboard.run_server(storage, host="127.0.0.1", port=args.port)  # this machine only
     return 0
 
 
@@ -276,7 +318,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     st.best_trial(study)  # a study without a completed trial fails here, before any re-evaluation
     if args.reeval:
         summary = _reevaluate(study, args.reeval, args.top, args.vary_partition, args.address,
-                              show=console if out is not None else err_console)
+                              show=console if out is not None else err_console, verbose=args.verbose)
     else:  # a stored re-evaluation still decides: its best by mean, not the single-seed best
         summary = load_summary(study)
     text = st.dump_config(st.export_best_config(study, summary), args.format)
@@ -317,6 +359,8 @@ def _reeval_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vary-partition", action="store_true",
                         help="also redraw the client partition and split with each seed")
     parser.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="also show Ray's and Tune's own log lines (always kept in the study's logs/ folder)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -341,6 +385,8 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--trials", type=_at_least(1, "trials"), help="trials to run (new study: overrides the space; "
                         "with --resume: add this many to the study)")
     search.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
+    search.add_argument("-v", "--verbose", action="store_true",
+                        help="also show Ray's and Tune's own log lines (always kept in the study's logs/ folder)")
     search.add_argument("--storage-path", help="new study: where Tune keeps experiments and checkpoints, a folder "
                         "or URI (s3://...) every Ray node reaches (default: the study folder)")
     search.add_argument("--dir", help=dir_help)
@@ -368,6 +414,19 @@ def build_parser() -> argparse.ArgumentParser:
                              "and export the best by mean (runs already done are reused)")
     _reeval_options(export)
     export.set_defaults(func=cmd_export)
+
+    report = sub.add_parser("report", help="write a study's HTML report (and its figures as PNG)")
+    report.add_argument("name")
+    report.add_argument("-o", "--output", help="folder for report.html and the PNGs (default: <study>/report)")
+    report.add_argument("--dir", help=dir_help)
+    report.set_defaults(func=cmd_report)
+
+    dashboard = sub.add_parser("dashboard", help="serve optuna-dashboard on a study's storage at 127.0.0.1 "
+                                                 "(extra: pip install -e \".[dashboard]\")")
+    dashboard.add_argument("name")
+    dashboard.add_argument("--port", type=_at_least(1, "as port"), default=8080, help="port (default 8080)")
+    dashboard.add_argument("--dir", help=dir_help)
+    dashboard.set_defaults(func=cmd_dashboard)
 
     reeval = sub.add_parser("reeval", help="re-run a study's best configs and its paper default over fresh seeds")
     reeval.add_argument("name")
