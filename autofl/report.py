@@ -1,0 +1,308 @@
+"""`autofl report`: one self-contained HTML page per study (it opens offline: figures are embedded
+PNGs, no script), plus the same figures as PNG files.
+
+Figures: best-so-far objective against trials and against compute (FL rounds x clients trained),
+every trial's round curve with ASHA's rungs marked and pruned trials distinguished, parameter
+importances (Optuna's fANOVA evaluator), one slice plot per parameter, a parallel-coordinates plot,
+the re-evaluation's confidence intervals, and for cross-method studies a leaderboard. The Optuna
+figures come from `optuna.visualization.matplotlib`; the others are plain matplotlib.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from autofl.tune.study import Study
+
+
+@dataclass
+class Figure:
+    name: str  # file stem
+    title: str
+    png: bytes | None  # None: could not be drawn, `note` says why
+    note: str = ""
+
+
+def _png(fig) -> bytes:
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def _figure(name: str, title: str, draw: Callable[[], Any]) -> Figure:
+    """Draw with `draw` (returns a matplotlib Axes, array of Axes or Figure); a figure that cannot
+    be drawn for this study (e.g. importances from one completed trial) becomes a note."""
+    import matplotlib.pyplot as plt
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Optuna marks its matplotlib plots experimental
+            out = draw()
+    except (ValueError, RuntimeError, ZeroDivisionError, IndexError) as err:
+        plt.close("all")
+        return Figure(name, title, None, f"not drawn: {err}")
+    fig = out if hasattr(out, "savefig") else (out.flat[0] if hasattr(out, "flat") else out).get_figure()
+    return Figure(name, title, _png(fig))
+
+
+def _compute(space, params: dict[str, Any], rounds: int) -> float:
+    """Clients trained by a trial that reached `rounds`: rounds x sampled clients per round."""
+    from autofl.experiment import build_experiment
+    from autofl.tune.space import experiment_dict
+
+    exp = build_experiment(experiment_dict(space.base, params))
+    return rounds * max(1, round(exp.data.num_clients * exp.fl.participation))
+
+
+def asha_rungs(space) -> list[int]:
+    """The rounds at which ASHA compares trials: grace_period * reduction_factor^k below max rounds."""
+    if space.scheduler.kind == "none":
+        return []
+    rungs, rung = [], float(space.scheduler.grace_period)
+    while rung < space.max_rounds:
+        rungs.append(int(rung))
+        rung *= space.scheduler.reduction_factor
+    return rungs
+
+
+def _best_so_far(study: Study, trials: list) -> list[Figure]:
+    import matplotlib.pyplot as plt
+    import optuna.visualization.matplotlib as ovm
+
+    space = study.space()
+    ot = study.load_optuna()
+    better = max if space.mode == "max" else min
+    xs, ys, best, spent = [], [], None, 0.0
+    for t in sorted(trials, key=lambda t: t.datetime_complete or t.datetime_start):
+        if not t.state.is_finished():
+            continue
+        spent += _compute(space, t.params, max(t.intermediate_values, default=0))
+        if t.state.name == "COMPLETE" and t.value is not None:
+            best = t.value if best is None else better(best, t.value)
+        if best is not None:
+            xs.append(spent)
+            ys.append(best)
+
+    def compute_plot():
+        fig, ax = plt.subplots(figsize=(7, 4))
+        ax.step(xs, ys, where="post", color="tab:blue")
+        ax.set_xlabel("compute spent: FL rounds x clients trained, all trials")
+        ax.set_ylabel(f"best {space.objective} so far")
+        ax.set_title("Best so far vs compute")
+        ax.grid(alpha=0.3)
+        return fig
+
+    return [
+        _figure("best_vs_trial", "Best so far vs trial (Optuna optimization history)",
+                lambda: ovm.plot_optimization_history(ot, target_name=space.objective)),
+        _figure("best_vs_compute", "Best so far vs compute", compute_plot),
+    ]
+
+
+def _round_curves(study: Study, trials: list) -> Figure:
+    import matplotlib.pyplot as plt
+
+    space = study.space()
+
+    def draw():
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        styles = {"COMPLETE": dict(color="tab:blue", alpha=0.8, lw=1.4),
+                  "PRUNED": dict(color="tab:gray", alpha=0.6, lw=1.0, ls="--"),
+                  "FAIL": dict(color="tab:red", alpha=0.6, lw=1.0, ls=":")}
+        labelled = set()
+        for t in trials:
+            if not t.intermediate_values or t.state.name not in styles:
+                continue
+            steps = sorted(t.intermediate_values)
+            label = None if t.state.name in labelled else t.state.name.lower()
+            labelled.add(t.state.name)
+            ax.plot(steps, [t.intermediate_values[s] for s in steps], marker=".", label=label, **styles[t.state.name])
+        for i, rung in enumerate(asha_rungs(space)):
+            ax.axvline(rung, color="tab:orange", lw=1, alpha=0.7, label="ASHA rung" if i == 0 else None)
+        ax.set_xlabel("FL round")
+        ax.set_ylabel(space.objective)
+        ax.set_title("Every trial's round curve (dashed: pruned by ASHA)")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right")
+        return fig
+
+    return _figure("round_curves", "Round curves, ASHA rungs and pruned trials", draw)
+
+
+def _optuna_figures(study: Study) -> list[Figure]:
+    import optuna
+    import optuna.visualization.matplotlib as ovm
+
+    space = study.space()
+    ot = study.load_optuna()
+    names = sorted({p for t in ot.get_trials(deepcopy=False) if t.state.name == "COMPLETE" for p in t.params})
+    figures = [_figure("importances", "Parameter importances (fANOVA)",
+                       lambda: ovm.plot_param_importances(
+                           ot, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0),
+                           target_name=space.objective))]
+    for name in names:
+        stem = "slice_" + "".join(c if c.isalnum() else "_" for c in name)
+        figures.append(_figure(stem, f"Slice: {name}",
+                               lambda name=name: ovm.plot_slice(ot, params=[name], target_name=space.objective)))
+    figures.append(_figure("parallel_coordinates", "Parallel coordinates",
+                           lambda: ovm.plot_parallel_coordinate(ot, target_name=space.objective)))
+    return figures
+
+
+def _reeval_figure(summary: dict[str, Any]) -> Figure:
+    import matplotlib.pyplot as plt
+
+    objective = summary["objective"]
+
+    def draw():
+        rows = [r for r in summary["rows"] if objective in r]
+        fig, ax = plt.subplots(figsize=(7, 0.6 * len(rows) + 1.5))
+        for i, metric in enumerate((objective, "personal_test_acc")):
+            ys = [j + (0.15 if i else -0.15) for j in range(len(rows))]
+            stats = [r.get(metric, {}) for r in rows]
+            means = [s.get("mean", math.nan) for s in stats]
+            halves = [0.0 if math.isnan(s.get("ci_high", math.nan)) else s["ci_high"] - s["mean"] for s in stats]
+            ax.errorbar(means, ys, xerr=halves, fmt="o", capsize=4, label=f"{metric} (95% CI)")
+        ax.set_yticks(range(len(rows)), [r["candidate"] for r in rows])
+        ax.invert_yaxis()
+        ax.set_xlabel("accuracy, mean over fresh seeds")
+        ax.set_title("Re-evaluation")
+        ax.grid(alpha=0.3, axis="x")
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2, fontsize=8)
+        return fig
+
+    return _figure("reeval", "Re-evaluation: mean and 95% CI per config", draw)
+
+
+def leaderboard(study: Study, trials: list, summary: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Cross-method studies: per method, its best trial, re-evaluated mean (if one of its configs
+    was re-evaluated), trials run and compute spent."""
+    space = study.space()
+    better = max if space.mode == "max" else min
+    methods: dict[str, dict[str, Any]] = {}
+    for t in trials:
+        if "method.name" not in t.params or not t.state.is_finished():
+            continue
+        row = methods.setdefault(t.params["method.name"], {"method": t.params["method.name"], "best": None,
+                                                          "best_trial": None, "trials": 0, "compute": 0.0,
+                                                          "reeval_mean": None})
+        row["trials"] += 1
+        row["compute"] += _compute(space, t.params, max(t.intermediate_values, default=0))
+        if t.state.name == "COMPLETE" and t.value is not None and (row["best"] is None or
+                                                                  better(row["best"], t.value) == t.value):
+            row["best"], row["best_trial"] = t.value, t.number
+    for r in (summary or {}).get("rows", []):
+        method = r["params"].get("method.name")
+        if method in methods and space.objective in r:
+            current = methods[method]["reeval_mean"]
+            mean = r[space.objective]["mean"]
+            methods[method]["reeval_mean"] = mean if current is None else better(current, mean)
+    return sorted(methods.values(), key=lambda r: (r["best"] is None, -(r["best"] or 0) if space.mode == "max"
+                                                   else (r["best"] or 0)))
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> str:
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:.4f}" if math.isfinite(v) else "-"
+        return html.escape("-" if v is None else str(v))
+
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _interval(stat: dict[str, float] | None) -> str:
+    if not stat:
+        return "-"
+    if math.isnan(stat.get("ci_low", math.nan)):
+        return f"{stat['mean']:.4f}"
+    return f"{stat['mean']:.4f} [{stat['ci_low']:.4f}, {stat['ci_high']:.4f}]"
+
+
+WIDE = ("round_curves", "parallel_coordinates")  # figures given the page's full width
+CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
+h1{font-size:1.6em}h2{font-size:1.2em;margin-top:2em;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;font-size:.9em;margin:.5em 0}td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left}
+th{background:#f3f3f3}.figures{display:flex;flex-wrap:wrap;gap:1em}figure{margin:0;flex:1 1 480px;max-width:540px}
+figure.wide{flex-basis:100%;max-width:100%}figcaption{font-weight:600;margin-bottom:.3em}
+img{max-width:100%;border:1px solid #eee}.note{color:#a00}.verdict{font-weight:600}"""
+
+
+def build_report(study: Study, out_dir: Path) -> Path:
+    """Write `<out_dir>/report.html` and one PNG per figure; return the page's path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from autofl.tune.reeval import load_summary
+    from autofl.tune.study import state_counts, trial_rows
+
+    space = study.space()
+    ot = study.load_optuna()
+    trials = ot.get_trials(deepcopy=False) if ot is not None else []
+    if not any(t.state.name == "COMPLETE" for t in trials):
+        from autofl.errors import AutoFLError
+
+        raise AutoFLError(f"study {study.name!r} has no completed trial yet; nothing to report "
+                          f"(see autofl status {study.name})")
+    summary = load_summary(study)
+    figures = [*_best_so_far(study, trials), _round_curves(study, trials), *_optuna_figures(study)]
+    if summary is not None:
+        figures.append(_reeval_figure(summary))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for f in figures:
+        if f.png is not None:
+            (out_dir / f"{f.name}.png").write_bytes(f.png)
+
+    counts = state_counts(trial_rows(study))
+    parts = [f"<h1>autofl study {html.escape(study.name)}</h1>",
+             f"<p>objective: <b>{html.escape(space.objective)}</b> ({space.mode}), "
+             f"{space.max_rounds} rounds per trial; trials: "
+             + html.escape(", ".join(f"{v} {k.lower()}" for k, v in sorted(counts.items()))) + "</p>"]
+    best = max if space.mode == "max" else min
+    complete = [t for t in trials if t.state.name == "COMPLETE" and t.value is not None]
+    top = best(complete, key=lambda t: t.value)
+    parts.append(f"<p>best trial #{top.number}: {space.objective} = {top.value:.4f} "
+                 f"({html.escape(', '.join(f'{k}={v:.4g}' if isinstance(v, float) else f'{k}={v}' for k, v in top.params.items()))})</p>")
+    if summary is not None:
+        parts.append("<h2>Re-evaluation over fresh seeds</h2>")
+        parts.append(f"<p class='verdict'>{html.escape(summary['verdict'])}</p>")
+        parts.append(_table(
+            ["config", "search value", f"{space.objective} mean [95% CI]", "personal_test_acc mean [95% CI]",
+             f"Δ {space.objective} vs default [95% CI]", "seeds"],
+            [[r["candidate"] + (" (best)" if r["candidate"] == summary["best"] else ""), r.get("search_value"),
+              _interval(r.get(space.objective)), _interval(r.get("personal_test_acc")),
+              _interval(r.get(f"diff_{space.objective}")), len(r["seeds"])] for r in summary["rows"]]))
+    board = leaderboard(study, trials, summary)
+    if board:
+        parts.append("<h2>Leaderboard (cross-method)</h2>")
+        parts.append(_table(["method", f"best {space.objective}", "best trial", "re-evaluated mean", "trials",
+                             "compute (rounds x clients)"],
+                            [[r["method"], r["best"], r["best_trial"], r["reeval_mean"], r["trials"],
+                              int(r["compute"])] for r in board]))
+    parts.append("<h2>Figures</h2><div class='figures'>")
+    for f in figures:
+        wide = " class='wide'" if f.name in WIDE else ""
+        if f.png is None:
+            parts.append(f"<figure{wide}><figcaption>{html.escape(f.title)}</figcaption>"
+                         f"<p class='note'>{html.escape(f.note)}</p></figure>")
+        else:
+            data = base64.b64encode(f.png).decode()
+            parts.append(f"<figure{wide}><figcaption>{html.escape(f.title)}</figcaption>"
+                         f"<img alt='{html.escape(f.title)}' src='data:image/png;base64,{data}'></figure>")
+    parts.append("</div>")
+    page = out_dir / "report.html"
+    page.write_text("<!doctype html><html><head><meta charset='utf-8'>"
+                    f"<title>autofl study {html.escape(study.name)}</title><style>{CSS}</style></head><body>"
+                    + "\n".join(parts) + "</body></html>\n")
+    return page
