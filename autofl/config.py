@@ -30,6 +30,7 @@ DATASET_INFO: dict[str, tuple[int, int]] = {
 }
 # how many trailing Linear layers each arch's stack has (the allowed range of head_layers)
 ARCH_LINEAR_LAYERS: dict[str, int] = {"mlp": 2, "cnn": 2, "moon_cnn": 5, "resnet18": 1}
+LINEAR_ONLY_ARCHS = ("mlp",)  # archs whose every trainable layer is one of those Linear layers
 # smallest image side each arch accepts (two unpadded 5x5 convs with 2x2 pooling need 14)
 ARCH_MIN_SIDE: dict[str, int] = {"mlp": 1, "cnn": 14, "moon_cnn": 14, "resnet18": 8}
 

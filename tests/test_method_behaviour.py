@@ -142,9 +142,12 @@ def test_personalized_methods_beat_fedavg_on_pathological_digits(run_cli, tmp_pa
         assert accs[method] > accs["fedavg"] + 0.1, accs
 
 
+ENCODER_FEATURE_METHODS = ("fdcl", "fedeccr", "fedfcd")  # mlp with 2 head layers is a config error for them
+
+
 def _runs():
     for method in PERSONALIZED:
-        for head in (1, 2):
+        for head in (1,) if method in ENCODER_FEATURE_METHODS else (1, 2):
             depths = (1, 2, 3) if method in ("dualfed", "fedsiam_da") else (None,)
             for depth in depths:
                 yield method, head, depth
@@ -173,6 +176,12 @@ def test_method_parameter_validation():
         load_experiment(None, ["method.name=fedfcd", "model.projector_depth=2"])
     with pytest.raises(ConfigError, match="model.projector_depth: method dualfed needs a projector"):
         load_experiment(None, ["method.name=dualfed", "model.projector_depth=0"])
+    for method in ENCODER_FEATURE_METHODS:  # their feature losses need a trainable encoder layer
+        with pytest.raises(ConfigError, match=f"model.head_layers: 2 leaves arch mlp no trainable encoder, so "
+                                              f"method {method}'s feature loss would be a constant; allowed: 1..1"):
+            load_experiment(None, [f"method.name={method}", "model.head_layers=2"])
+        assert load_experiment(None, [f"method.name={method}", "model.arch=cnn", "model.head_layers=2",
+                                      "data.dataset=mnist"]).model.head_layers == 2
     exp = load_experiment(None, ["method.name=fedeccr"])
     assert exp.method.params() == {"tau": 0.5, "M": 400, "calib_epochs": 20, "calibrate_every": 1}
     exp = load_experiment(None, ["method.name=dualfed"])

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import ValidationError
 
-from autofl.config import Strict
+from autofl.config import ARCH_LINEAR_LAYERS, LINEAR_ONLY_ARCHS, Strict
 from autofl.engine.state import StateDict, weighted_average
 from autofl.models.parts import SplitModel, build_model
 
@@ -114,6 +114,9 @@ class Method:
     default_projector_depth: ClassVar[int] = 0
     min_projector_depth: ClassVar[int] = 0
     has_global_model: ClassVar[bool] = True  # whether global_* metrics are defined
+    # whether the method's own loss terms act on the encoder's features (contrastive, prototype):
+    # then the encoder must keep a trainable layer, or those terms are constants
+    trains_encoder_features: ClassVar[bool] = False
     personal_is_global: ClassVar[bool] = True  # personal model = global model
     copies: ClassVar[tuple[str, ...]] = ()  # named model copies the local step reads (ws.glob, ws.prev ...)
     # per training sample and local epoch, for the benchmark's compute floor: forward+backward passes of
@@ -143,6 +146,11 @@ class Method:
                 err, cls.Params, prefix="method.", context=f" for method {cls.name}")) from None
         exp.method = MethodConfig(name=cls.name, **params.model_dump())
         model = exp.model
+        if cls.trains_encoder_features and model.arch in LINEAR_ONLY_ARCHS and \
+                model.head_layers >= ARCH_LINEAR_LAYERS[model.arch]:
+            raise ValueError(f"model.head_layers: {model.head_layers} leaves arch {model.arch} no trainable encoder, "
+                             f"so method {cls.name}'s feature loss would be a constant; allowed: "
+                             f"1..{ARCH_LINEAR_LAYERS[model.arch] - 1}")
         if not cls.uses_projector:
             for key in ("projector_depth", "projector_dim"):
                 if getattr(model, key) is not None:

@@ -32,6 +32,7 @@ def fdcl_terms(pe: tuple[torch.Tensor, ...], pc: tuple[torch.Tensor, ...], tau: 
 @register
 class FDCL(Method):
     name = "fdcl"
+    trains_encoder_features = True
     Params = FDCLParams
     personal_is_global = False
     copies = ("glob", "prev")  # frozen: the received global model, the client's previous local model

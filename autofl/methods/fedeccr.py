@@ -73,6 +73,7 @@ def sample_virtual_features(stats: ClassStats, per_class: int, generator: torch.
 @register
 class FedECCR(Method):
     name = "fedeccr"
+    trains_encoder_features = True
     Params = FedECCRParams
     extra_forwards = 1  # the class-mean (prototype) pass over the client's data after training
 

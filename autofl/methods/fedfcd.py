@@ -46,6 +46,7 @@ def global_feature_representations(lfrs: list[ClassStats]) -> tuple[torch.Tensor
 @register
 class FedFCD(Method):
     name = "fedfcd"
+    trains_encoder_features = True
     Params = FedFCDParams
     has_global_model = False  # no whole global model: global_* metrics are not reported
     personal_is_global = False
