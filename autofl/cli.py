@@ -128,9 +128,13 @@ def cmd_search(args: argparse.Namespace) -> int:
     _print_status(study)
     try:
         best = st.best_trial(study)
-        console.print(f"best trial #{best.number}: {study.space().objective}={best.value:.4f} "
+        console.print(f"best trial #{best.number}: {study.space().objective}={st.first_value(best):.4f} "
                       f"params={best.params}", soft_wrap=True)
-        console.print(f"export it with: autofl best-config export {study.name} -o best.yaml", soft_wrap=True)
+        if study.space().multi_objective:
+            console.print(f"export the Pareto front with: autofl best-config export {study.name} --pareto "
+                          f"-o front.yaml", soft_wrap=True)
+        else:
+            console.print(f"export it with: autofl best-config export {study.name} -o best.yaml", soft_wrap=True)
     except AutoFLError as err:
         console.print(str(err))
     return 0
@@ -160,17 +164,25 @@ def _print_status(study) -> None:
 
     rows = trial_rows(study)
     live_driver = DriverLock(study.root).is_held()
-    table = Table("trial", "state", "round", study.space().objective, "node", "params", "note",
+    space = study.space()
+    table = Table("trial", "state", "round", " / ".join(space.metrics), "node", "params", "note",
                   title=f"study {study.name}")
     for r in rows:
         params = ", ".join(f"{k.split(':')[-1]}={_fmt(v)}" for k, v in r["params"].items())
         state = display_state(r, live_driver)
         node = str(r["user_attrs"].get("node_id") or "-")[:8]
-        table.add_row(str(r["number"]), state, _fmt(r["round"]), _fmt(r["objective"]), node, params,
+        value = " / ".join(map(_fmt, r["values"])) if space.multi_objective and r["values"] else _fmt(r["objective"])
+        table.add_row(str(r["number"]), state, _fmt(r["round"]), value, node, params,
                       str(r["user_attrs"].get("fail_reason", "")))
     console.print(table)
     console.print(f"storage: {mask_url(study.storage_url())}", soft_wrap=True)
-    space = study.space()
+    if space.multi_objective:
+        from autofl.tune.study import pareto_trials
+
+        front = pareto_trials(study)
+        goals = ", ".join(f"{m} ({d})" for m, d in zip(space.metrics, space.modes or []))
+        console.print(f"Pareto front of {goals}: " + ("; ".join(
+            f"trial {t.number} ({' / '.join(map(_fmt, t.values))})" for t in front) or "none yet"), soft_wrap=True)
     if space.budget_rounds is not None:
         used = sum(r["round"] or 0 for r in rows)  # each trial's last reported round, as the budget counts
         console.print(f"budget: {used} of {space.budget_rounds} FL rounds used (budget_rounds)")
@@ -206,7 +218,7 @@ def cmd_studies(args: argparse.Namespace) -> int:
         rows = st.trial_rows(s)
         counts = display_counts(rows, DriverLock(s.root).is_held())
         try:
-            best = st.best_trial(s).value
+            best = st.first_value(st.best_trial(s))
         except AutoFLError:  # no completed trial yet
             best = None
         table.add_row(name, str(len(rows)), *(str(counts.get(k, 0)) for k in
@@ -314,20 +326,26 @@ def cmd_export(args: argparse.Namespace) -> int:
             raise AutoFLError(f"-o {out}: file exists; choose another name or pass --overwrite")
         if not out.parent.is_dir():
             raise AutoFLError(f"-o {out}: folder {out.parent} does not exist; create it first")
+    if args.pareto and args.reeval:
+        raise AutoFLError("--pareto: exports a multi-objective study's front; --reeval ranks configs on one objective")
     study = st.open_study(st.studies_dir(args.dir), args.name)
-    st.best_trial(study)  # a study without a completed trial fails here, before any re-evaluation
-    if args.reeval:
-        summary = _reevaluate(study, args.reeval, args.top, args.vary_partition, args.address,
-                              show=console if out is not None else err_console, verbose=args.verbose)
-    else:  # a stored re-evaluation still decides: its best by mean, not the single-seed best
-        summary = load_summary(study)
-    text = st.dump_config(st.export_best_config(study, summary), args.format)
+    if args.pareto:
+        text = st.dump_config(st.export_pareto(study), args.format)
+    else:
+        st.best_trial(study)  # a study without a completed trial fails here, before any re-evaluation
+        if args.reeval:
+            summary = _reevaluate(study, args.reeval, args.top, args.vary_partition, args.address,
+                                  show=console if out is not None else err_console, verbose=args.verbose)
+        else:  # a stored re-evaluation still decides: its best by mean, not the single-seed best
+            summary = load_summary(study)
+        text = st.dump_config(st.export_best_config(study, summary), args.format)
     if out is not None:
         try:
             write_atomic(out, text)
         except OSError as err:
             raise AutoFLError(f"-o {out}: cannot be written ({err.strerror})") from None
-        console.print(f"wrote {out}; run it with: autofl train --config {out}", soft_wrap=True)
+        hint = "each entry's config runs with autofl train" if args.pareto else f"run it with: autofl train --config {out}"
+        console.print(f"wrote {out}; {hint}", soft_wrap=True)
     else:
         sys.stdout.write(text)
     return 0
@@ -413,6 +431,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="first re-run the best configs and the paper default over K fresh seeds (2 or more) "
                              "and export the best by mean (runs already done are reused)")
     _reeval_options(export)
+    export.add_argument("--pareto", action="store_true",
+                        help="multi-objective study: export its Pareto front (each trial's values and config)")
     export.set_defaults(func=cmd_export)
 
     report = sub.add_parser("report", help="write a study's HTML report (and its figures as PNG)")

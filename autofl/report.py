@@ -87,8 +87,8 @@ def _best_so_far(study: Study, trials: list) -> list[Figure]:
         if not t.state.is_finished():
             continue
         spent += _compute(space, t.params, max(t.intermediate_values, default=0))
-        if t.state.name == "COMPLETE" and t.value is not None:
-            best = t.value if best is None else better(best, t.value)
+        if t.state.name == "COMPLETE" and t.values:
+            best = t.values[0] if best is None else better(best, t.values[0])
         if best is not None:
             xs.append(spent)
             ys.append(best)
@@ -104,7 +104,7 @@ def _best_so_far(study: Study, trials: list) -> list[Figure]:
 
     return [
         _figure("best_vs_trial", "Best so far vs trial (Optuna optimization history)",
-                lambda: ovm.plot_optimization_history(ot, target_name=space.objective)),
+                lambda: ovm.plot_optimization_history(ot, target=_target(space), target_name=space.objective)),
         _figure("best_vs_compute", "Best so far vs compute", compute_plot),
     ]
 
@@ -146,17 +146,27 @@ def _optuna_figures(study: Study) -> list[Figure]:
     space = study.space()
     ot = study.load_optuna()
     names = sorted({p for t in ot.get_trials(deepcopy=False) if t.state.name == "COMPLETE" for p in t.params})
-    figures = [_figure("importances", "Parameter importances (fANOVA)",
-                       lambda: ovm.plot_param_importances(
-                           ot, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0),
-                           target_name=space.objective))]
+    target = _target(space)
+    figures = []
+    if space.multi_objective and len(space.metrics) <= 3:
+        figures.append(_figure("pareto_front", "Pareto front",
+                               lambda: ovm.plot_pareto_front(ot, target_names=space.metrics)))
+    figures.append(_figure("importances", "Parameter importances (fANOVA)",
+                           lambda: ovm.plot_param_importances(
+                               ot, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0), target=target,
+                               target_name=space.objective)))
     for name in names:
         stem = "slice_" + "".join(c if c.isalnum() else "_" for c in name)
-        figures.append(_figure(stem, f"Slice: {name}",
-                               lambda name=name: ovm.plot_slice(ot, params=[name], target_name=space.objective)))
+        figures.append(_figure(stem, f"Slice: {name}", lambda name=name: ovm.plot_slice(
+            ot, params=[name], target=target, target_name=space.objective)))
     figures.append(_figure("parallel_coordinates", "Parallel coordinates",
-                           lambda: ovm.plot_parallel_coordinate(ot, target_name=space.objective)))
+                           lambda: ovm.plot_parallel_coordinate(ot, target=target, target_name=space.objective)))
     return figures
+
+
+def _target(space) -> Callable[[Any], float] | None:
+    """Optuna's plots take one value per trial: a multi-objective study's first objective."""
+    return (lambda t: t.values[0]) if space.multi_objective else None
 
 
 def _reeval_figure(summary: dict[str, Any]) -> Figure:
@@ -198,9 +208,10 @@ def leaderboard(study: Study, trials: list, summary: dict[str, Any] | None) -> l
                                                           "reeval_mean": None})
         row["trials"] += 1
         row["compute"] += _compute(space, t.params, max(t.intermediate_values, default=0))
-        if t.state.name == "COMPLETE" and t.value is not None and (row["best"] is None or
-                                                                  better(row["best"], t.value) == t.value):
-            row["best"], row["best_trial"] = t.value, t.number
+        value = t.values[0] if t.values else None
+        if t.state.name == "COMPLETE" and value is not None and (row["best"] is None or
+                                                                better(row["best"], value) == value):
+            row["best"], row["best_trial"] = value, t.number
     for r in (summary or {}).get("rows", []):
         method = r["params"].get("method.name")
         if method in methods and space.objective in r:
@@ -270,10 +281,18 @@ def build_report(study: Study, out_dir: Path) -> Path:
              f"{space.max_rounds} rounds per trial; trials: "
              + html.escape(", ".join(f"{v} {k.lower()}" for k, v in sorted(counts.items()))) + "</p>"]
     best = max if space.mode == "max" else min
-    complete = [t for t in trials if t.state.name == "COMPLETE" and t.value is not None]
-    top = best(complete, key=lambda t: t.value)
-    parts.append(f"<p>best trial #{top.number}: {space.objective} = {top.value:.4f} "
+    complete = [t for t in trials if t.state.name == "COMPLETE" and t.values]
+    top = best(complete, key=lambda t: t.values[0])
+    parts.append(f"<p>best trial #{top.number}: {space.objective} = {top.values[0]:.4f} "
                  f"({html.escape(', '.join(f'{k}={v:.4g}' if isinstance(v, float) else f'{k}={v}' for k, v in top.params.items()))})</p>")
+    if space.multi_objective:
+        from autofl.tune.study import pareto_trials
+
+        parts.append("<h2>Pareto front</h2>")
+        parts.append(_table(["trial", *(f"{m} ({d})" for m, d in zip(space.metrics, space.modes or [])), "params"],
+                            [[t.number, *t.values, ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                                             for k, v in t.params.items())]
+                             for t in pareto_trials(study)]))
     if summary is not None:
         parts.append("<h2>Re-evaluation over fresh seeds</h2>")
         parts.append(f"<p class='verdict'>{html.escape(summary['verdict'])}</p>")

@@ -46,6 +46,15 @@ def test_quickstart_sized_study_prunes_and_exports_a_reproducible_config(tmp_pat
     home = tmp_path / "home"
     proc = run(["search", "--space", space_file(tmp_path, "e2e", trials=6, rounds=4), "--dir", home])
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # the live view (one line per trial event in a pipe); Ray's and Tune's own lines are in logs/
+    output = proc.stdout + proc.stderr
+    for ray_line in ("Checkpoint successfully created", "Token authentication", "Wrote the latest version",
+                     "A new study created", "(FLTrainable pid="):
+        assert ray_line not in output, ray_line
+    assert "trial 0 started" in proc.stdout and "6/6 trials finished" in proc.stdout
+    logs = home / "e2e" / "logs"
+    assert "A new study created" in (logs / "driver.log").read_text()
+    assert "Checkpoint successfully created" in (logs / "workers.log").read_text()
     trials = trials_of(home, "e2e")
     states = [t.state.name for t in trials]
     assert len(trials) == 6 and set(states) <= {"COMPLETE", "PRUNED"}

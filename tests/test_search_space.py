@@ -46,6 +46,22 @@ def test_space_errors_are_one_line(tmp_path, changes, needle):
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize("objective", ["personal_val_acc", "personal_val_acc_p10", "personal_val_acc_std"])
+def test_a_validation_objective_needs_a_validation_split(tmp_path, objective):
+    path = write(tmp_path, base={"data": {"split": {"train": 0.75, "val": 0.0, "test": 0.25}}}, params={},
+                 objective=objective)
+    with pytest.raises(ConfigError, match=f"objective: {objective} needs validation samples, but data.split.val "
+                                          f"can be 0; allowed: data.split.val > 0"):
+        load_space(path)
+
+
+def test_fairness_objectives_are_allowed(tmp_path):
+    assert load_space(write(tmp_path, base={}, params={}, objective="personal_val_acc_p10")).objective == \
+        "personal_val_acc_p10"
+    with pytest.raises(ConfigError, match="objective: 'personal_test_acc' is not a validation metric"):
+        load_space(write(tmp_path, base={}, params={}, objective="personal_test_acc"))
+
+
 def test_global_objective_needs_a_global_model(tmp_path):
     path = write(tmp_path, base={"method": {"name": "fedfcd"}}, params={}, objective="global_val_acc")
     with pytest.raises(ConfigError, match="method fedfcd has no global model"):

@@ -73,8 +73,8 @@ class LiveView(Callback):
         for t in self._optuna_trials():
             if t.state.is_finished() and not t.user_attrs.get("interrupted"):
                 self.finished_before += 1
-                if t.state.name == "COMPLETE" and t.value is not None:
-                    self._offer(t.value, t.number)
+                if t.state.name == "COMPLETE" and t.values:
+                    self._offer(t.values[0], t.number)
         if self.console.is_terminal:
             self._live = Live(self._render(), console=self.console, refresh_per_second=2, transient=False)
             self._live.start()

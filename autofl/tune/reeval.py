@@ -70,6 +70,10 @@ def candidates(study: Study, top: int) -> list[Candidate]:
 
     ot = study.load_optuna()
     space = study.space()
+    if space.multi_objective:
+        raise AutoFLError(f"re-evaluation: study {study.name!r} is multi-objective ({', '.join(space.metrics)}); "
+                          f"re-evaluation ranks configs on one objective: see its Pareto front with "
+                          f"autofl best-config export {study.name} --pareto")
     complete = [t for t in (ot.get_trials(deepcopy=False) if ot is not None else [])
                 if t.state.name == "COMPLETE" and t.value is not None and math.isfinite(t.value)]
     if not complete:

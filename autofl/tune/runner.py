@@ -54,7 +54,8 @@ def _searcher(space: SearchSpace, study: Study, run_name: str, trials: int, with
 
     start = initial_point(space) if with_start_point else None
     return RoundAwareOptunaSearch(
-        space=DefineByRun(space), metric=space.objective, mode=space.mode,
+        space=DefineByRun(space), metric=space.metrics if space.multi_objective else space.objective,
+        mode=space.modes if space.multi_objective else space.mode,
         points_to_evaluate=[start] if start else None,
         sampler=optuna.samplers.TPESampler(seed=space.seed),
         storage=open_storage(study.storage_url()),

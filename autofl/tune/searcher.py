@@ -159,6 +159,8 @@ class RoundAwareOptunaSearch(OptunaSearch):
         return params
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
+        if isinstance(self.metric, list):  # Optuna records no per-round values in multi-objective studies
+            return
         value = result.get(self.metric)
         if trial_id in self._completed_trials or value is None or not math.isfinite(value):
             return
@@ -175,19 +177,22 @@ class RoundAwareOptunaSearch(OptunaSearch):
         stored = self._ot_study._storage.get_trial(ot_trial._trial_id)
         if stored.state.is_finished():  # recorded before an interrupted driver could save its state
             return
-        value = (result or {}).get(self.metric)
+        metrics = self.metric if isinstance(self.metric, list) else [self.metric]
+        values = [(result or {}).get(m) for m in metrics]
+        value = None if any(v is None or not math.isfinite(v) for v in values) else values[0]
         rnd = int((result or {}).get("round", 0))
         fresh = rnd and rnd not in stored.intermediate_values  # Tune may hand the last result only here
-        if value is not None and math.isfinite(value) and fresh:
+        if value is not None and fresh and len(metrics) == 1:
             ot_trial.report(float(value), rnd)
         for key in REPORTED_KEYS:
             if result and result.get(key) is not None:
                 ot_trial.set_user_attr(key, result[key])
         if result and result.get("diverged"):
             ot_trial.set_user_attr("fail_reason", str(result["diverged"]))
-        if error or value is None or not math.isfinite(value) or (result and result.get("diverged")):
+        if error or value is None or (result and result.get("diverged")):
             self._ot_study.tell(ot_trial, state=TrialState.FAIL)
         elif rnd < self._max_t:
             self._ot_study.tell(ot_trial, state=TrialState.PRUNED)
         else:
-            self._ot_study.tell(ot_trial, float(value), state=TrialState.COMPLETE)
+            self._ot_study.tell(ot_trial, [float(v) for v in values] if len(values) > 1 else float(value),
+                                state=TrialState.COMPLETE)

@@ -72,6 +72,10 @@ class SearchSpace(Strict):
         default_factory=dict, description="method name -> params searched only when method.name is that method")
     objective: str = "personal_val_acc"
     mode: Literal["max", "min"] = "max"
+    objectives: list[str] | None = Field(None, description="2 or more validation metrics: a multi-objective "
+                                         "study (Optuna's multi-objective TPE, a Pareto front; scheduler none)")
+    modes: list[Literal["max", "min"]] | None = Field(None, description="one per objective; default max, and min "
+                                                      "for a spread (*_std)")
     trials: int = Field(20, ge=1)
     time_budget_s: float | None = Field(None, gt=0, description="wall seconds per driver run; then its trials "
                                         "in flight are stopped (recorded PRUNED) and no new one starts")
@@ -97,12 +101,41 @@ class SearchSpace(Strict):
 
     @model_validator(mode="after")
     def _objective_is_validation(self) -> "SearchSpace":
-        if self.objective not in VALIDATION_OBJECTIVES:
-            raise ValueError(f"objective: {self.objective!r} is not a validation metric; allowed: "
-                             f"{', '.join(VALIDATION_OBJECTIVES)} (test metrics are reported, never optimized)")
+        if self.objectives is not None:
+            self._multi_objective()
+        for i, name in enumerate(self.objectives or [self.objective]):
+            field = f"objectives[{i}]" if self.objectives else "objective"
+            if name not in VALIDATION_OBJECTIVES:
+                raise ValueError(f"{field}: {name!r} is not a validation metric; allowed: "
+                                 f"{', '.join(VALIDATION_OBJECTIVES)} (test metrics are reported, never optimized)")
         if self.conditional and "method.name" not in self.params:
             raise ValueError("conditional: needs method.name among params (conditional params follow the method)")
         return self
+
+    def _multi_objective(self) -> None:
+        """`objectives` given: 2+ distinct names, one mode each; `objective`/`mode` become the first
+        (what single-metric displays show); ASHA cannot rank trials on several metrics."""
+        names = self.objectives or []
+        if len(names) < 2 or len(set(names)) != len(names):
+            raise ValueError(f"objectives: {names} must name 2 or more different validation metrics; for one, "
+                             f"use objective:")
+        if self.modes is None:
+            self.modes = ["min" if n.endswith("_std") else "max" for n in names]
+        if len(self.modes) != len(names):
+            raise ValueError(f"modes: {len(self.modes)} given for {len(names)} objectives; allowed: one per objective")
+        if self.scheduler.kind != "none":
+            raise ValueError(f"scheduler.kind: {self.scheduler.kind!r} ranks trials by one metric; a multi-objective "
+                             f"study needs scheduler: {{kind: none}}")
+        self.objective, self.mode = names[0], self.modes[0]
+
+    @property
+    def metrics(self) -> list[str]:
+        """The optimized metrics: `objectives`, or the one `objective`."""
+        return list(self.objectives or [self.objective])
+
+    @property
+    def multi_objective(self) -> bool:
+        return self.objectives is not None
 
     def base_experiment(self) -> Experiment:
         return build_experiment(self.base)
@@ -178,7 +211,7 @@ def validate_space(space: SearchSpace) -> None:
     if base.data.split.val == 0 or (val_spec is not None and val_spec.example() == 0):
         raise ConfigError(f"objective: {space.objective} needs validation samples, but data.split.val can be 0; "
                           f"allowed: data.split.val > 0 (the test split is reported, never optimized)")
-    if space.objective == "global_val_acc":
+    if "global_val_acc" in space.metrics:
         from autofl.methods.registry import get_method_class
 
         methods = space.params["method.name"].choices if "method.name" in space.params else [base.method.name]

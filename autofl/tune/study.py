@@ -160,8 +160,10 @@ def trial_rows(study: Study) -> list[dict[str, Any]]:
         steps = sorted(t.intermediate_values)
         rows.append({
             "number": t.number, "state": t.state.name, "params": dict(t.params),
-            "round": steps[-1] if steps else None,
-            "objective": t.value if t.value is not None else (t.intermediate_values[steps[-1]] if steps else None),
+            "round": steps[-1] if steps else t.user_attrs.get("round"),  # multi-objective: no per-round values
+            "values": list(t.values) if t.values else None,
+            # the (first) objective: the final value, else the last round's
+            "objective": t.values[0] if t.values else (t.intermediate_values[steps[-1]] if steps else None),
             "tune_trial_id": t.user_attrs.get("tune_trial_id"),
             "user_attrs": dict(t.user_attrs),
         })
@@ -176,21 +178,67 @@ def state_counts(rows: list[dict[str, Any]]) -> dict[str, int]:
     return counts
 
 
+def first_value(trial: Any) -> float | None:
+    """A trial's value, or its first objective's in a multi-objective study (None if it has none)."""
+    return trial.values[0] if trial.values else None
+
+
+def pareto_trials(study: Study) -> list:
+    """A multi-objective study's Pareto front (Optuna's best_trials), best first objective first."""
+    ot = study.load_optuna()
+    front = list(ot.best_trials) if ot is not None else []
+    space = study.space()
+    return sorted(front, key=lambda t: t.values[0], reverse=space.mode == "max")
+
+
 def best_trial(study: Study):
     ot = study.load_optuna()
     if ot is None:
         raise AutoFLError(f"study {study.name!r} has no trials yet")
-    complete = [t for t in ot.get_trials(deepcopy=False) if t.state.name == "COMPLETE" and t.value is not None]
+    complete = [t for t in ot.get_trials(deepcopy=False) if t.state.name == "COMPLETE" and t.values]
     if not complete:
         raise AutoFLError(f"study {study.name!r} has no completed trial yet; see autofl status {study.name}")
     pick = max if study.space().mode == "max" else min
-    return pick(complete, key=lambda t: t.value)
+    return pick(complete, key=first_value)  # multi-objective: the best on the first objective
 
 
 def export_best_config(study: Study, reeval: dict[str, Any] | None = None) -> dict[str, Any]:
     """A complete experiment config of the best trial, runnable by `autofl train --config`. With a
     re-evaluation summary, the best candidate by mean objective over its seeds (possibly the paper
     default), and the summary's table and verdict go into the metadata."""
+    space = study.space()
+    row = next((r for r in reeval["rows"] if r["candidate"] == reeval["best"]), None) if reeval else None
+    if row is not None:
+        config = trial_config(study, row["params"], row["trial"], row["search_value"],
+                              _trial_attrs(study, row["trial"]))
+    else:
+        trial = best_trial(study)
+        config = trial_config(study, dict(trial.params), trial.number, first_value(trial), trial.user_attrs)
+    if reeval is not None:
+        config["metadata"]["reeval"] = {
+            "picked": f"{reeval['best']}: best mean {space.objective} over seeds {reeval['seeds']}",
+            "verdict": reeval["verdict"], "vary_partition": reeval["vary_partition"], "table": reeval["rows"]}
+    return config
+
+
+def export_pareto(study: Study) -> dict[str, Any]:
+    """A multi-objective study's Pareto front: per trial its objective values and its runnable config."""
+    space = study.space()
+    if not space.multi_objective:
+        raise ConfigError(f"--pareto: study {study.name!r} has one objective ({space.objective}); a Pareto front "
+                          f"needs `objectives:` in the space")
+    front = pareto_trials(study)
+    if not front:
+        raise AutoFLError(f"study {study.name!r} has no completed trial yet; see autofl status {study.name}")
+    return {"study": study.name, "objectives": dict(zip(space.metrics, space.modes or [])),
+            "pareto_front": [{"trial": t.number, "values": dict(zip(space.metrics, t.values)),
+                              "config": trial_config(study, dict(t.params), t.number, t.values[0], t.user_attrs)}
+                             for t in front]}
+
+
+def trial_config(study: Study, params: dict[str, Any], number: int | None, value: float | None,
+                 attrs: dict[str, Any]) -> dict[str, Any]:
+    """The runnable config of one set of searched values, with where it came from as metadata."""
     import optuna
     import ray
     import torch
@@ -201,13 +249,6 @@ def export_best_config(study: Study, reeval: dict[str, Any] | None = None) -> di
     from autofl.tune.space import experiment_dict
 
     space = study.space()
-    row = next((r for r in reeval["rows"] if r["candidate"] == reeval["best"]), None) if reeval else None
-    if row is not None:
-        params, number, value = row["params"], row["trial"], row["search_value"]
-        attrs = _trial_attrs(study, number)
-    else:
-        trial = best_trial(study)
-        params, number, value, attrs = dict(trial.params), trial.number, trial.value, trial.user_attrs
     exp = build_experiment(experiment_dict(space.base, params))
     config = experiment_to_dict(exp)
     # the trial's own runtime, so that a re-run reproduces its round-by-round metrics exactly
@@ -228,10 +269,6 @@ def export_best_config(study: Study, reeval: dict[str, Any] | None = None) -> di
         "versions": {"autofl": autofl.__version__, "torch": str(torch.__version__), "ray": ray.__version__,
                      "optuna": optuna.__version__},
     }
-    if reeval is not None:
-        config["metadata"]["reeval"] = {
-            "picked": f"{reeval['best']}: best mean {space.objective} over seeds {reeval['seeds']}",
-            "verdict": reeval["verdict"], "vary_partition": reeval["vary_partition"], "table": reeval["rows"]}
     return config
 
 
