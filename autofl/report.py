@@ -58,9 +58,8 @@ def _figure(name: str, title: str, draw: Callable[[], Any]) -> Figure:
 def _compute(space, params: dict[str, Any], rounds: int) -> float:
     """Clients trained by a trial that reached `rounds`: rounds x sampled clients per round."""
     from autofl.experiment import build_experiment
-    from autofl.tune.space import experiment_dict
 
-    exp = build_experiment(experiment_dict(space.base, params))
+    exp = build_experiment(space.config(params))
     return rounds * max(1, round(exp.data.num_clients * exp.fl.participation))
 
 

@@ -92,3 +92,45 @@ def test_existing_study_is_not_overwritten(tmp_path):
     create_study(tmp_path / "home", path, space, None)
     with pytest.raises(AutoFLError, match="already exists"):
         create_study(tmp_path / "home", path, space, None)
+
+
+def test_cross_method_space_runs_each_method_with_its_paper_settings_and_enqueues_its_default():
+    import optuna
+
+    from autofl.experiment import build_experiment
+    from autofl.tune.space import DefineByRun, start_points
+
+    space = load_space(Path(__file__).parent.parent / "search_spaces" / "cross_method.yaml")
+    eccr = build_experiment(space.config({"method.name": "fedeccr", "fl.lr": 0.02}))
+    assert (eccr.fl.local_epochs, eccr.fl.batch_size, eccr.fl.lr, eccr.fl.rounds) == (10, 64, 0.02, 30)
+    fcd = build_experiment(space.config({"method.name": "fedfcd"}))
+    assert (fcd.fl.batch_size, fcd.fl.momentum, fcd.method.params()["server_lr"]) == (10, 0.0, 0.01)
+    points = start_points(space)
+    assert [p["method.name"] for p in points] == ["fdcl", "fedeccr", "dualfed", "fedsiam_da", "fedfcd"]
+    assert points[0] == {"method.name": "fdcl", "fl.lr": 0.01, "fdcl:method.mu": 0.1, "fdcl:method.tau": 0.5}
+    assert points[3]["fl.lr"] == 0.1  # fedsiam_da's own paper lr
+
+    # what OptunaSearch does with points_to_evaluate: enqueue them, then ask through the define-by-run space
+    study = optuna.create_study(direction="maximize")
+    for p in points:
+        study.enqueue_trial(p)
+    asked = []
+    for _ in points:
+        trial = study.ask()
+        DefineByRun(space)(trial)
+        asked.append(trial.params)
+    assert asked == points
+
+
+@pytest.mark.parametrize("overlay,needle", [
+    ({"fedavg": {"fl": {"lr": 0.1}}}, "method_base.fedavg: not a method this study runs; allowed: fdcl, fedfcd"),
+    ({"fdcl": {"fl": {"rounds": 5}}}, "method_base.fdcl.fl.rounds: the study's own for every method"),
+    ({"fdcl": {"data": {"num_clients": 5}}}, "method_base.fdcl.data: the study's own for every method"),
+    ({"fdcl": {"method": {"lam": 1}}}, "method.lam: unknown key for method fdcl"),
+])
+def test_method_base_errors(tmp_path, overlay, needle):
+    path = write(tmp_path, base={"fl": {"rounds": 3}}, method_base=overlay,
+                 params={"method.name": {"type": "categorical", "choices": ["fdcl", "fedfcd"]}})
+    with pytest.raises(ConfigError) as info:
+        load_space(path)
+    assert needle in str(info.value) and "\n" not in str(info.value)

@@ -66,7 +66,7 @@ def fresh_seeds(study: Study, count: int) -> list[int]:
 def candidates(study: Study, top: int) -> list[Candidate]:
     """The paper default first, then the `top` best COMPLETE trials (a trial whose values equal the
     default's, such as the study's enqueued first trial, is the default itself and not repeated)."""
-    from autofl.tune.space import initial_point
+    from autofl.tune.space import start_points
 
     ot = study.load_optuna()
     space = study.space()
@@ -79,9 +79,12 @@ def candidates(study: Study, top: int) -> list[Candidate]:
     if not complete:
         raise AutoFLError(f"study {study.name!r} has no completed trial to re-evaluate; see autofl status {study.name}")
     complete.sort(key=lambda t: t.value, reverse=space.mode == "max")
-    default_point = initial_point(space) or {}
+    # the paper default; in a cross-method study, that of the best trial's method
+    method = complete[0].params.get("method.name")
+    default_params = {} if method is None else {"method.name": method}
+    default_point = next((p for p in start_points(space) if p.get("method.name") == method), {})
     default_trial = next((t for t in complete if default_point and t.params == default_point), None)
-    chosen = [Candidate(DEFAULT_LABEL, default_trial.number if default_trial else None, {},
+    chosen = [Candidate(DEFAULT_LABEL, default_trial.number if default_trial else None, default_params,
                         default_trial.value if default_trial else None)]
     for t in complete:
         if len(chosen) > top:

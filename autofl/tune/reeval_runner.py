@@ -45,7 +45,8 @@ def execute(study: Study, runs: list[Run], address: str | None, on_done: Callabl
     init_ray(address)
     raw = load_raw_dataset(base.data)  # once, shared with every run through the object store
     wrapped = tune.with_parameters(RunListTrainable, runs=[r.values(base.data_seed()) for r in runs],
-                                   base=space.base, raw_data=raw, threads=max(1, int(space.resources.cpu)),
+                                   base=space.base, method_base=space.method_base, raw_data=raw,
+                                   threads=max(1, int(space.resources.cpu)),
                                    checkpoint_every_s=math.inf)  # a run is re-run, not restored, after a kill
     trainable = tune.with_resources(wrapped, {"cpu": space.resources.cpu, "gpu": space.resources.gpu})
     recorder = _Recorder(study, runs, on_done)

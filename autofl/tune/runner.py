@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from autofl.errors import AutoFLError
-from autofl.tune.space import DefineByRun, SearchSpace, initial_point
+from autofl.tune.space import DefineByRun, SearchSpace, start_points
 from autofl.tune.study import FINISHED, Study, trial_rows
 
 # Tune writes its experiment state (trials, searcher) at most this often; a killed driver loses
@@ -52,11 +52,11 @@ def _searcher(space: SearchSpace, study: Study, run_name: str, trials: int, with
     from autofl.tune.searcher import RoundAwareOptunaSearch
     from autofl.tune.storage import open_storage
 
-    start = initial_point(space) if with_start_point else None
+    start = start_points(space) if with_start_point else []
     return RoundAwareOptunaSearch(
         space=DefineByRun(space), metric=space.metrics if space.multi_objective else space.objective,
         mode=space.modes if space.multi_objective else space.mode,
-        points_to_evaluate=[start] if start else None,
+        points_to_evaluate=start or None,
         sampler=optuna.samplers.TPESampler(seed=space.seed),
         storage=open_storage(study.storage_url()),
         study_name=study.name, max_t=space.max_rounds, run_name=run_name, budget=trials, study_root=study.root,
@@ -79,7 +79,7 @@ def _trainable(space: SearchSpace):
     from autofl.tune.trainable import FLTrainable
 
     raw = load_raw_dataset(space.base_experiment().data)  # once; tune.with_parameters shares it via the object store
-    wrapped = tune.with_parameters(FLTrainable, base=space.base, raw_data=raw,
+    wrapped = tune.with_parameters(FLTrainable, base=space.base, method_base=space.method_base, raw_data=raw,
                                    threads=max(1, int(space.resources.cpu)),
                                    checkpoint_every_s=space.checkpoint_every_s)
     return tune.with_resources(wrapped, {"cpu": space.resources.cpu, "gpu": space.resources.gpu})

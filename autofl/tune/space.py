@@ -70,6 +70,9 @@ class SearchSpace(Strict):
     params: dict[str, ParamSpec] = Field(default_factory=dict)
     conditional: dict[str, dict[str, ParamSpec]] = Field(
         default_factory=dict, description="method name -> params searched only when method.name is that method")
+    method_base: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="method name -> config overlay on base when that method runs (its paper "
+        "fl and method settings); rounds and data stay the study's, so methods compare on equal terms")
     objective: str = "personal_val_acc"
     mode: Literal["max", "min"] = "max"
     objectives: list[str] | None = Field(None, description="2 or more validation metrics: a multi-objective "
@@ -140,6 +143,10 @@ class SearchSpace(Strict):
     def base_experiment(self) -> Experiment:
         return build_experiment(self.base)
 
+    def config(self, values: dict[str, Any]) -> dict[str, Any]:
+        """The experiment config of one trial's searched values."""
+        return experiment_dict(self.base, values, self.method_base)
+
     @property
     def max_rounds(self) -> int:
         return self.base_experiment().fl.rounds
@@ -153,14 +160,26 @@ def set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
-def experiment_dict(base: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
-    """The base config with searched values set (keys may carry a '<method>:' prefix)."""
+def experiment_dict(base: dict[str, Any], values: dict[str, Any],
+                    method_base: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The base config, with the chosen method's `method_base` overlay, with searched values set
+    (keys may carry a '<method>:' prefix)."""
     import copy
 
     tree = copy.deepcopy(base)
+    method = values.get("method.name", (base.get("method") or {}).get("name"))
+    _merge(tree, copy.deepcopy((method_base or {}).get(str(method), {})))
     for key, value in values.items():
         set_dotted(tree, key.split(CONDITIONAL_SEP, 1)[-1], value)
     return tree
+
+
+def _merge(tree: dict[str, Any], overlay: dict[str, Any]) -> None:
+    for key, value in overlay.items():
+        if isinstance(value, dict) and isinstance(tree.get(key), dict):
+            _merge(tree[key], value)
+        else:
+            tree[key] = value
 
 
 def _check_keys(space: SearchSpace, method: str | None, params: dict[str, ParamSpec], where: str) -> None:
@@ -169,24 +188,24 @@ def _check_keys(space: SearchSpace, method: str | None, params: dict[str, ParamS
     if method is not None:
         values["method.name"] = method
         try:
-            build_experiment(experiment_dict(space.base, values))
+            build_experiment(space.config(values))
         except ConfigError as err:
             raise ConfigError(f"{where}.method.name: choice {method!r} is invalid ({err})") from None
     for key, spec in params.items():
         try:
-            build_experiment(experiment_dict(space.base, {**values, key: spec.example()}))
+            build_experiment(space.config({**values, key: spec.example()}))
         except ConfigError as err:
             raise ConfigError(f"{where}.{key}: {err}") from None
         if spec.type != "categorical":  # both ends of the range must make a valid config
             high = int(spec.high) if spec.type == "int" else spec.high  # type: ignore[arg-type]
             try:
-                build_experiment(experiment_dict(space.base, {**values, key: high}))
+                build_experiment(space.config({**values, key: high}))
             except ConfigError as err:
                 raise ConfigError(f"{where}.{key}: high={high!r} is invalid ({err})") from None
             continue
         for choice in spec.choices or []:  # every choice (e.g. each method name) must make a valid config
             try:
-                build_experiment(experiment_dict(space.base, {**values, key: choice}))
+                build_experiment(space.config({**values, key: choice}))
             except ConfigError as err:
                 raise ConfigError(f"{where}.{key}: choice {choice!r} is invalid ({err})") from None
 
@@ -207,6 +226,15 @@ def validate_space(space: SearchSpace) -> None:
                               f"{', '.join(map(str, methods))}")
     else:
         _check_keys(space, None, space.params, "params")
+    methods = [str(m) for m in space.params["method.name"].choices or []] if "method.name" in space.params \
+        else [base.method.name]
+    for method, overlay in space.method_base.items():
+        if method not in methods:
+            raise ConfigError(f"method_base.{method}: not a method this study runs; allowed: {', '.join(methods)}")
+        fixed = [k for k in ("data", "seed") if k in overlay] + (["fl.rounds"] if "rounds" in overlay.get("fl", {}) else [])
+        if fixed:
+            raise ConfigError(f"method_base.{method}.{fixed[0]}: the study's own for every method (equal data and "
+                              f"rounds); allowed: fl (but rounds), model, method, runtime")
     val_spec = space.params.get("data.split.val")
     if base.data.split.val == 0 or (val_spec is not None and val_spec.example() == 0):
         raise ConfigError(f"objective: {space.objective} needs validation samples, but data.split.val can be 0; "
@@ -234,6 +262,13 @@ def load_space(path: str | Path) -> SearchSpace:
     return space
 
 
+def _lookup(tree: dict[str, Any], key: str) -> Any:
+    node: Any = tree
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
 def initial_point(space: SearchSpace) -> dict[str, Any] | None:
     """The base config's value of every searched key (the paper default), if all lie in their ranges."""
     if not space.start_from_base or "method.name" in space.params:
@@ -241,13 +276,36 @@ def initial_point(space: SearchSpace) -> dict[str, Any] | None:
     resolved = space.base_experiment().model_dump()
     point = {}
     for key, spec in space.params.items():
-        node: Any = resolved
-        for part in key.split("."):
-            node = node.get(part) if isinstance(node, dict) else None
-        if node is None or not spec.contains(node):
+        value = _lookup(resolved, key)
+        if value is None or not spec.contains(value):
             return None
-        point[key] = node
+        point[key] = value
     return point
+
+
+def method_default_points(space: SearchSpace) -> list[dict[str, Any]]:
+    """A cross-method study's first trials: per method choice, its paper default (base plus its
+    `method_base` overlay) for every searched key whose default lies in range; Optuna samples the rest."""
+    if not space.start_from_base or "method.name" not in space.params:
+        return []
+    points = []
+    for method in space.params["method.name"].choices or []:
+        resolved = build_experiment(space.config({"method.name": method})).model_dump()
+        point: dict[str, Any] = {"method.name": method}
+        keys = [(k, k, spec) for k, spec in space.params.items() if k != "method.name"]
+        keys += [(f"{method}{CONDITIONAL_SEP}{k}", k, spec) for k, spec in space.conditional.get(str(method), {}).items()]
+        for name, key, spec in keys:
+            value = _lookup(resolved, key)
+            if value is not None and spec.contains(value):
+                point[name] = value
+        points.append(point)
+    return points
+
+
+def start_points(space: SearchSpace) -> list[dict[str, Any]]:
+    """What a new study runs first: the paper default, or one per method in a cross-method study."""
+    point = initial_point(space)
+    return [point] if point is not None else method_default_points(space)
 
 
 def suggest(trial: Any, name: str, spec: ParamSpec) -> Any:

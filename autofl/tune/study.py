@@ -246,10 +246,9 @@ def trial_config(study: Study, params: dict[str, Any], number: int | None, value
     import autofl
     from autofl.config import experiment_to_dict
     from autofl.experiment import build_experiment
-    from autofl.tune.space import experiment_dict
 
     space = study.space()
-    exp = build_experiment(experiment_dict(space.base, params))
+    exp = build_experiment(space.config(params))
     config = experiment_to_dict(exp)
     # the trial's own runtime, so that a re-run reproduces its round-by-round metrics exactly
     config["runtime"]["threads"] = max(1, int(space.resources.cpu))

@@ -39,12 +39,13 @@ def trial_device() -> torch.device:
 
 class FLTrainable(tune.Trainable):
     def setup(self, config: dict[str, Any], base: dict[str, Any] | None = None, raw_data: RawDataset | None = None,
-              threads: int = 1, checkpoint_every_s: float = 0.0) -> None:
+              threads: int = 1, checkpoint_every_s: float = 0.0,
+              method_base: dict[str, dict[str, Any]] | None = None) -> None:
         torch.set_num_threads(max(1, threads))
-        self._base, self._raw = base or {}, raw_data
+        self._base, self._raw, self._method_base = base or {}, raw_data, method_base or {}
         self._checkpoint_every_s = checkpoint_every_s
         self._unsaved_s = 0.0  # training time since the last checkpoint
-        exp = build_experiment(experiment_dict(self._base, config))
+        exp = build_experiment(experiment_dict(self._base, config, self._method_base))
         if raw_data is not None and raw_data.name != exp.data.dataset:
             raw_data = None  # the dataset itself is searched: load this trial's own
         self.sim = Simulation(exp, raw=raw_data, device=trial_device())
@@ -53,7 +54,7 @@ class FLTrainable(tune.Trainable):
 
     def reset_config(self, new_config: dict[str, Any]) -> bool:
         """Reuse this worker for the next trial (no new process, no second torch import)."""
-        exp = build_experiment(experiment_dict(self._base, new_config))
+        exp = build_experiment(experiment_dict(self._base, new_config, self._method_base))
         raw = self._raw if self._raw is not None and self._raw.name == exp.data.dataset else None
         self.sim = Simulation(exp, raw=raw, device=trial_device())
         self.last = None
