@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import NoReturn
 
 from rich.console import Console
+from rich.console import Group
 from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from autofl.errors import AutoFLError, StorageError
@@ -37,7 +39,19 @@ def cmd_train(args: argparse.Namespace) -> int:
     console.print(f"[bold]autofl train[/]: {exp.method.name} on {exp.data.dataset} ({exp.data.num_clients} clients, "
                   f"{exp.data.partition.kind}), {exp.model.arch}, {exp.fl.rounds} rounds -> {out}")
     table = Table(*_ROUND_COLUMNS, "seconds", title=f"{exp.method.name} / {exp.data.dataset}")
-    live = Live(table, console=console, refresh_per_second=4) if console.is_terminal else None
+    # within a round: clients trained so far (a long round shows it is moving)
+    per_round = max(1, round(exp.data.num_clients * exp.fl.participation))
+    progress = Progress(TextColumn("round {task.fields[rnd]}/" + str(exp.fl.rounds)), BarColumn(),
+                        MofNCompleteColumn(), TextColumn("clients"), TimeElapsedColumn(), console=console)
+    task = progress.add_task("clients", total=per_round, rnd=1)
+    live = Live(Group(table, progress), console=console, refresh_per_second=4) if console.is_terminal else None
+    clients = [0, 1]  # trained in this round, the round
+
+    def on_clients(done: int) -> None:
+        clients[0] += done
+        if clients[0] >= per_round and clients[1] < exp.fl.rounds:  # the next round starts from 0
+            clients[0], clients[1] = 0, clients[1] + 1
+        progress.update(task, completed=min(clients[0], per_round), rnd=clients[1])
 
     def on_round(metrics: dict[str, float], seconds: float) -> None:
         row = [_fmt(metrics.get(k)) for k in _ROUND_COLUMNS] + [f"{seconds:.1f}"]
@@ -49,7 +63,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     announce = lambda line: console.print(line, soft_wrap=True)  # noqa: E731
     if live is not None:
         with live:
-            history = run_training(exp, out, on_round, args.overwrite, announce)
+            history = run_training(exp, out, on_round, args.overwrite, announce, on_clients)
     else:
         history = run_training(exp, out, on_round, args.overwrite, announce)
     last = history[-1]

@@ -46,11 +46,14 @@ def write_atomic(path: Path, text: str) -> None:
 def run_training(
     exp: Experiment, out: Path, on_round: Callable[[dict[str, float], float], None] | None = None,
     overwrite: bool = False, announce: Callable[[str], None] | None = None,
+    on_clients: Callable[[int], None] | None = None,
 ) -> list[dict[str, float]]:
     """Run `exp` to the end, appending each evaluated round to `out/metrics.jsonl`; `announce`
-    receives the line saying which executor trains the clients."""
+    receives the line saying which executor trains the clients, `on_clients` how many more of a
+    round's clients finished training (a progress bar within long rounds)."""
     check_out_dir(out, overwrite)
     sim = Simulation(exp)  # loads the data first: a missing dataset fails before anything is written
+    sim.clients_done = on_clients
     if announce is not None:
         announce(sim.executor_line)
     out.mkdir(parents=True, exist_ok=True)  # check_out_dir above already refused what must not be written

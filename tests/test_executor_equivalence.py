@@ -105,3 +105,16 @@ def test_vectorized_equals_sequential(method, arch):
 @pytest.mark.parametrize("method", ["fedavg", "fedprox", "fedper", "moon", "fdcl", "fedeccr", "fedfcd"])
 def test_vectorized_equals_sequential_in_float32_without_batchnorm(method):
     check_equivalent(method, "mlp", "float32")
+
+
+@pytest.mark.parametrize("executor,chunk", [("sequential", None), ("vectorized", None), ("vectorized", 2)])
+def test_progress_hook_counts_each_rounds_clients_once(executor, chunk):
+    exp = load_experiment(None, ["data.num_clients=6", "fl.participation=0.5", "fl.rounds=2",
+                                 f"runtime.executor={executor}"] + ([f"runtime.client_chunk={chunk}"] if chunk else []))
+    sim = Simulation(exp, raw=small_raw(8, 240))
+    calls: list[int] = []
+    sim.clients_done = calls.append
+    list(sim.run())
+    # 3 sampled clients per round: one at a time, all at once, or chunks of 2 then 1
+    expected = {"sequential": [1, 1, 1], "vectorized": [3] if chunk is None else [2, 1]}[executor]
+    assert calls == expected * 2

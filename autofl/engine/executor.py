@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
 from torch import nn
@@ -27,6 +27,13 @@ class RoundPlan:
     weight_decay: float
     batch_size: int
     local_epochs: int
+    # told how many more clients finished training (a progress display); executors call it as
+    # clients finish: one at a time (sequential) or a chunk at once (vectorized)
+    clients_done: Callable[[int], None] | None = None
+
+    def finished(self, clients: int) -> None:
+        if self.clients_done is not None:
+            self.clients_done(clients)
 
     def optimizer(self, params: list[torch.Tensor]) -> torch.optim.Optimizer:
         return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)

@@ -20,7 +20,11 @@ class SequentialExecutor:
         self.ws = ws
 
     def train(self, plan: RoundPlan, jobs: list[ClientJob], x: torch.Tensor, y: torch.Tensor) -> list[ClientOutcome]:
-        return [self.train_client(plan, job, x, y) for job in jobs]
+        outcomes = []
+        for job in jobs:
+            outcomes.append(self.train_client(plan, job, x, y))
+            plan.finished(1)
+        return outcomes
 
     def train_client(self, plan: RoundPlan, job: ClientJob, x: torch.Tensor, y: torch.Tensor) -> ClientOutcome:
         ws = self.ws

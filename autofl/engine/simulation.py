@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -53,6 +53,8 @@ class Simulation:
         self.client_states: dict[int, dict[str, Any]] = {}
         self.round = 0  # rounds completed
         self.history: list[dict[str, float]] = []
+        # a progress display's hook: told how many more of this round's clients finished training
+        self.clients_done: Callable[[int], None] | None = None
         self._set_round_seed()
         self.method.setup(self)
 
@@ -73,7 +75,7 @@ class Simulation:
         fl = self.exp.fl
         return RoundPlan(self.method.local_stages(self.round), lr=fl.lr * fl.lr_decay**self.round,
                          momentum=fl.momentum, weight_decay=fl.weight_decay, batch_size=fl.batch_size,
-                         local_epochs=fl.local_epochs)
+                         local_epochs=fl.local_epochs, clients_done=self.clients_done)
 
     def client_job(self, cid: int) -> ClientJob:
         state = self.client_states.setdefault(cid, {})

@@ -54,6 +54,7 @@ class VectorizedExecutor:
             members = order[start : start + chunk]
             for i, outcome in zip(members, _ChunkRun(self.ws, plan, [jobs[i] for i in members], x, y).run()):
                 outcomes[i] = outcome
+            plan.finished(len(members))
         return [outcomes[i] for i in range(len(jobs))]
 
 
