@@ -67,8 +67,8 @@ class DataConfig(Strict):
     num_clients: int = Field(10, ge=1)
     split: SplitConfig = Field(default_factory=SplitConfig)
     min_size: int = Field(10, ge=0, description="dirichlet: fewest samples a client may hold")
-    seed: int | None = Field(None, description="seed of the partition and split; None: the experiment's seed "
-                             "(re-evaluation over fresh seeds keeps the partition by fixing it)")
+    seed: int | None = Field(None, ge=0, le=2**32 - 1, description="seed of the partition and split; None: the "
+                             "experiment's seed (re-evaluation over fresh seeds keeps the partition by fixing it)")
 
     def resolved_root(self) -> Path:
         return Path(self.root or os.environ.get(DATA_ROOT_ENV) or "data").expanduser()
@@ -116,7 +116,7 @@ class RuntimeConfig(Strict):
 
 
 class Experiment(Strict):
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=2**32 - 1)
     data: DataConfig = Field(default_factory=DataConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     fl: FLConfig = Field(default_factory=FLConfig)

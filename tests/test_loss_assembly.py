@@ -1,0 +1,111 @@
+"""Whole-loss assemblies on fixed tensors against values assembled by hand: each term fed the
+right model's tensors (local / global / previous in their slots), weighted as the spec says, and
+switched off before a client's first participation; and `metrics.evaluate`'s sample weighting."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from autofl.engine.metrics import evaluate
+from autofl.engine.simulation import Simulation
+from autofl.experiment import load_experiment
+
+
+def _sim(method: str, *extra: str) -> Simulation:
+    exp = load_experiment(None, [f"method.name={method}", "data.num_clients=4", "fl.rounds=1",
+                                 "runtime.dtype=float64", "runtime.executor=sequential", *extra])
+    return Simulation(exp)
+
+
+def _distinct_copies(sim: Simulation) -> None:
+    """model, glob and prev get different weights, so a tensor in the wrong slot changes the value."""
+    for i, name in enumerate(("model", "glob", "prev")):
+        torch.manual_seed(100 + i)
+        for p in sim.workspace.get_submodule(name).parameters():
+            torch.nn.init.normal_(p, std=0.3)
+
+
+def _pair(a: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor, tau: float) -> float:
+    """-log(e^{cos(a,pos)/tau} / (e^{cos(a,pos)/tau} + e^{cos(a,neg)/tau})), batch mean, by hand."""
+    total = 0.0
+    for i in range(len(a)):
+        cos = lambda u, v: float(u @ v) / (float(u.norm()) * float(v.norm()))  # noqa: E731
+        cp, cn = cos(a[i], pos[i]), cos(a[i], neg[i])
+        total += -math.log(math.exp(cp / tau) / (math.exp(cp / tau) + math.exp(cn / tau)))
+    return total / len(a)
+
+
+def _ce(logits: torch.Tensor, y: torch.Tensor) -> float:
+    return float(np.mean([-math.log(math.exp(float(l[c])) / float(torch.exp(l).sum())) for l, c in zip(logits, y)]))
+
+
+def test_fdcl_loss_is_ce_plus_mu_times_encoder_and_classifier_contrast_in_the_right_slots():
+    sim = _sim("fdcl", "method.mu=0.7", "method.tau=0.4")
+    _distinct_copies(sim)
+    ws = sim.workspace
+    x, y = sim.data.x[:6], sim.data.y[:6]
+    ws.eval()
+    with torch.no_grad():
+        e = {n: ws.get_submodule(n).encoder(x) for n in ("model", "glob", "prev")}
+        c = {n: ws.get_submodule(n).head(e[n]) for n in e}
+    got = float(sim.method.loss(ws, x, y, {"has_prev": torch.tensor(1.0, dtype=x.dtype)}).detach())
+    # l_e: local encoder pulled to the global one, pushed from the previous; l_c: local logits pulled
+    # to the previous model's, pushed from the global's
+    l_e = _pair(e["model"], e["glob"], e["prev"], 0.4)
+    l_c = _pair(c["model"], c["prev"], c["glob"], 0.4)
+    assert math.isclose(got, _ce(c["model"], y) + 0.7 * (l_e + l_c), rel_tol=1e-9)
+    assert not math.isclose(l_e, _pair(e["model"], e["prev"], e["glob"], 0.4), rel_tol=1e-6)  # slots matter
+    first = float(sim.method.loss(ws, x, y, {"has_prev": torch.tensor(0.0, dtype=x.dtype)}).detach())
+    assert math.isclose(first, _ce(c["model"], y), rel_tol=1e-9)  # no previous model yet: CE alone
+
+
+def test_fdcl_keeps_the_trained_model_as_next_rounds_prev_and_personal_model():
+    sim = _sim("fdcl")
+    sim.run_round()
+    for cid in range(4):
+        prev = sim.client_states[cid]["prev"]
+        start = sim.method.client_start(sim.global_state, sim.client_states[cid])
+        assert start.flags == {"has_prev": 1.0} and start.models["prev"] is prev
+        assert start.models["glob"] is sim.global_state
+        sim.method.load_personal(sim.model, sim.global_state, sim.client_states[cid])
+        assert all(torch.equal(v, prev[k]) for k, v in sim.model.state_dict().items())
+    fresh = sim.method.client_start(sim.global_state, {})
+    assert fresh.flags == {"has_prev": 0.0}
+
+
+def test_moon_loss_is_ce_plus_mu_times_model_contrast_on_projected_features():
+    sim = _sim("moon", "method.mu=2.5", "method.tau=0.5", "model.projector_depth=2", "model.projector_dim=16")
+    _distinct_copies(sim)
+    ws = sim.workspace
+    x, y = sim.data.x[:5], sim.data.y[:5]
+    ws.eval()  # the projector's BatchNorm on its (fixed) running statistics, for both computations
+    with torch.no_grad():
+        z = {n: ws.get_submodule(n).projector(ws.get_submodule(n).encoder(x)) for n in ("model", "glob", "prev")}
+        logits = ws.model.head(z["model"])
+    got = float(sim.method.loss(ws, x, y, {"has_prev": torch.tensor(1.0, dtype=x.dtype)}).detach())
+    assert math.isclose(got, _ce(logits, y) + 2.5 * _pair(z["model"], z["glob"], z["prev"], 0.5), rel_tol=1e-9)
+
+
+def test_evaluate_weights_clients_by_samples_and_summarizes_their_spread():
+    sim = _sim("fedper", "data.partition.kind=dirichlet", "data.partition.alpha=0.3", "data.num_clients=5")
+    sim.run_round()
+    got = evaluate(sim)
+    correct, sizes = {"val": [], "test": []}, {"val": [], "test": []}
+    for cid, split in enumerate(sim.data.clients):
+        sim.method.load_personal(sim.model, sim.global_state, sim.client_states.get(cid, {}))
+        sim.model.eval()
+        with torch.no_grad():
+            for part in ("val", "test"):
+                idx = getattr(split, part)
+                pred = sim.method.predict(sim.model, sim.data.x[idx], sim.client_states.get(cid, {})).argmax(1)
+                correct[part].append(int((pred == sim.data.y[idx]).sum()))
+                sizes[part].append(len(idx))
+    for part in ("val", "test"):
+        assert got[f"personal_{part}_acc"] == sum(correct[part]) / sum(sizes[part])  # pooled, not a mean of means
+        per_client = np.array([c / n for c, n in zip(correct[part], sizes[part]) if n > 0])
+        assert math.isclose(got[f"personal_{part}_acc_std"], float(per_client.std()), abs_tol=1e-12)
+        assert math.isclose(got[f"personal_{part}_acc_p10"], float(np.percentile(per_client, 10)), abs_tol=1e-12)
+    assert "global_test_acc" not in got  # fedper has no global model
