@@ -63,13 +63,13 @@ def _searcher(space: SearchSpace, study: Study, run_name: str, trials: int, with
     )
 
 
-def _scheduler(space: SearchSpace):
+def _scheduler(space: SearchSpace, study: Study):
     if space.scheduler.kind == "none":
         return None
-    from ray.tune.schedulers import ASHAScheduler
+    from autofl.tune.scheduler import StudyASHA
 
-    return ASHAScheduler(time_attr="round", max_t=space.max_rounds, grace_period=space.scheduler.grace_period,
-                         reduction_factor=space.scheduler.reduction_factor)
+    return StudyASHA(study.root, time_attr="round", max_t=space.max_rounds,
+                     grace_period=space.scheduler.grace_period, reduction_factor=space.scheduler.reduction_factor)
 
 
 def _trainable(space: SearchSpace):
@@ -126,7 +126,7 @@ def run_experiment(study: Study, trials: int, address: str | None, restore: str 
             trainable,
             tune_config=tune.TuneConfig(
                 search_alg=searcher,
-                scheduler=_scheduler(space), metric=space.objective, mode=space.mode, num_samples=trials,
+                scheduler=_scheduler(space, study), metric=space.objective, mode=space.mode, num_samples=trials,
                 time_budget_s=space.time_budget_s, reuse_actors=True,
             ),
             run_config=tune.RunConfig(

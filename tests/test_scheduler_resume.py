@@ -1,0 +1,69 @@
+"""StudyASHA rebuilds ASHA's rung records from the study: after a resume, a new trial is judged
+against the values earlier trials reached at each rung, and a trial already judged at a rung is
+not judged there again."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import optuna
+import yaml
+from optuna.distributions import FloatDistribution
+from ray.tune.schedulers import TrialScheduler
+
+from autofl.tune.scheduler import StudyASHA
+
+
+def _study(tmp_path, curves: dict[str, dict[int, float]], mode: str = "max"):
+    root = tmp_path / "s"
+    root.mkdir()
+    (root / "space.yaml").write_text(yaml.safe_dump({"study": "s"}))
+    ot = optuna.create_study(study_name="s", storage=f"sqlite:///{root / 'optuna.db'}",
+                             direction="maximize" if mode == "max" else "minimize")
+    for i, (tune_id, curve) in enumerate(curves.items()):
+        attrs = {"tune_trial_id": tune_id} if tune_id else {}
+        if tune_id == "gone":
+            attrs["interrupted"] = True
+        ot.add_trial(optuna.trial.create_trial(params={"x": 0.1 * (i + 1)}, distributions={"x": FloatDistribution(0, 1)},
+                                               intermediate_values=curve, user_attrs=attrs,
+                                               state=optuna.trial.TrialState.PRUNED))
+    return root
+
+
+def _asha(root, mode: str = "max") -> StudyASHA:
+    asha = StudyASHA(root, time_attr="round", max_t=8, grace_period=2, reduction_factor=2)
+    asha.set_search_properties(metric="acc", mode=mode, config={})
+    return asha
+
+
+def test_rungs_hold_the_studys_values_at_each_milestone(tmp_path):
+    root = _study(tmp_path, {"a": {1: 0.1, 2: 0.5, 3: 0.6, 4: 0.7}, "b": {1: 0.2, 2: 0.3}, "gone": {2: 0.99},
+                             None: {2: 0.98}})
+    asha = _asha(root)
+    assert asha.seed_from_study() == 3 and asha.seed_from_study() == 0  # once per driver
+    rungs = {int(m): r for m, r in asha._brackets[0]._rungs}
+    assert rungs[2] == {"a": 0.5, "b": 0.3} and rungs[4] == {"a": 0.7}  # interrupted and untagged left out
+    # a new trial at round 2 below the rung's cutoff (its median here) is stopped, above it continues
+    bracket = asha._brackets[0]
+    assert bracket.on_result(SimpleNamespace(trial_id="new1"), 2, 0.2) == TrialScheduler.STOP
+    assert bracket.on_result(SimpleNamespace(trial_id="new2"), 2, 0.6) == TrialScheduler.CONTINUE
+    # a resumed trial already judged at rung 2 is not judged there again
+    assert bracket.on_result(SimpleNamespace(trial_id="b"), 2, 0.0) == TrialScheduler.CONTINUE
+
+
+def test_minimized_objectives_are_recorded_negated_as_asha_does(tmp_path):
+    root = _study(tmp_path, {"a": {2: 0.5}}, mode="min")
+    asha = _asha(root, mode="min")
+    asha.seed_from_study()
+    assert {int(m): r for m, r in asha._brackets[0]._rungs}[2] == {"a": -0.5}
+
+
+def test_a_restored_scheduler_seeds_again(tmp_path):
+    import pickle
+
+    root = _study(tmp_path, {"a": {2: 0.5}})
+    asha = _asha(root)
+    asha.seed_from_study()
+    restored = pickle.loads(pickle.dumps(asha))
+    assert restored._seeded is False  # looks at the study again, without recording a value twice
+    assert restored.seed_from_study() == 0 and {int(m): r for m, r in restored._brackets[0]._rungs}[2] == {"a": 0.5}
