@@ -109,3 +109,50 @@ def test_evaluate_weights_clients_by_samples_and_summarizes_their_spread():
         assert math.isclose(got[f"personal_{part}_acc_std"], float(per_client.std()), abs_tol=1e-12)
         assert math.isclose(got[f"personal_{part}_acc_p10"], float(np.percentile(per_client, 10)), abs_tol=1e-12)
     assert "global_test_acc" not in got  # fedper has no global model
+
+
+def test_fedfcd_steps_and_fused_prediction():
+    sim = _sim("fedfcd", "method.lam=3.0")
+    torch.manual_seed(7)
+    for p in sim.workspace.model.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    ws, method = sim.workspace, sim.method
+    x, y = sim.data.x[:6], sim.data.y[:6]
+    (stage,) = method.local_stages(0)
+    extractor, head = stage.updates
+    # (a) trains theta only; (b) trains phi_i only; phi_g (global_head) is never trained by a client
+    assert extractor.trains == ("model.encoder.",) and head.trains == ("model.head.",)
+    gfr, has = method.gfr.clone(), method.has_gfr.clone()
+    has[y[0]] = False  # a class without a GFR adds 0 to the regularizer
+    method.has_gfr = has
+    (stage,) = method.local_stages(0)
+    extractor, head = stage.updates
+    ws.eval()
+    with torch.no_grad():
+        f = ws.model.encoder(x)
+        personal, fused = ws.model.head(f), ws.model.global_head(f) + ws.model.head(f)
+    d = f.shape[1]
+    reg = sum(float(((f[i] - gfr[y[i]]) ** 2).sum()) / d for i in range(len(y)) if has[y[i]]) / len(y)
+    flags: dict = {}
+    assert math.isclose(float(extractor.loss(ws, x, y, flags).detach()), _ce(personal, y) + 3.0 * reg, rel_tol=1e-9)
+    assert math.isclose(float(head.loss(ws, x, y, flags).detach()), _ce(fused, y), rel_tol=1e-9)
+    assert torch.equal(method.predict(ws.model, x, {}), fused)  # prediction fuses both heads' logits
+
+
+def test_dualfed_predicts_with_the_sum_of_both_heads_and_aggregates_with_equal_weights():
+    from autofl.methods.base import Upload
+
+    sim = _sim("dualfed", "model.projector_depth=2", "model.projector_dim=16")
+    model = sim.workspace.model
+    model.eval()
+    x = sim.data.x[:4]
+    with torch.no_grad():
+        f = model.encoder(x)
+        expected = model.head(model.projector(f)) + model.global_head(f)
+        assert torch.allclose(sim.method.predict(model, x, {}), expected, rtol=0, atol=1e-12)
+        assert torch.equal(sim.method.predict_global(model, x), model.global_head(f))
+    states = [{"w": torch.tensor([1.0, 2.0])}, {"w": torch.tensor([3.0, 6.0])}]
+    uploads = [Upload(0, 10, states[0], {}, 0.0), Upload(1, 30, states[1], {}, 0.0)]
+    assert torch.equal(sim.method.aggregate(uploads)["w"], torch.tensor([2.0, 4.0]))  # equal weights
+    weighted = _sim("dualfed", "method.weighted=true").method
+    assert torch.equal(weighted.aggregate(uploads)["w"], torch.tensor([2.5, 5.0]))  # by sample counts
