@@ -156,3 +156,53 @@ def test_dualfed_predicts_with_the_sum_of_both_heads_and_aggregates_with_equal_w
     assert torch.equal(sim.method.aggregate(uploads)["w"], torch.tensor([2.0, 4.0]))  # equal weights
     weighted = _sim("dualfed", "method.weighted=true").method
     assert torch.equal(weighted.aggregate(uploads)["w"], torch.tensor([2.5, 5.0]))  # by sample counts
+
+
+def _cos_mean(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(np.mean([float(u @ v) / (float(u.norm()) * float(v.norm())) for u, v in zip(a, b)]))
+
+
+def test_fedsiam_da_loss_mix_with_the_half_factors_and_the_history_snapshot():
+    sim = _sim("fedsiam_da", "method.mu=0.3", "model.projector_depth=2", "model.projector_dim=16")
+    ws = sim.workspace
+    for i, name in enumerate(("model", "siamese", "hist")):
+        torch.manual_seed(200 + i)
+        for p in ws.get_submodule(name).parameters():
+            torch.nn.init.normal_(p, std=0.3)
+    (stage,) = sim.method.local_stages(0)
+    siamese, local = stage.updates
+    assert stage.snapshot_after_epoch == {"hist": "model"} and stage.flags_after_epoch == {"has_hist": 1.0}
+    assert local.trains == ("model.",) and all(t.startswith("siamese.") for t in siamese.trains)
+    x, y = sim.data.x[:6], sim.data.y[:6]
+    ws.eval()
+    with torch.no_grad():
+        z = {n: ws.get_submodule(n).projector(ws.get_submodule(n).encoder(x)) for n in ("model", "siamese", "hist")}
+        q_local, q_siam = ws.model.predictor(z["model"]), ws.siamese.predictor(z["siamese"])
+        logits = ws.model.head(z["model"])
+    one = {"has_hist": torch.tensor(1.0, dtype=x.dtype)}
+    # step 1, f': 1/2 D-(q_f'(z_f'), sg(z_local)), D- = -cos
+    assert math.isclose(float(siamese.loss(ws, x, y, one).detach()), -0.5 * _cos_mean(q_siam, z["model"]),
+                        rel_tol=1e-9)
+    # step 2: CE + mu (D+(sg(z_hist), z_local) + 1/2 D-(q(z_local), sg(z_f'))), D+ = +cos
+    expected = _ce(logits, y) + 0.3 * (_cos_mean(z["hist"], z["model"]) - 0.5 * _cos_mean(q_local, z["siamese"]))
+    assert math.isclose(float(local.loss(ws, x, y, one).detach()), expected, rel_tol=1e-9)
+    zero = {"has_hist": torch.tensor(0.0, dtype=x.dtype)}  # before the first snapshot: no history term
+    expected0 = _ce(logits, y) + 0.3 * (-0.5 * _cos_mean(q_local, z["siamese"]))
+    assert math.isclose(float(local.loss(ws, x, y, zero).detach()), expected0, rel_tol=1e-9)
+
+
+def test_fedeccr_mixes_prototype_contrast_and_ce_with_alpha_one_minus_r_over_R():
+    from autofl.losses import prototype_contrast
+
+    sim = _sim("fedeccr", "fl.rounds=4", "method.tau=0.5")
+    method, ws = sim.method, sim.workspace
+    x, y = sim.data.x[:8], sim.data.y[:8]
+    ws.eval()
+    with torch.no_grad():
+        f = ws.model.encoder(x)
+        ce = _ce(ws.model.head(f), y)
+        pc = float(prototype_contrast(f, y, method.prototypes, method.has_prototype, 0.5))
+    for rnd, alpha in ((0, 1.0), (1, 0.75), (2, 0.5), (3, 0.25)):
+        (stage,) = method.local_stages(rnd)
+        got = float(stage.updates[0].loss(ws, x, y, {}).detach())
+        assert math.isclose(got, alpha * pc + (1 - alpha) * ce, rel_tol=1e-9), rnd
