@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Callable
@@ -19,6 +20,7 @@ from autofl.errors import AutoFLError, RunDiverged
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.yaml"
 STATE_FILE = "final_state.pt"
+RUN_FILES = (METRICS_FILE, CONFIG_FILE, STATE_FILE)  # what a run's folder holds
 
 
 def check_out_dir(out: Path, overwrite: bool) -> None:
@@ -35,6 +37,11 @@ def check_out_dir(out: Path, overwrite: bool) -> None:
         raise AutoFLError(f"--out {out}: {existing} is not writable")
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise AutoFLError(f"--out {out}: folder already holds files; choose another folder or pass --overwrite")
+    if out.is_dir():  # --overwrite replaces the folder as a whole: only an earlier run's folder
+        others = sorted(p.name for p in out.iterdir() if p.name not in RUN_FILES)
+        if others:
+            raise AutoFLError(f"--out {out}: --overwrite replaces an earlier run's folder, but this one also holds "
+                              f"{', '.join(others[:3])}{' ...' if len(others) > 3 else ''}; choose another folder")
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -50,16 +57,23 @@ def run_training(
 ) -> list[dict[str, float]]:
     """Run `exp` to the end, appending each evaluated round to `out/metrics.jsonl`; `announce`
     receives the line saying which executor trains the clients, `on_clients` how many more of a
-    round's clients finished training (a progress bar within long rounds)."""
+    round's clients finished training (a progress bar within long rounds).
+
+    Overwriting a folder that holds an earlier run writes the new run into a hidden sibling folder
+    and swaps it in at the end: an interrupted run leaves the earlier one whole, never a mix."""
     check_out_dir(out, overwrite)
     sim = Simulation(exp)  # loads the data first: a missing dataset fails before anything is written
     sim.clients_done = on_clients
     if announce is not None:
         announce(sim.executor_line)
-    out.mkdir(parents=True, exist_ok=True)  # check_out_dir above already refused what must not be written
-    write_atomic(out / CONFIG_FILE, yaml.safe_dump(experiment_to_dict(exp), sort_keys=False))
+    replacing = out.is_dir() and any(out.iterdir())
+    work = out.with_name(f".{out.name}.new-{os.getpid()}") if replacing else out
+    if replacing and announce is not None:
+        announce(f"--overwrite: the run is written to {work} and replaces {out} when it ends")
+    work.mkdir(parents=True, exist_ok=True)  # check_out_dir above already refused what must not be written
+    write_atomic(work / CONFIG_FILE, yaml.safe_dump(experiment_to_dict(exp), sort_keys=False))
     history: list[dict[str, float]] = []
-    with open(out / METRICS_FILE, "w") as fh:
+    with open(work / METRICS_FILE, "w") as fh:
         start = time.perf_counter()
         for metrics in sim.run():
             fh.write(json.dumps(metrics) + "\n")
@@ -67,10 +81,20 @@ def run_training(
             history.append(metrics)
             if not math.isfinite(metrics["train_loss"]):
                 raise RunDiverged(f"training diverged at round {metrics['round']}: train_loss is "
-                                  f"{metrics['train_loss']} (try a lower fl.lr); rounds so far are in {out / METRICS_FILE}")
+                                  f"{metrics['train_loss']} (try a lower fl.lr); rounds so far are in {work / METRICS_FILE}")
             if on_round is not None:
                 on_round(metrics, time.perf_counter() - start)
-    tmp = out / (STATE_FILE + ".tmp")
+    tmp = work / (STATE_FILE + ".tmp")
     torch.save(sim.state_dict(), tmp)
-    os.replace(tmp, out / STATE_FILE)
+    os.replace(tmp, work / STATE_FILE)
+    if replacing:
+        _swap_in(work, out)
     return history
+
+
+def _swap_in(new: Path, out: Path) -> None:
+    """Replace folder `out` by `new` (two renames; the earlier run is deleted only after)."""
+    old = out.with_name(f".{out.name}.old-{os.getpid()}")
+    os.replace(out, old)
+    os.replace(new, out)
+    shutil.rmtree(old, ignore_errors=True)

@@ -61,3 +61,44 @@ def test_real_fmnist_from_data_root(run_cli, tmp_path, data_root):
     metrics = read_metrics(out)
     assert metrics[-1]["personal_test_acc"] > 0.5
     assert metrics[-1]["global_test_acc"] > 0.5  # the official 10,000-image test set
+
+
+def _files(folder):
+    return {p.name: p.read_bytes() for p in folder.iterdir()}
+
+
+def test_overwrite_killed_midway_leaves_the_earlier_run_whole(run_cli, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "run"
+    assert run_cli("train", "--out", out, "--set", "fl.rounds=2") == 0
+    earlier = _files(out)
+    proc = subprocess.Popen([sys.executable, "-m", "autofl.cli", "train", "--out", str(out), "--overwrite",
+                             "--set", "fl.rounds=400", "--set", "seed=5"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 120
+    new = []
+    while time.time() < deadline and not any((p / "metrics.jsonl").exists() and (p / "metrics.jsonl").stat().st_size
+                                             for p in new):
+        new = [p for p in tmp_path.iterdir() if p.name.startswith(".run.new-")]
+        time.sleep(0.1)
+    assert proc.poll() is None, "the run ended before it could be killed"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert _files(out) == earlier  # no mix of the earlier run's and the new run's files
+
+    assert run_cli("train", "--out", out, "--overwrite", "--set", "fl.rounds=3") == 0
+    assert [m["round"] for m in read_metrics(out)] == [1, 2, 3] and set(_files(out)) == set(earlier)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".run.old-")]
+
+
+def test_overwrite_refuses_a_folder_that_is_not_a_run(run_cli, tmp_path, capsys):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    assert run_cli("train", "--out", out, "--overwrite", "--set", "fl.rounds=1") == 2
+    assert "also holds notes.txt" in capsys.readouterr().err and (out / "notes.txt").read_text() == "keep me"
