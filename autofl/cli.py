@@ -99,6 +99,11 @@ def cmd_search(args: argparse.Namespace) -> int:
         if not args.space:
             raise AutoFLError("search: give --space FILE for a new study or --resume NAME to continue one")
         space_path, space = st.ensure_space_file(args.space)
+        data = space.base_experiment().data
+        if data.dataset != "digits":  # a missing or corrupt dataset fails before the study exists (loaded once:
+            from autofl.data.datasets import load_raw_dataset  # the trials share this load); digits has no files
+
+            load_raw_dataset(data)
         study = st.create_study(home, space_path, space, args.name, storage_path=args.storage_path)
     sqlite = is_sqlite(study.storage_url())
     if existing and not sqlite:  # a new study's storage was probed before its folder was made

@@ -21,3 +21,55 @@ def test_digits_equals_scikit_learn_load_digits():
     theirs = {(tuple(xi.flatten().tolist()), int(yi)) for xi, yi in zip(expected, torch.tensor(bunch.target))}
     assert ours == theirs
     assert np.bincount(y.numpy()).tolist() == np.bincount(bunch.target).tolist()
+
+
+def _mnist_space(tmp_path, root, download=False):
+    import yaml
+
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump({"study": "m", "base": {"data": {"dataset": "mnist", "root": str(root),
+                                                                     "download": download}, "fl": {"rounds": 1}},
+                                    "params": {"fl.lr": {"type": "float", "low": 0.01, "high": 0.1}}}))
+    return path
+
+
+def _one_error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+def test_missing_dataset_fails_before_a_study_is_made(run_cli, tmp_path, capsys):
+    home = tmp_path / "home"
+    assert run_cli("search", "--space", _mnist_space(tmp_path, tmp_path / "empty"), "--dir", home) == 2
+    err = _one_error_line(capsys)
+    assert "data.dataset: mnist not found under" in err and "MNIST/raw" in err
+    assert not (home / "m").exists()  # nothing half-made: the same command works once the data is there
+
+
+def test_cifar_message_names_its_real_folder(run_cli, tmp_path, capsys):
+    assert run_cli("train", "--out", tmp_path / "o", "--set", "data.dataset=cifar10", "--set",
+                   f"data.root={tmp_path / 'none'}") == 2
+    assert "cifar-10-batches-py" in _one_error_line(capsys)
+
+
+def test_corrupt_dataset_files_are_one_line(run_cli, tmp_path, capsys):
+    raw = tmp_path / "data" / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    for name in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
+                 "t10k-labels-idx1-ubyte"):
+        (raw / name).write_bytes(b"\x00\x00\x08\x03not an idx file")
+    assert run_cli("train", "--out", tmp_path / "o", "--set", "data.dataset=mnist", "--set",
+                   f"data.root={tmp_path / 'data'}") == 2
+    err = _one_error_line(capsys)
+    assert err.startswith("autofl: error: data.dataset: the mnist files under") and "are corrupt" in err
+
+
+def test_download_without_network_is_one_line(run_cli, tmp_path, capsys, monkeypatch):
+    from torchvision import datasets
+
+    monkeypatch.setattr(datasets.MNIST, "mirrors", ["http://127.0.0.1:9/"])  # nothing listens: as offline
+    assert run_cli("train", "--out", tmp_path / "o", "--set", "data.dataset=mnist", "--set",
+                   f"data.root={tmp_path / 'dl'}", "--set", "data.download=true") == 2
+    err = _one_error_line(capsys)
+    assert "could not download mnist" in err and not (tmp_path / "o").exists()

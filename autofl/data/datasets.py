@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,7 +70,14 @@ def _to_tensor_images(data: object) -> torch.Tensor:
     return images.contiguous().float().div_(255.0)
 
 
+# where torchvision keeps each dataset's files under the root folder
+_LAYOUT = {"mnist": "MNIST/raw", "fmnist": "FashionMNIST/raw", "cifar10": "cifar-10-batches-py",
+           "cifar100": "cifar-100-python"}
+
+
 def _load_torchvision(name: str, root: Path, download: bool) -> RawDataset:
+    import pickle
+
     from torchvision import datasets
 
     cls = getattr(datasets, _TORCHVISION_CLASS[name])
@@ -77,13 +85,21 @@ def _load_torchvision(name: str, root: Path, download: bool) -> RawDataset:
         train = cls(str(root), train=True, download=download)
         test = cls(str(root), train=False, download=download)
     except RuntimeError as err:
-        if download:
-            raise DataError(f"data.dataset: could not download {name} into {root} ({err})") from None
+        message = str(err).lower()
+        if download and ("download" in message or "urlopen" in message):
+            raise DataError(f"data.download: could not download {name} into {root} ({_one_line(err)}); check the "
+                            f"network, or copy the files to {root}/{_LAYOUT[name]} and set data.download=false") from None
+        if "not found" not in message and "corrupted" not in message:  # the files are there but unreadable
+            raise _corrupt(name, root, err) from None
         raise DataError(
-            f"data.dataset: {name} not found under {root.resolve()} (torchvision layout, e.g. "
-            f"{root}/{cls.__name__}/raw); set data.root or ${DATA_ROOT_ENV} to the folder that holds it, "
-            f"or pass --set data.download=true"
+            f"data.dataset: {name} not found under {root.resolve()} (torchvision layout: {root}/{_LAYOUT[name]}); "
+            f"set data.root or ${DATA_ROOT_ENV} to the folder that holds it, or pass --set data.download=true"
         ) from None
+    except OSError as err:  # no network, refused connection, unreadable file
+        what = "download" if download else "read"
+        raise DataError(f"data.dataset: could not {what} {name} under {root} ({_one_line(err)})") from None
+    except (ValueError, EOFError, IndexError, pickle.UnpicklingError) as err:
+        raise _corrupt(name, root, err) from None
     mean, std = (torch.tensor(v).view(1, -1, 1, 1) for v in _NORMALIZATION[name])
     tx = (_to_tensor_images(train.data) - mean) / std
     vx = (_to_tensor_images(test.data) - mean) / std
@@ -92,8 +108,23 @@ def _load_torchvision(name: str, root: Path, download: bool) -> RawDataset:
     return RawDataset(name, tx, ty, vx, vy, len(train.classes))
 
 
+def _corrupt(name: str, root: Path, err: BaseException) -> DataError:
+    return DataError(f"data.dataset: the {name} files under {root}/{_LAYOUT[name]} are corrupt ({type(err).__name__}: "
+                     f"{_one_line(err)}); delete them and fetch them again (--set data.download=true)")
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split())[:300]
+
+
 def load_raw_dataset(cfg: DataConfig) -> RawDataset:
-    """Load `cfg.dataset` from `cfg.root` (or $AUTOFL_DATA_ROOT); digits needs no files."""
-    if cfg.dataset == "digits":
+    """Load `cfg.dataset` from `cfg.root` (or $AUTOFL_DATA_ROOT); digits needs no files. The last
+    one loaded is kept: a search checks its dataset before it creates the study, then shares that."""
+    return _load(cfg.dataset, str(cfg.resolved_root()), cfg.download)
+
+
+@functools.lru_cache(maxsize=1)
+def _load(name: str, root: str, download: bool) -> RawDataset:
+    if name == "digits":
         return _load_digits()
-    return _load_torchvision(cfg.dataset, cfg.resolved_root(), cfg.download)
+    return _load_torchvision(name, Path(root), download)
