@@ -135,7 +135,7 @@ def run_experiment(study: Study, trials: int, address: str | None, restore: str 
                 # training is unsaved; plus one at the end
                 checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=0, num_to_keep=2,
                                                         checkpoint_at_end=True),
-                failure_config=tune.FailureConfig(max_failures=0),
+                failure_config=tune.FailureConfig(max_failures=space.max_failures),
                 stop=_stopper(space, study, run_name),
                 callbacks=[LiveView(str(study.root))], verbose=0,  # the live view replaces Tune's reporter
             ),
