@@ -43,6 +43,10 @@ class PartitionConfig(Strict):
     kind: Literal["iid", "dirichlet", "pathological"] = "dirichlet"
     alpha: float = Field(0.5, gt=0, description="Dirichlet concentration (dirichlet only)")
     classes_per_client: int = Field(2, ge=1, description="k of pathological(k)")
+    class_order: Literal["shuffled", "in_order"] = Field(
+        "shuffled", description="pathological: which k classes a client holds: k consecutive classes of a seeded "
+        "shuffle of the labels, or of the labels in order (PFLlib's protocol, e.g. FedFCD's Table 1: clients hold "
+        "{0,1}, {2,3}, ...)")
 
 
 class SplitConfig(Strict):

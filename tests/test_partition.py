@@ -60,3 +60,16 @@ def test_pool_train_plus_test_uses_union_of_client_tests_as_global_test():
     fed = build_federated(raw, DataConfig(pool="train+test", num_clients=4), seed=0)
     assert len(fed.x) == len(raw.train_y) + len(raw.test_y)
     assert len(fed.test_y) == sum(len(c.test) for c in fed.clients)
+
+
+def test_pathological_in_order_gives_pfllibs_class_pairs():
+    # PFLlib's assignment (FedFCD's Table 1): 20 clients, 2 classes each, the pairs {0,1}, {2,3}, ...
+    # every pair held by 4 clients, a class's samples split evenly among them
+    for seed in (0, 1, 2):
+        parts = _parts("pathological", seed=seed, n=20, classes_per_client=2, class_order="in_order")
+        held = [tuple(np.unique(LABELS[p])) for p in parts]
+        assert sorted(set(held)) == [(0, 1), (2, 3), (4, 5), (6, 7), (8, 9)]
+        assert all(held.count(pair) == 4 for pair in set(held))
+        assert all(24 <= len(p) <= 26 for p in parts)  # 50 per class over 4 holders: 12 or 13 each
+    shuffled = {tuple(np.unique(LABELS[p])) for p in _parts("pathological", seed=0, n=20, classes_per_client=2)}
+    assert shuffled != {(0, 1), (2, 3), (4, 5), (6, 7), (8, 9)}  # the default draws its pairs from the seed

@@ -39,14 +39,17 @@ def partition_dirichlet(
 
 
 def partition_pathological(
-    labels: np.ndarray, num_clients: int, k: int, rng: np.random.Generator
+    labels: np.ndarray, num_clients: int, k: int, rng: np.random.Generator, in_order: bool = False
 ) -> list[np.ndarray]:
-    """Each client holds exactly k classes; a class's samples are split evenly among its holders."""
+    """Each client holds exactly k classes; a class's samples are split evenly among its holders.
+    Client i takes classes i*k .. i*k+k-1 (mod C) of the labels shuffled by `rng`, or of the labels
+    in order (`in_order`, PFLlib's assignment: with 20 clients and k=2 every client holds one of
+    the pairs {0,1}, {2,3}, ... {8,9})."""
     classes = np.unique(labels)
     if k > len(classes) or k * num_clients < len(classes):
         raise ConfigError(f"data.partition.classes_per_client: {k} does not fit {num_clients} clients and "
                           f"{len(classes)} classes; allowed {-(-len(classes) // num_clients)}..{len(classes)}")
-    order = rng.permutation(classes)
+    order = classes if in_order else rng.permutation(classes)
     # client i takes k consecutive classes of a shuffled cycle: distinct, and every class is held
     held = [order[(i * k + j) % len(classes)] for i in range(num_clients) for j in range(k)]
     holders: dict[int, list[int]] = {int(c): [] for c in classes}
@@ -67,4 +70,5 @@ def partition_indices(
         return partition_iid(labels, num_clients, rng)
     if cfg.kind == "dirichlet":
         return partition_dirichlet(labels, num_clients, cfg.alpha, min_size, rng)
-    return partition_pathological(labels, num_clients, cfg.classes_per_client, rng)
+    return partition_pathological(labels, num_clients, cfg.classes_per_client, rng,
+                                  in_order=cfg.class_order == "in_order")
