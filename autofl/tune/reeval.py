@@ -118,7 +118,8 @@ def _write_json(path: Path, data: Any) -> None:
 
 def plan(study: Study, seeds: int, top: int, vary_partition: bool) -> tuple[list[Candidate], list[Run]]:
     chosen = candidates(study, top)
-    runs = [Run(c, s, vary_partition) for c in chosen for s in fresh_seeds(study, seeds)]
+    fresh = fresh_seeds(study, seeds)
+    runs = [Run(c, s, vary_partition) for c in chosen for s in fresh]
     return chosen, runs
 
 

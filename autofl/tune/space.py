@@ -217,19 +217,19 @@ def validate_space(space: SearchSpace) -> None:
         base = space.base_experiment()
     except ConfigError as err:
         raise ConfigError(f"base.{err}") from None
-    if "method.name" in space.params:
-        methods = space.params["method.name"].choices or []
+    searched = "method.name" in space.params
+    choices = (space.params["method.name"].choices or []) if searched else [base.method.name]
+    methods = [str(m) for m in choices]  # the methods this study runs
+    if searched:
         shared = {k: v for k, v in space.params.items() if k != "method.name"}
-        for method in methods:
+        for method in choices:
             _check_keys(space, method, {**shared, **space.conditional.get(str(method), {})}, "params")
-        unknown = set(space.conditional) - {str(m) for m in methods}
+        unknown = set(space.conditional) - set(methods)
         if unknown:
             raise ConfigError(f"conditional.{sorted(unknown)[0]}: not among method.name choices; allowed: "
-                              f"{', '.join(map(str, methods))}")
+                              f"{', '.join(methods)}")
     else:
         _check_keys(space, None, space.params, "params")
-    methods = [str(m) for m in space.params["method.name"].choices or []] if "method.name" in space.params \
-        else [base.method.name]
     for method, overlay in space.method_base.items():
         if method not in methods:
             raise ConfigError(f"method_base.{method}: not a method this study runs; allowed: {', '.join(methods)}")
@@ -244,9 +244,8 @@ def validate_space(space: SearchSpace) -> None:
     if "global_val_acc" in space.metrics:
         from autofl.methods.registry import get_method_class
 
-        methods = space.params["method.name"].choices if "method.name" in space.params else [base.method.name]
-        for m in methods or []:
-            if not get_method_class(str(m)).has_global_model:
+        for m in methods:
+            if not get_method_class(m).has_global_model:
                 raise ConfigError(f"objective: method {m} has no global model, so global_val_acc is undefined; "
                                   f"allowed: {', '.join(o for o in VALIDATION_OBJECTIVES if o != 'global_val_acc')}")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,10 @@ def studies_dir(explicit: str | None = None) -> Path:
 @dataclass
 class Study:
     root: Path  # the study's folder
+    # the validated space, read once per Study: the file is the study's own copy and never changes,
+    # and validating it builds an experiment per searched bound (storage_url, tune_root and
+    # load_optuna all need it)
+    _space: SearchSpace | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def name(self) -> str:
@@ -40,7 +44,9 @@ class Study:
         return self.root / SPACE_FILE
 
     def space(self) -> SearchSpace:
-        return load_space(self.space_file)
+        if self._space is None:
+            self._space = load_space(self.space_file)
+        return self._space
 
     def meta(self) -> dict[str, Any]:
         path = self.root / META_FILE
@@ -195,11 +201,17 @@ def best_trial(study: Study):
     ot = study.load_optuna()
     if ot is None:
         raise AutoFLError(f"study {study.name!r} has no trials yet")
-    complete = [t for t in ot.get_trials(deepcopy=False) if t.state.name == "COMPLETE" and t.values]
-    if not complete:
+    best = best_of(ot.get_trials(deepcopy=False), study.space().mode)
+    if best is None:
         raise AutoFLError(f"study {study.name!r} has no completed trial yet; see autofl status {study.name}")
-    pick = max if study.space().mode == "max" else min
-    return pick(complete, key=first_value)  # multi-objective: the best on the first objective
+    return best
+
+
+def best_of(trials: list, mode: str):
+    """The COMPLETE trial with the best (first) objective value, or None."""
+    complete = [t for t in trials if t.state.name == "COMPLETE" and t.values]
+    pick = max if mode == "max" else min
+    return pick(complete, key=first_value) if complete else None  # multi-objective: on the first objective
 
 
 def export_best_config(study: Study, reeval: dict[str, Any] | None = None) -> dict[str, Any]:
