@@ -15,6 +15,7 @@ import html
 import io
 import math
 import warnings
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -55,12 +56,17 @@ def _figure(name: str, title: str, draw: Callable[[], Any]) -> Figure:
     return Figure(name, title, _png(fig))
 
 
-def _compute(space, params: dict[str, Any], rounds: int) -> float:
-    """Clients trained by a trial that reached `rounds`: rounds x sampled clients per round."""
+def trial_compute(space, trials: list) -> dict[int, float]:
+    """Clients trained by each finished trial: rounds it reached x sampled clients per round."""
     from autofl.experiment import build_experiment
 
-    exp = build_experiment(space.config(params))
-    return rounds * max(1, round(exp.data.num_clients * exp.fl.participation))
+    out = {}
+    for t in trials:
+        if t.state.is_finished():
+            exp = build_experiment(space.config(t.params))
+            out[t.number] = max(t.intermediate_values, default=0) * max(1, round(exp.data.num_clients *
+                                                                                 exp.fl.participation))
+    return out
 
 
 def asha_rungs(space) -> list[int]:
@@ -74,18 +80,16 @@ def asha_rungs(space) -> list[int]:
     return rungs
 
 
-def _best_so_far(study: Study, trials: list) -> list[Figure]:
+def _best_so_far(space, ot, trials: list, compute: dict[int, float]) -> list[Figure]:
     import matplotlib.pyplot as plt
     import optuna.visualization.matplotlib as ovm
 
-    space = study.space()
-    ot = study.load_optuna()
     better = max if space.mode == "max" else min
     xs, ys, best, spent = [], [], None, 0.0
     for t in sorted(trials, key=lambda t: t.datetime_complete or t.datetime_start):
         if not t.state.is_finished():
             continue
-        spent += _compute(space, t.params, max(t.intermediate_values, default=0))
+        spent += compute[t.number]
         if t.state.name == "COMPLETE" and t.values:
             best = t.values[0] if best is None else better(best, t.values[0])
         if best is not None:
@@ -108,10 +112,8 @@ def _best_so_far(study: Study, trials: list) -> list[Figure]:
     ]
 
 
-def _round_curves(study: Study, trials: list) -> Figure:
+def _round_curves(space, trials: list) -> Figure:
     import matplotlib.pyplot as plt
-
-    space = study.space()
 
     def draw():
         fig, ax = plt.subplots(figsize=(8, 4.5))
@@ -138,13 +140,11 @@ def _round_curves(study: Study, trials: list) -> Figure:
     return _figure("round_curves", "Round curves, ASHA rungs and pruned trials", draw)
 
 
-def _optuna_figures(study: Study) -> list[Figure]:
+def _optuna_figures(space, ot, trials: list) -> list[Figure]:
     import optuna
     import optuna.visualization.matplotlib as ovm
 
-    space = study.space()
-    ot = study.load_optuna()
-    names = sorted({p for t in ot.get_trials(deepcopy=False) if t.state.name == "COMPLETE" for p in t.params})
+    names = sorted({p for t in trials if t.state.name == "COMPLETE" for p in t.params})
     target = _target(space)
     figures = []
     if space.multi_objective and len(space.metrics) <= 3:
@@ -193,10 +193,10 @@ def _reeval_figure(summary: dict[str, Any]) -> Figure:
     return _figure("reeval", "Re-evaluation: mean and 95% CI per config", draw)
 
 
-def leaderboard(study: Study, trials: list, summary: dict[str, Any] | None) -> list[dict[str, Any]]:
+def leaderboard(space, trials: list, compute: dict[int, float],
+                summary: dict[str, Any] | None) -> list[dict[str, Any]]:
     """Cross-method studies: per method, its best trial, re-evaluated mean (if one of its configs
     was re-evaluated), trials run and compute spent."""
-    space = study.space()
     better = max if space.mode == "max" else min
     methods: dict[str, dict[str, Any]] = {}
     for t in trials:
@@ -206,7 +206,7 @@ def leaderboard(study: Study, trials: list, summary: dict[str, Any] | None) -> l
                                                           "best_trial": None, "trials": 0, "compute": 0.0,
                                                           "reeval_mean": None})
         row["trials"] += 1
-        row["compute"] += _compute(space, t.params, max(t.intermediate_values, default=0))
+        row["compute"] += compute[t.number]
         value = t.values[0] if t.values else None
         if t.state.name == "COMPLETE" and value is not None and (row["best"] is None or
                                                                 better(row["best"], value) == value):
@@ -255,7 +255,8 @@ def build_report(study: Study, out_dir: Path) -> Path:
 
     matplotlib.use("Agg")
     from autofl.tune.reeval import load_summary
-    from autofl.tune.study import state_counts, trial_rows
+    from autofl.tune.study import best_of, pareto_trials
+    from autofl.views import format_params
 
     space = study.space()
     ot = study.load_optuna()
@@ -266,7 +267,9 @@ def build_report(study: Study, out_dir: Path) -> Path:
         raise AutoFLError(f"study {study.name!r} has no completed trial yet; nothing to report "
                           f"(see autofl status {study.name})")
     summary = load_summary(study)
-    figures = [*_best_so_far(study, trials), _round_curves(study, trials), *_optuna_figures(study)]
+    compute = trial_compute(space, trials)
+    figures = [*_best_so_far(space, ot, trials, compute), _round_curves(space, trials),
+               *_optuna_figures(space, ot, trials)]
     if summary is not None:
         figures.append(_reeval_figure(summary))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -274,23 +277,18 @@ def build_report(study: Study, out_dir: Path) -> Path:
         if f.png is not None:
             (out_dir / f"{f.name}.png").write_bytes(f.png)
 
-    counts = state_counts(trial_rows(study))
+    counts = Counter(t.state.name for t in trials)
     parts = [f"<h1>autofl study {html.escape(study.name)}</h1>",
              f"<p>objective: <b>{html.escape(space.objective)}</b> ({space.mode}), "
              f"{space.max_rounds} rounds per trial; trials: "
              + html.escape(", ".join(f"{v} {k.lower()}" for k, v in sorted(counts.items()))) + "</p>"]
-    best = max if space.mode == "max" else min
-    complete = [t for t in trials if t.state.name == "COMPLETE" and t.values]
-    top = best(complete, key=lambda t: t.values[0])
+    top = best_of(trials, space.mode)
     parts.append(f"<p>best trial #{top.number}: {space.objective} = {top.values[0]:.4f} "
-                 f"({html.escape(', '.join(f'{k}={v:.4g}' if isinstance(v, float) else f'{k}={v}' for k, v in top.params.items()))})</p>")
+                 f"({html.escape(format_params(top.params, short=False))})</p>")
     if space.multi_objective:
-        from autofl.tune.study import pareto_trials
-
         parts.append("<h2>Pareto front</h2>")
         parts.append(_table(["trial", *(f"{m} ({d})" for m, d in zip(space.metrics, space.modes or [])), "params"],
-                            [[t.number, *t.values, ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                                                             for k, v in t.params.items())]
+                            [[t.number, *t.values, format_params(t.params, short=False)]
                              for t in pareto_trials(study)]))
     if summary is not None:
         parts.append("<h2>Re-evaluation over fresh seeds</h2>")
@@ -301,7 +299,7 @@ def build_report(study: Study, out_dir: Path) -> Path:
             [[r["candidate"] + (" (best)" if r["candidate"] == summary["best"] else ""), r.get("search_value"),
               _interval(r.get(space.objective)), _interval(r.get("personal_test_acc")),
               _interval(r.get(f"diff_{space.objective}")), len(r["seeds"])] for r in summary["rows"]]))
-    board = leaderboard(study, trials, summary)
+    board = leaderboard(space, trials, compute, summary)
     if board:
         parts.append("<h2>Leaderboard (cross-method)</h2>")
         parts.append(_table(["method", f"best {space.objective}", "best trial", "re-evaluated mean", "trials",

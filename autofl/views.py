@@ -17,10 +17,11 @@ def _interval(stat: dict[str, float] | None, signed: bool = False) -> str:
     return text if math.isnan(half) else f"{text} ± {half:.4f}"
 
 
-def _params(params: dict[str, Any]) -> str:
-    """Searched values by their last key part (`method.mu` -> mu)."""
-    short = lambda k: k.split(":")[-1].split(".")[-1]  # noqa: E731
-    return ", ".join(f"{short(k)}={v:.4g}" if isinstance(v, float) else f"{short(k)}={v}" for k, v in params.items())
+def format_params(params: dict[str, Any], short: bool = True) -> str:
+    """Searched values, floats to 4 significant digits; `short`: each key by its last part
+    (`fdcl:method.mu` -> mu)."""
+    name = (lambda k: k.split(":")[-1].split(".")[-1]) if short else (lambda k: k)  # noqa: E731
+    return ", ".join(f"{name(k)}={v:.4g}" if isinstance(v, float) else f"{name(k)}={v}" for k, v in params.items())
 
 
 def reeval_table(summary: dict[str, Any]) -> Table:
@@ -37,5 +38,5 @@ def reeval_table(summary: dict[str, Any]) -> Table:
         table.add_row(name, search, _interval(row.get(objective)), _interval(row.get("personal_test_acc")),
                       _interval(row.get(f"diff_{objective}"), signed=True),
                       _interval(row.get("diff_personal_test_acc"), signed=True),
-                      str(len(row["seeds"])), _params(row["params"]) or "(paper default)")
+                      str(len(row["seeds"])), format_params(row["params"]) or "(paper default)")
     return table

@@ -20,6 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from autofl.tune.study import Study
+from autofl.views import format_params
 
 MAX_ROWS = 15  # running trials first, then the most recently finished
 _OPEN: set["LiveView"] = set()
@@ -86,7 +87,7 @@ class LiveView(Callback):
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         number = self._number(trial.trial_id)
         self.rows[trial.trial_id] = {"trial": number, "state": "RUNNING", "round": 0, "value": None,
-                                     "best": None, "params": self._params(trial.config), "order": time.time()}
+                                     "best": None, "params": format_params(trial.config), "order": time.time()}
         self._event(f"trial {number} started: {self.rows[trial.trial_id]['params']}")
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
@@ -139,12 +140,6 @@ class LiveView(Callback):
             if t.user_attrs.get("tune_trial_id") == tune_trial_id:
                 return t.number
         return tune_trial_id
-
-    @staticmethod
-    def _params(config: dict[str, Any]) -> str:
-        short = lambda k: k.split(":")[-1].split(".")[-1]  # noqa: E731
-        return ", ".join(f"{short(k)}={v:.4g}" if isinstance(v, float) else f"{short(k)}={v}"
-                         for k, v in config.items())
 
     def _offer(self, value: float | None, number: int | str) -> None:
         if value is None or not math.isfinite(value):
