@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import NoReturn
@@ -115,18 +114,12 @@ def cmd_search(args: argparse.Namespace) -> int:
                                f"with PostgreSQL storage (space `storage:` or AUTOFL_STORAGE) to run several")
     else:
         lock.acquire(sqlite=sqlite)
-    from autofl.tune.runner import init_ray, join, search
+    from autofl.tune.logs import start_ray
+    from autofl.tune.runner import join, search
 
     # Ray's processes start while this thread waits on them: import the trial stack meanwhile
     # (measured on 2 cores: the quickstart's start-up overlaps by about 1.5 s)
-    from autofl.tune.logs import route_driver_logs, route_worker_output
-
-    logs = route_driver_logs(study.root, args.verbose)
-    warm = threading.Thread(target=_import_trial_stack, daemon=True)
-    warm.start()
-    init_ray(args.address)
-    route_worker_output(logs, args.verbose)
-    warm.join()
+    logs = start_ray(study.root, args.address, args.verbose, meanwhile=_import_trial_stack)
     import torch
 
     from autofl.engine.executor import describe_executor
@@ -270,12 +263,9 @@ def _reevaluate(study, seeds: int, top: int, vary_partition: bool, address: str 
         show.print(f"re-evaluation of study {study.name}: {total} runs (configs x seeds), "
                    f"{total - missing} already done, {missing} to run", soft_wrap=True)
         if missing:  # Ray starts only when there is something to run
-            from autofl.tune.logs import route_driver_logs, route_worker_output
-            from autofl.tune.runner import init_ray
+            from autofl.tune.logs import start_ray
 
-            logs = route_driver_logs(study.root, verbose)
-            init_ray(address)
-            route_worker_output(logs, verbose)
+            start_ray(study.root, address, verbose)
 
     def on_done(run, result: dict) -> None:
         show.print(f"  {run.candidate.label} seed {run.seed}: {objective}={_fmt(result.get(objective))} "
@@ -394,6 +384,10 @@ def _reeval_options(parser: argparse.ArgumentParser) -> None:
                         help="re-evaluate the N best completed trials besides the paper default (default 3)")
     parser.add_argument("--vary-partition", action="store_true",
                         help="also redraw the client partition and split with each seed")
+    _ray_options(parser)
+
+
+def _ray_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="also show Ray's and Tune's own log lines (always kept in the study's logs/ folder)")
@@ -420,9 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(its own Tune experiment; the study's trial budget is shared)")
     search.add_argument("--trials", type=_at_least(1, "trials"), help="trials to run (new study: overrides the space; "
                         "with --resume: add this many to the study)")
-    search.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
-    search.add_argument("-v", "--verbose", action="store_true",
-                        help="also show Ray's and Tune's own log lines (always kept in the study's logs/ folder)")
+    _ray_options(search)
     search.add_argument("--storage-path", help="new study: where Tune keeps experiments and checkpoints, a folder "
                         "or URI (s3://...) every Ray node reaches (default: the study folder)")
     search.add_argument("--dir", help=dir_help)

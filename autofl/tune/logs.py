@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 from pathlib import Path
-from typing import IO
+from typing import IO, Callable
 
 LOG_DIR = "logs"
 _LOGGERS = ("ray", "optuna", "py.warnings")
@@ -61,3 +62,20 @@ def route_worker_output(folder: Path, verbose: bool) -> None:
         global_worker_stdstream_dispatcher.remove_handler("ray_print_logs")
     global_worker_stdstream_dispatcher.remove_handler("autofl_logs")
     global_worker_stdstream_dispatcher.add_handler("autofl_logs", to_file)
+
+
+def start_ray(study_root: Path, address: str | None, verbose: bool,
+              meanwhile: Callable[[], None] | None = None) -> Path:
+    """Start (or connect to) Ray with its output routed into `<study>/logs/` (returned); `meanwhile`
+    runs in a thread while Ray's processes start."""
+    from autofl.tune.runner import init_ray
+
+    folder = route_driver_logs(study_root, verbose)
+    side = threading.Thread(target=meanwhile, daemon=True) if meanwhile is not None else None
+    if side is not None:
+        side.start()
+    init_ray(address)
+    route_worker_output(folder, verbose)
+    if side is not None:
+        side.join()
+    return folder

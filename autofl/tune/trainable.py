@@ -45,18 +45,19 @@ class FLTrainable(tune.Trainable):
         self._base, self._raw, self._method_base = base or {}, raw_data, method_base or {}
         self._checkpoint_every_s = checkpoint_every_s
         self._unsaved_s = 0.0  # training time since the last checkpoint
-        exp = build_experiment(experiment_dict(self._base, config, self._method_base))
-        if raw_data is not None and raw_data.name != exp.data.dataset:
-            raw_data = None  # the dataset itself is searched: load this trial's own
-        self.sim = Simulation(exp, raw=raw_data, device=trial_device())
+        self.sim = self._simulation(config)
         self.last: dict[str, Any] | None = None
         self._node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else "local"
 
+    def _simulation(self, config: dict[str, Any]) -> Simulation:
+        exp = build_experiment(experiment_dict(self._base, config, self._method_base))
+        # the shared dataset, unless the dataset itself is searched: then this trial loads its own
+        raw = self._raw if self._raw is not None and self._raw.name == exp.data.dataset else None
+        return Simulation(exp, raw=raw, device=trial_device())
+
     def reset_config(self, new_config: dict[str, Any]) -> bool:
         """Reuse this worker for the next trial (no new process, no second torch import)."""
-        exp = build_experiment(experiment_dict(self._base, new_config, self._method_base))
-        raw = self._raw if self._raw is not None and self._raw.name == exp.data.dataset else None
-        self.sim = Simulation(exp, raw=raw, device=trial_device())
+        self.sim = self._simulation(new_config)
         self.last = None
         self._unsaved_s = 0.0
         return True
