@@ -143,3 +143,26 @@ def test_pickled_searcher_and_stopper_carry_the_study_folder_not_the_storage(tmp
     assert trial.state == TrialState.COMPLETE and trial.value == 0.5
     stopper = pickle.dumps(AlreadyRecordedStopper(tmp_path / "s", "run-1"))
     assert b"optuna.db" not in stopper and b"sqlite" not in stopper
+
+
+def test_searcher_holds_back_suggestions_beyond_its_concurrency_limit(tmp_path):
+    """Tune's max_concurrent_trials is applied by the searcher itself (it tells Tune so): Tune then
+    keeps that many trials pending, so every slot's worker starts at once."""
+    searcher = make_searcher(study_url(tmp_path))
+    assert searcher.set_max_concurrency(2) is True
+    assert searcher.suggest("a") is not None and searcher.suggest("b") is not None
+    assert searcher.suggest("c") is None  # two in flight: asked again later
+    searcher.on_trial_complete("a", {"personal_val_acc": 0.5, "round": 4})
+    assert searcher.suggest("c") is not None
+
+
+def test_concurrent_slots_count_what_the_cluster_holds():
+    from autofl.tune.runner import concurrent_slots
+    from autofl.tune.space import SearchSpace
+
+    def slots(resources, cpu, gpu=0.0):
+        return concurrent_slots(resources, SearchSpace(study="s", resources={"cpu": cpu, "gpu": gpu}))
+
+    assert slots({"CPU": 2.0}, 1) == 2 and slots({"CPU": 2.0}, 2) == 1 and slots({"CPU": 2.0}, 0.5) == 4
+    assert slots({"CPU": 16.0, "GPU": 1.0}, 1, gpu=0.25) == 4  # four trials share the card
+    assert slots({"CPU": 1.0}, 4) == 1  # never below one

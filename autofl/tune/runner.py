@@ -46,6 +46,25 @@ def init_ray(address: str | None) -> None:
     ray.init(address="local", num_cpus=len(os.sched_getaffinity(0)), _node_ip_address="127.0.0.1", **common)
 
 
+def concurrent_slots(resources: dict[str, float], space: SearchSpace) -> int:
+    """How many of the study's trials the cluster's `resources` hold at once (at least one)."""
+    slots = resources.get("CPU", 0.0) // space.resources.cpu
+    if space.resources.gpu > 0:
+        slots = min(slots, resources.get("GPU", 0.0) // space.resources.gpu)
+    return max(1, int(slots))
+
+
+def _max_concurrent(space: SearchSpace) -> int:
+    """Trials in flight at once: the space's `resources.max_concurrent`, else one per slot of the
+    cluster. Tune then keeps that many trials pending (with a searcher it keeps one by default),
+    so every slot's worker starts at once; with one pending trial, a trial shorter than a worker's
+    start (import torch, build the simulation: seconds) went to the first reused worker while the
+    other nodes' workers were still starting, and a cluster trained one trial at a time."""
+    import ray
+
+    return space.resources.max_concurrent or concurrent_slots(ray.cluster_resources(), space)
+
+
 def _searcher(space: SearchSpace, study: Study, run_name: str, trials: int, with_start_point: bool):
     import optuna
 
@@ -127,7 +146,7 @@ def run_experiment(study: Study, trials: int, address: str | None, restore: str 
             tune_config=tune.TuneConfig(
                 search_alg=searcher,
                 scheduler=_scheduler(space, study), metric=space.objective, mode=space.mode, num_samples=trials,
-                time_budget_s=space.time_budget_s, reuse_actors=True,
+                time_budget_s=space.time_budget_s, reuse_actors=True, max_concurrent_trials=_max_concurrent(space),
             ),
             run_config=tune.RunConfig(
                 name=run_name, storage_path=study.tune_root(),

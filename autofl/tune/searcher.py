@@ -78,6 +78,13 @@ class RoundAwareOptunaSearch(OptunaSearch):
         self._run_name = run_name
         self._budget = budget
         self._study_root = str(study_root)
+        self._max_concurrent = 0  # no limit until Tune sets one
+
+    def set_max_concurrency(self, max_concurrent: int) -> bool:
+        """Tune's `max_concurrent_trials`, applied here: Tune's ConcurrencyLimiter would forget its
+        live trials on restore and then drop the resumed trials' results."""
+        self._max_concurrent = max_concurrent
+        return True
 
     # ----- pickling without the storage (Tune pickles searchers into tuner.pkl and its state files)
     def __getstate__(self) -> dict[str, Any]:
@@ -148,6 +155,9 @@ class RoundAwareOptunaSearch(OptunaSearch):
     def suggest(self, trial_id: str) -> dict | str | None:
         if self._ot_study is None:
             return super().suggest(trial_id)
+        live = len(set(self._ot_trials) - self._completed_trials)
+        if self._max_concurrent and live >= self._max_concurrent:
+            return None  # asked again when a trial completes
         with shared_suggest_lock(self._storage, self._study_name):
             trials = self._ot_study.get_trials(deepcopy=False)
             if self._budget_used(trials) >= self._budget or self._study_budget_reached(trials):

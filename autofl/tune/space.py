@@ -62,6 +62,9 @@ class SchedulerSpec(Strict):
 class ResourcesSpec(Strict):
     cpu: float = Field(1.0, gt=0)
     gpu: float = Field(0.0, ge=0, description="fractional values share a GPU between trials")
+    max_concurrent: int | None = Field(
+        None, ge=1, description="trials in flight at once; default: as many as the cluster holds when the run "
+        "starts (set it higher on an autoscaling cluster)")
 
 
 class SearchSpace(Strict):
