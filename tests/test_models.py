@@ -52,3 +52,27 @@ def test_resnet18_has_cifar_stem():
     assert stem.kernel_size == (3, 3) and stem.stride == (1, 1)
     assert isinstance(model.encoder[0].maxpool, nn.Identity)
     assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
+
+
+@pytest.mark.parametrize("depth,hidden,expected", [(1, 64, [(100, 256)]), (2, 64, [(100, 64), (64, 256)])])
+def test_a_method_can_fix_the_projector_output_and_the_head_reads_it(depth, hidden, expected):
+    model = build_model(ModelConfig(projector_depth=depth, projector_dim=hidden), (1, 8, 8), 10, projector_out=256)
+    assert [(m.in_features, m.out_features) for m in _linears(model.projector)] == expected
+    assert (model.feature_dim, model.embed_dim) == (100, 256)
+    assert _linears(model.head)[0].in_features == 256
+    assert model(torch.zeros(4, 1, 8, 8)).shape == (4, 10)
+
+
+def test_fedsiam_da_projects_to_256_and_its_predictor_is_256_64_256_whatever_the_encoder_width():
+    from autofl.engine.simulation import Simulation
+    from autofl.experiment import load_experiment
+
+    for arch, width in (("mlp", 100), ("resnet18", 512)):
+        exp = load_experiment(None, ["method.name=fedsiam_da", f"model.arch={arch}", "model.head_layers=1",
+                                     "model.projector_dim=128", "data.num_clients=2", "fl.rounds=1"])
+        model = Simulation(exp).method.build_model()
+        assert model.feature_dim == width
+        assert [(m.in_features, m.out_features) for m in _linears(model.projector)] == [(width, 128), (128, 256)]
+        assert [(m.in_features, m.out_features, m.bias is not None) for m in _linears(model.predictor)] == \
+            [(256, 64, False), (64, 256, True)]
+        assert _linears(model.head)[0].in_features == 256

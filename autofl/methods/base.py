@@ -113,6 +113,7 @@ class Method:
     uses_projector: ClassVar[bool] = False  # whether model.projector_depth / projector_dim apply
     default_projector_depth: ClassVar[int] = 0
     min_projector_depth: ClassVar[int] = 0
+    projector_out_dim: ClassVar[int | None] = None  # the projector's output width; None: the encoder's
     has_global_model: ClassVar[bool] = True  # whether global_* metrics are defined
     # whether the method's own loss terms act on the encoder's features (contrastive, prototype):
     # then the encoder must keep a trainable layer, or those terms are constants
@@ -168,7 +169,7 @@ class Method:
 
     # ----- model -----------------------------------------------------------------------------
     def build_model(self) -> SplitModel:
-        return build_model(self.exp.model, self.input_shape, self.num_classes)
+        return build_model(self.exp.model, self.input_shape, self.num_classes, self.projector_out_dim)
 
     def spare(self, name: str, like: torch.nn.Module) -> SplitModel:
         """A second model instance of the same layout, built once and reused by loading states."""

@@ -17,6 +17,7 @@ from autofl.methods.registry import register
 from autofl.models.parts import SplitModel
 
 PREDICTOR_HIDDEN = 64
+EMBED_DIM = 256  # the projector's output z and the predictor's in/out width (paper §5, "z = 256")
 
 
 class FedSiamDAParams(MethodParams):
@@ -48,6 +49,7 @@ class FedSiamDA(Method):
     uses_projector = True
     default_projector_depth = 2
     min_projector_depth = 1
+    projector_out_dim = EMBED_DIM
     personal_is_global = False
     copies = ("siamese", "hist")  # f' (trained, discarded after the round); the frozen history model
     train_passes = 2  # local model and f'
@@ -55,7 +57,7 @@ class FedSiamDA(Method):
 
     def build_model(self) -> SplitModel:
         model = super().build_model()
-        model.predictor = build_predictor(model.feature_dim)
+        model.predictor = build_predictor(model.embed_dim)
         self.param_keys = [name for name, _ in model.named_parameters()]
         return model
 
