@@ -84,13 +84,20 @@ def test_fedfcd_alternating_steps_touch_only_their_parameters(executor):
     assert changed and all(k.startswith("head.") for k in changed)  # (b) leaves theta (and phi_g) unchanged
 
 
+BN_BUFFERS = ("running_mean", "running_var", "num_batches_tracked")
+
+
 @pytest.mark.parametrize("executor", EXECUTORS)
 def test_dualfed_stages_train_only_their_parameters(executor):
     sim = sim_for("dualfed", "model.projector_depth=2", f"runtime.executor={executor}")
     stage1, stage2 = sim.method.local_stages(0)
     start = sim.method.start_state(sim.global_state, {})
     changed = moved(start, train_client(sim, 1, [stage2]))
-    assert changed and all(k.startswith("global_head.") for k in changed)  # encoder statistics stay too
+    weights = {k for k in changed if not k.endswith(BN_BUFFERS)}
+    assert weights and all(k.startswith("global_head.") for k in weights)
+    # stage 2 runs the model in train mode, as the official code does: g's BN statistics move
+    assert {k for k in changed if k.endswith(BN_BUFFERS)} == {k for k in start if k.startswith("projector.")
+                                                               and k.endswith(BN_BUFFERS)}
     changed = moved(start, train_client(sim, 1, [stage1]))
     assert not any(k.startswith("global_head.") for k in changed)  # h_g frozen in stage 1
     assert any(k.startswith("projector.") for k in changed) and any(k.startswith("encoder.") for k in changed)
@@ -203,3 +210,20 @@ def test_fedprox_loss_is_ce_plus_half_mu_squared_distance_to_the_global_model():
     n = sum(p.numel() for p in ws.model.parameters())
     pulled = sim.method.loss(ws, x, y, {}) - F.cross_entropy(ws.model(x), y)
     assert torch.allclose(pulled, torch.tensor(0.5 / 2 * n * 0.01**2), rtol=1e-4)
+
+
+def test_dualfed_stage2_normalises_the_encoder_with_batch_statistics_and_moves_its_running_ones():
+    """resnet18 (BN in the encoder): stage 2 keeps f in train mode as the official code does, so f's
+    running statistics move while its weights stay, and h_g trains on batch-normalised features."""
+    sim = sim_for("dualfed", "model.arch=resnet18", "model.projector_depth=1", "runtime.executor=sequential",
+                  rounds=1)
+    stage2 = sim.method.local_stages(0)[1]
+    start = sim.method.start_state(sim.global_state, {})
+    changed = moved(start, train_client(sim, 1, [stage2]))
+    assert any(k.startswith("encoder.") and k.endswith("running_mean") for k in changed)
+    assert not any(k.startswith("encoder.") and not k.endswith(BN_BUFFERS) for k in changed)
+    ws = sim.workspace
+    ws.enter({"model"}, stage2.updates[0])
+    assert ws.model.encoder.training and ws.model.projector.training
+    ws.leave()
+

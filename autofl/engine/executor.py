@@ -114,14 +114,12 @@ class Workspace(nn.Module):
 
     def enter(self, trained_models: set[str], update: Update) -> None:
         """Set train / eval modes for one update (cached: nothing to do when unchanged)."""
-        key = (frozenset(trained_models), update.eval_modules, update.frozen_stats)
+        key = (frozenset(trained_models), update.frozen_stats)
         if key == self._mode_key:
             return
         self.leave()
         for name, module in self.named_children():
             module.train(name in trained_models)
-        for name in update.eval_modules:
-            self.get_submodule(name).eval()
         for name in update.frozen_stats:
             for module in self.get_submodule(name).modules():
                 if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.track_running_stats:

@@ -49,8 +49,8 @@ class Update:
     """One optimizer step per batch: the tensors it trains and the loss they minimise.
 
     `trains` are name prefixes in the workspace (`"model."`, `"model.encoder."`, `"siamese."`);
-    each update has its own SGD optimizer, new at the start of its stage. Modules listed in
-    `eval_modules` run in eval mode during this update; BatchNorm layers under `frozen_stats`
+    each update has its own SGD optimizer, new at the start of its stage. The models it trains
+    run in train mode, the others in eval mode; BatchNorm layers under `frozen_stats`
     normalise with batch statistics but leave their running statistics alone (for a forward
     that repeats one an earlier update already counted on this batch).
     """
@@ -58,7 +58,6 @@ class Update:
     trains: tuple[str, ...]
     loss: LossFn
     report: str | None = "loss"  # the client's mean of this loss is reported under this name
-    eval_modules: tuple[str, ...] = ()
     frozen_stats: tuple[str, ...] = ()
 
 

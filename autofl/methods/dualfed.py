@@ -33,7 +33,7 @@ class DualFed(Method):
     min_projector_depth = 1
     personal_is_global = False
     train_passes = 1  # stage 1 trains f, g, h_p
-    extra_forwards = 1  # stage 2 runs f without gradient and trains only the small head h_g on it
+    extra_forwards = 1  # stage 2 runs f (and the small g) without gradient and trains only the small head h_g
 
     def build_model(self) -> SplitModel:
         model = super().build_model()
@@ -63,14 +63,16 @@ class DualFed(Method):
             return F.cross_entropy(ws.model.head(z), y) + lam * supcon(F.normalize(z, dim=1), y, tau)
 
         def stage2_loss(ws: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
-            """CE(h_g(f(x))) with f fixed (eval mode: its statistics stay as they are)."""
+            """CE(h_g(f(x))) with f's weights fixed. The model stays in train mode, as in the official
+            code (its stage 2 runs the whole model's training forward): f normalises with batch
+            statistics, and f's and g's BatchNorm running statistics keep moving."""
             with torch.no_grad():
                 f = ws.model.encoder(x)
+                ws.model.projector(f)  # the official forward runs g too: its running statistics move
             return F.cross_entropy(ws.model.global_head(f), y)
 
         return [Stage((Update(("model.encoder.", "model.projector.", "model.head."), stage1_loss),)),
-                Stage((Update(("model.global_head.",), stage2_loss, report="stage2_loss",
-                              eval_modules=("model.encoder",)),))]
+                Stage((Update(("model.global_head.",), stage2_loss, report="stage2_loss"),))]
 
     def predict(self, model: SplitModel, x: torch.Tensor, client_state: dict) -> torch.Tensor:
         f = model.encoder(x)
