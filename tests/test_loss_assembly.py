@@ -206,3 +206,37 @@ def test_fedeccr_mixes_prototype_contrast_and_ce_with_alpha_one_minus_r_over_R()
         (stage,) = method.local_stages(rnd)
         got = float(stage.updates[0].loss(ws, x, y, {}).detach())
         assert math.isclose(got, alpha * pc + (1 - alpha) * ce, rel_tol=1e-9), rnd
+
+
+def test_fedeccr_calibration_retrains_only_the_head_by_plain_sgd_on_virtual_features():
+    """USCC on a copy of the global model: the encoder and the global state stay; the head equals a
+    hand-written replay of plain SGD (lr 0.01, batch 64, momentum 0 as FL-bench's CCVR) on the virtual
+    features, with the linear head's CE gradient (softmax(z) - onehot(y)) x^T / B written out."""
+    from autofl.features import encoded_class_stats
+    from autofl.methods.fedeccr import CALIB_BATCH, CALIB_LR, merge_class_stats, sample_virtual_features
+    from autofl.seeding import derived_seed
+
+    sim = _sim("fedeccr", "method.M=50", "method.calib_epochs=2", "fl.momentum=0.9")
+    method, d = sim.method, sim.data
+    received = {k: v.clone() for k, v in sim.global_state.items()}
+    calibrated = method.calibrate(sim, completed=1)
+    assert all(torch.equal(sim.global_state[k], received[k]) for k in received)  # a copy was corrected
+    assert {k for k in received if not torch.equal(calibrated[k], received[k])} == {"head.0.weight", "head.0.bias"}
+
+    model = sim.model  # the simulation's float64 model
+    model.load_state_dict(received)
+    merged = merge_class_stats([encoded_class_stats(model.encoder, d.x, d.y, split.train, d.num_classes,
+                                                    with_cov=True) for split in d.clients])
+    gen = torch.Generator().manual_seed(derived_seed(sim.exp.seed, 1, 0xCCF))
+    feats, labels = sample_virtual_features(merged, 50, gen)
+    assert len(labels) == 50 * int((merged.counts > 0).sum())
+    w, b = received["head.0.weight"].clone(), received["head.0.bias"].clone()
+    for _ in range(2):
+        order = torch.randperm(len(labels), generator=gen)
+        for start in range(0, len(labels), CALIB_BATCH):
+            idx = order[start : start + CALIB_BATCH]
+            x, y = feats[idx], labels[idx]
+            err = torch.softmax(x @ w.T + b, dim=1) - torch.nn.functional.one_hot(y, w.shape[0]).to(x.dtype)
+            w, b = w - CALIB_LR * err.T @ x / len(y), b - CALIB_LR * err.mean(0)
+    torch.testing.assert_close(calibrated["head.0.weight"], w, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(calibrated["head.0.bias"], b, rtol=1e-9, atol=1e-12)

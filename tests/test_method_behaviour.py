@@ -190,7 +190,7 @@ def test_method_parameter_validation():
         assert load_experiment(None, [f"method.name={method}", "model.arch=cnn", "model.head_layers=2",
                                       "data.dataset=mnist"]).model.head_layers == 2
     exp = load_experiment(None, ["method.name=fedeccr"])
-    assert exp.method.params() == {"tau": 0.5, "M": 400, "calib_epochs": 20, "calibrate_every": 1}
+    assert exp.method.params() == {"tau": 0.5, "M": 400, "calib_epochs": 20, "calibrate_every": 1, "calib_momentum": 0.0}
     exp = load_experiment(None, ["method.name=dualfed"])
     assert (exp.model.projector_depth, exp.model.projector_dim) == (2, 256)
 

@@ -31,6 +31,8 @@ class FedECCRParams(MethodParams):
     M: int = Field(400, ge=1, description="virtual features drawn per class for classifier correction")
     calib_epochs: int = Field(20, ge=0, description="E_cal: epochs of head retraining (0 disables the correction)")
     calibrate_every: int = Field(1, ge=0, description="correct at evaluated rounds divisible by this (0: last round only)")
+    calib_momentum: float = Field(0.0, ge=0, lt=1, description="SGD momentum of the head retraining (FL-bench's "
+                                  "CCVR: plain SGD, whatever the clients' momentum)")
 
 
 def merge_class_stats(parts: list[ClassStats]) -> ClassStats:
@@ -146,7 +148,7 @@ class FedECCR(Method):
         gen = torch.Generator().manual_seed(derived_seed(self.exp.seed, completed, 0xCCF))
         feats, labels = sample_virtual_features(merged, self.params.M, gen)
         train_head(model.head, feats, labels, CALIB_LR, CALIB_BATCH, gen, epochs=self.params.calib_epochs,
-                   momentum=self.exp.fl.momentum)
+                   momentum=self.params.calib_momentum)
         return clone_state(model)
 
     def load_global(self, model: SplitModel, global_state: StateDict) -> None:
