@@ -25,7 +25,7 @@ DEFAULT_METHODS = ["fedavg", "fedprox", "fedper", "moon", "fdcl", "fedeccr", "du
 
 
 def run_one(raw_cfg: dict, method: str, seed: int, raw_data) -> dict:
-    cfg = dict(raw_cfg, seed=seed, method={"name": method})
+    cfg = dict(raw_cfg, seed=seed, method={**raw_cfg.get("method", {}), "name": method})  # keeps given params
     model = dict(cfg.get("model", {}))
 
     if not get_method_class(method).uses_projector:  # projector keys belong to projector methods only

@@ -24,11 +24,29 @@ def reproduce():
 def test_every_preset_builds_for_each_of_its_methods(reproduce):
     from autofl.experiment import build_experiment
 
-    assert {"fedfcd-t1-fmnist-pat", "fedfcd-t1-fmnist-dir", "fdcl-t1-fmnist"} <= set(reproduce.PRESETS)
+    assert {"fedfcd-t1-fmnist-pat", "fedfcd-t1-fmnist-dir", "fdcl-t1-fmnist", "fedeccr-t1-cifar10",
+            "fedsiam-da-cifar10"} <= set(reproduce.PRESETS)
     for name, preset in reproduce.PRESETS.items():
-        assert preset.compare in ("best", "final") and preset.paper, name
+        assert preset.compare in ("best", "final") and (preset.paper or preset.note), name
+        assert set(preset.methods) <= {*preset.paper, *preset.extra}, name
         for method in [*preset.paper, *preset.extra]:
-            build_experiment({**preset.base, "method": {"name": method}})
+            exp = build_experiment(reproduce.method_config(preset, method, rounds=7))
+            assert exp.method.name == method and exp.fl.rounds == 7
+
+
+def test_a_preset_gives_each_method_its_papers_own_settings(reproduce):
+    from autofl.experiment import build_experiment
+
+    preset = reproduce.PRESETS["fedsiam-da-cifar10"]
+    exp = {m: build_experiment(reproduce.method_config(preset, m)) for m in ("fedsiam_da", "dualfed", "moon")}
+    assert (exp["fedsiam_da"].fl.lr, exp["fedsiam_da"].fl.momentum, exp["fedsiam_da"].fl.local_epochs) == (0.1, 0.9, 5)
+    assert exp["fedsiam_da"].method.mu == 0.1
+    assert (exp["dualfed"].fl.lr, exp["dualfed"].fl.momentum, exp["dualfed"].fl.batch_size) == (0.01, 0.5, 256)
+    assert exp["moon"].method.mu == 1.0 and exp["moon"].model.projector_depth == 2
+    assert preset.base["fl"]["lr"] == 0.1  # the overlays leave the shared scenario alone
+    eccr = reproduce.PRESETS["fedeccr-t1-cifar10"]
+    assert eccr.metric == "global_test_acc" and eccr.base["model"]["arch"] == "moon_cnn"
+    assert build_experiment(reproduce.method_config(eccr, "fedeccr")).method.calib_momentum == 0.0
 
 
 def test_fedfcd_pathological_preset_is_pfllibs_protocol(reproduce):
@@ -42,3 +60,20 @@ def test_list_prints_every_preset(reproduce, capsys):
     assert reproduce.main(["--list"]) == 0
     out = capsys.readouterr().out
     assert all(name in out for name in reproduce.PRESETS)
+
+
+@pytest.mark.parametrize("space,preset", [("fedfcd", "fedfcd-t1-fmnist-pat"), ("fdcl", "fdcl-t1-fmnist"),
+                                          ("fedeccr", "fedeccr-t1-cifar10"), ("fedsiam_da", "fedsiam-da-cifar10"),
+                                          ("dualfed", "fedsiam-da-cifar10")])
+def test_each_method_space_searches_on_its_papers_setting(reproduce, space, preset):
+    """The shipped space's base is the reproduce preset's scenario and the method's own settings;
+    only the split differs (the search needs validation samples) and the rounds may."""
+    from autofl.experiment import build_experiment
+    from autofl.tune.space import load_space
+
+    base = build_experiment(load_space(SCRIPTS.parent / "search_spaces" / f"{space}.yaml").base)
+    paper = build_experiment(reproduce.method_config(reproduce.PRESETS[preset], base.method.name))
+    assert base.data.split.val > 0
+    assert base.data.model_dump(exclude={"split"}) == paper.data.model_dump(exclude={"split"})
+    assert base.model == paper.model and base.method == paper.method
+    assert base.fl.model_dump(exclude={"rounds"}) == paper.fl.model_dump(exclude={"rounds"})

@@ -93,7 +93,8 @@ def _load_torchvision(name: str, root: Path, download: bool) -> RawDataset:
             raise _corrupt(name, root, err) from None
         raise DataError(
             f"data.dataset: {name} not found under {root.resolve()} (torchvision layout: {root}/{_LAYOUT[name]}); "
-            f"set data.root or ${DATA_ROOT_ENV} to the folder that holds it, or pass --set data.download=true"
+            f"set data.root or ${DATA_ROOT_ENV} to the folder that holds it, or data.download=true (a space: "
+            f"base.data.download: true)"
         ) from None
     except OSError as err:  # no network, refused connection, unreadable file
         what = "download" if download else "read"
@@ -110,7 +111,7 @@ def _load_torchvision(name: str, root: Path, download: bool) -> RawDataset:
 
 def _corrupt(name: str, root: Path, err: BaseException) -> DataError:
     return DataError(f"data.dataset: the {name} files under {root}/{_LAYOUT[name]} are corrupt ({type(err).__name__}: "
-                     f"{_one_line(err)}); delete them and fetch them again (--set data.download=true)")
+                     f"{_one_line(err)}); delete them and fetch them again (data.download=true)")
 
 
 def _one_line(err: BaseException) -> str:
