@@ -227,3 +227,22 @@ def test_dualfed_stage2_normalises_the_encoder_with_batch_statistics_and_moves_i
     assert ws.model.encoder.training and ws.model.projector.training
     ws.leave()
 
+
+@pytest.mark.parametrize("server_lfrs", ["round", "latest"])
+def test_fedfcd_server_learns_from_this_rounds_uploads_or_every_clients_latest(server_lfrs):
+    """At participation < 1, phi_g and the GFRs come from this round's uploads (the paper's
+    Algorithm 1, PFLlib's FedProto) unless server_lfrs is "latest" (every client's last upload)."""
+    from autofl.methods.fedfcd import global_feature_representations
+
+    sim = sim_for("fedfcd", "fl.participation=0.5", f"method.server_lfrs={server_lfrs}", "runtime.executor=sequential")
+    before = dict(sim.method.lfrs)  # before round 1 every client uploaded its initial LFRs
+    assert sorted(before) == [0, 1, 2, 3]
+    sampled = sorted(sim.sample_clients(sim.round))
+    sim.run_round()
+    expected = sampled if server_lfrs == "round" else [0, 1, 2, 3]
+    assert sorted(sim.method.lfrs) == expected
+    for cid in set(expected) - set(sampled):
+        assert sim.method.lfrs[cid] is before[cid]  # an unsampled client's stale upload
+    gfr, has = global_feature_representations([sim.method.lfrs[c] for c in expected])
+    torch.testing.assert_close(sim.method.gfr, gfr)
+    assert torch.equal(sim.method.has_gfr, has)

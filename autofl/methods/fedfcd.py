@@ -5,7 +5,7 @@ representations (GFRs) regularize the extractor. Prediction fuses both heads' lo
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 class FedFCDParams(MethodParams):
     lam: float = Field(1.0, ge=0, description="lambda: weight of the GFR regularizer (paper 1 FMNIST, 5 CIFAR)")
     server_lr: float = Field(0.01, gt=0, description="eta_g: server learning rate of the global head")
+    server_lfrs: Literal["round", "latest"] = Field(
+        "round", description="what phi_g and the GFRs learn from when participation < 1: this round's uploads "
+        "(the paper's Algorithm 1, as PFLlib's FedProto) or every client's latest upload (stale for unsampled clients)")
 
 
 def gfr_regularizer(features: torch.Tensor, y: torch.Tensor, gfr: torch.Tensor, has_gfr: torch.Tensor) -> torch.Tensor:
@@ -54,7 +57,7 @@ class FedFCD(Method):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.lfrs: dict[int, ClassStats] = {}  # latest LFRs and counts each client uploaded
+        self.lfrs: dict[int, ClassStats] = {}  # the LFRs and counts the server learns from (see server_lfrs)
         self.gfr: torch.Tensor | None = None
         self.has_gfr: torch.Tensor | None = None
 
@@ -77,8 +80,10 @@ class FedFCD(Method):
         self._server_step(sim)
 
     def server_update(self, sim: "Simulation", uploads: list[Upload]) -> None:
-        for u in uploads:
-            self.lfrs[u.cid] = u.payload["lfr"]
+        """phi_g and the GFRs learn from this round's uploads (or, with server_lfrs "latest", from
+        every client's latest upload); the same thing when every client takes part."""
+        fresh = {u.cid: u.payload["lfr"] for u in uploads}
+        self.lfrs = {**self.lfrs, **fresh} if self.params.server_lfrs == "latest" else fresh
         self._server_step(sim)
 
     def _server_step(self, sim: "Simulation") -> None:
