@@ -1,6 +1,7 @@
 """Reproduce a paper table's rows on the paper's own setting and print ours beside the paper's.
 
     AUTOFL_DATA_ROOT=... python scripts/reproduce.py fedfcd-t1-fmnist-pat [--rounds 60] [--seeds 0 1 2]
+                                                [--methods fedfcd] [--set fl.participation=0.4 ...]
     python scripts/reproduce.py --list
 
 Each preset is a paper table's scenario (dataset, partition, clients, split, rounds, optimizer
@@ -20,6 +21,7 @@ from typing import Any
 
 from compare_methods import run_one  # scripts/ is on the path when this file runs
 
+from autofl.config import apply_overrides
 from autofl.data.datasets import load_raw_dataset
 from autofl.errors import AutoFLError
 from autofl.experiment import build_experiment
@@ -130,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--methods", nargs="+", help="a subset of the preset's rows")
     parser.add_argument("--download", action="store_true", help="let torchvision download the dataset")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="change the setting for every row (a variant of the paper's), e.g. fl.participation=0.4")
     args = parser.parse_args(argv)
     if args.list or args.name is None:
         for name, p in PRESETS.items():
@@ -137,10 +141,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     preset = PRESETS[args.name]
     methods = args.methods or [*preset.paper, *preset.extra]
-    configs = {m: method_config(preset, m, args.rounds) for m in methods}
-    for cfg in configs.values():
-        cfg["data"]["download"] = args.download
     try:
+        configs = {m: apply_overrides(method_config(preset, m, args.rounds), args.set) for m in methods}
+        for cfg in configs.values():
+            cfg["data"]["download"] = args.download
+            build_experiment(cfg)  # every row's config is valid before any trains
         raw = load_raw_dataset(build_experiment(configs[methods[0]]).data)  # the methods share the scenario's data
     except AutoFLError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -77,3 +77,11 @@ def test_each_method_space_searches_on_its_papers_setting(reproduce, space, pres
     assert base.data.model_dump(exclude={"split"}) == paper.data.model_dump(exclude={"split"})
     assert base.model == paper.model and base.method == paper.method
     assert base.fl.model_dump(exclude={"rounds"}) == paper.fl.model_dump(exclude={"rounds"})
+
+
+def test_a_bad_row_or_setting_is_one_line_and_exit_2_before_any_training(reproduce, capsys):
+    assert reproduce.main(["fedfcd-t1-fmnist-pat", "--methods", "fedper", "--set", "method.server_lfrs=latest"]) == 2
+    assert capsys.readouterr().err.strip() == \
+        "error: method.server_lfrs: unknown key for method fedper; allowed keys: (none)"
+    assert reproduce.main(["fedfcd-t1-fmnist-pat", "--set", "fl.participation=7"]) == 2
+    assert "fl.participation" in capsys.readouterr().err
