@@ -1,7 +1,8 @@
 """Kill the driver at random moments and resume, again and again (issue 10, B8): before Ray
 starts, while trials train or checkpoint, and during an export. Every study still ends with
-exactly the requested finished trials, none left RUNNING, no Tune trial recorded twice, and an
-export that is whole. CI runs 3 kills; AUTOFL_STRESS_KILLS=10 runs the full stress."""
+exactly the requested finished trials, none left RUNNING, no Tune trial recorded twice, ASHA's
+decisions those of an uninterrupted run, and an export that is whole. CI runs 3 kills;
+AUTOFL_STRESS_KILLS=10 runs the full stress."""
 
 from __future__ import annotations
 
@@ -11,9 +12,12 @@ import signal
 import subprocess
 import time
 
+from types import SimpleNamespace
+
 import optuna
 import pytest
 import yaml
+from ray.tune.schedulers import AsyncHyperBandScheduler, TrialScheduler
 
 from test_search_e2e import AUTOFL, run, space_file
 
@@ -39,7 +43,8 @@ def test_random_kills_and_resumes_end_with_exactly_the_requested_trials(tmp_path
     home = tmp_path / "home"
     space = space_file(tmp_path, "stress", trials=8, rounds=12)  # a whole run takes longer than a kill
     data = yaml.safe_load(space.read_text())
-    space.write_text(yaml.safe_dump({**data, "checkpoint_every_s": 0}))  # a checkpoint every round
+    # a checkpoint every round; one trial at a time, so each trial is judged against all earlier ones
+    space.write_text(yaml.safe_dump({**data, "checkpoint_every_s": 0, "resources": {"cpu": 1, "max_concurrent": 1}}))
     made = lambda: (home / "stress" / "space.yaml").is_file()  # noqa: E731
     moments = []  # seconds after start of each kill that happened
     for _ in range(KILLS):
@@ -63,6 +68,8 @@ def test_random_kills_and_resumes_end_with_exactly_the_requested_trials(tmp_path
     assert len(set(tune_ids)) == len(tune_ids), moments  # no Tune trial recorded twice
     for t in real:  # every round a trial reached is recorded once, in order
         assert sorted(t.intermediate_values) == list(range(1, max(t.intermediate_values) + 1))
+    assert [_last_round(t) for t in real] == _uninterrupted_asha(real, data), moments
+
 
     out = tmp_path / "best.yaml"
     for _ in range(2):  # an export killed midway leaves no half-written file
@@ -72,3 +79,30 @@ def test_random_kills_and_resumes_end_with_exactly_the_requested_trials(tmp_path
             assert yaml.safe_load(out.read_text())["metadata"]["study"] == "stress"
     proc = run(["best-config", "export", "stress", "-o", out, "--overwrite", "--dir", home])
     assert proc.returncode == 0 and yaml.safe_load(out.read_text())["metadata"]["study"] == "stress"
+
+
+def _last_round(trial) -> int:
+    return max(trial.intermediate_values)
+
+
+def _uninterrupted_asha(trials: list, space: dict) -> list[int]:
+    """The round at which ASHA, in one uninterrupted run, stops each trial (or max_t): Tune's own
+    ASHA bracket fed the trials' round values in the order they ran."""
+    sched = space["scheduler"]
+    max_t = space["base"]["fl"]["rounds"]
+    bracket = AsyncHyperBandScheduler(time_attr="round", metric="personal_val_acc", mode="max", max_t=max_t,
+                                      grace_period=sched["grace_period"],
+                                      reduction_factor=sched["reduction_factor"])._brackets[0]
+    stops = []
+    for t in sorted(trials, key=lambda t: t.number):
+        stop = max_t
+        for rnd in range(1, max_t + 1):
+            if rnd not in t.intermediate_values:  # it stopped where ASHA would not have: the lists differ
+                stop = rnd - 1
+                break
+            if bracket.on_result(SimpleNamespace(trial_id=str(t.number)), rnd,
+                                 t.intermediate_values[rnd]) == TrialScheduler.STOP:
+                stop = rnd
+                break
+        stops.append(stop)
+    return stops
