@@ -50,6 +50,9 @@ _FEDFCD_FMNIST = {
     "fl": {"rounds": 60, "participation": 1.0, "local_epochs": 1, "batch_size": 10, "lr": 0.01, "momentum": 0.0},
 }
 
+# FedECCR's and FedSiam-DA's CIFAR-10 partition: 10 clients, Dirichlet 0.5
+_CIFAR10_DIR05 = {"dataset": "cifar10", "num_clients": 10, "partition": {"kind": "dirichlet", "alpha": 0.5}}
+
 PRESETS: dict[str, Preset] = {
     "fedfcd-t1-fmnist-pat": Preset(
         "FedFCD Table 1, Fashion-MNIST, Pat (best average test accuracy)", "best",
@@ -81,8 +84,7 @@ PRESETS: dict[str, Preset] = {
     # momentum (FL-bench's CCVR), whatever the clients'
     "fedeccr-t1-cifar10": Preset(
         "FedECCR Table 1, CIFAR-10 (test accuracy of the global model)", "final",
-        {"data": {"dataset": "cifar10", "num_clients": 10, "partition": {"kind": "dirichlet", "alpha": 0.5},
-                  "split": {"train": 1.0, "val": 0.0, "test": 0.0}},
+        {"data": {**_CIFAR10_DIR05, "split": {"train": 1.0, "val": 0.0, "test": 0.0}},
          "model": {"arch": "moon_cnn"},
          "fl": {"rounds": 100, "participation": 1.0, "local_epochs": 10, "batch_size": 64, "lr": 0.01,
                 "momentum": 0.9, "weight_decay": 1e-5}},
@@ -96,8 +98,7 @@ PRESETS: dict[str, Preset] = {
     # 0.5, E=1, batch 256)
     "fedsiam-da-cifar10": Preset(
         "FedSiam-DA, CIFAR-10, Dirichlet beta=0.5 (personal test accuracy)", "final",
-        {"data": {"dataset": "cifar10", "num_clients": 10, "partition": {"kind": "dirichlet", "alpha": 0.5},
-                  "split": {"train": 0.8, "val": 0.0, "test": 0.2}},
+        {"data": {**_CIFAR10_DIR05, "split": {"train": 0.8, "val": 0.0, "test": 0.2}},
          "model": {"arch": "resnet18"},
          "fl": {"rounds": 100, "participation": 1.0, "local_epochs": 5, "batch_size": 64, "lr": 0.1,
                 "momentum": 0.9, "weight_decay": 1e-5}},
