@@ -322,7 +322,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from autofl.train import write_atomic
+    from autofl.files import write_atomic
     from autofl.tune import study as st
     from autofl.tune.reeval import load_summary
 

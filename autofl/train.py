@@ -16,6 +16,7 @@ import yaml
 from autofl.config import Experiment, experiment_to_dict
 from autofl.engine.simulation import Simulation
 from autofl.errors import AutoFLError, RunDiverged
+from autofl.files import write_atomic
 
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.yaml"
@@ -42,12 +43,6 @@ def check_out_dir(out: Path, overwrite: bool) -> None:
         if others:
             raise AutoFLError(f"--out {out}: --overwrite replaces an earlier run's folder, but this one also holds "
                               f"{', '.join(others[:3])}{' ...' if len(others) > 3 else ''}; choose another folder")
-
-
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def run_training(

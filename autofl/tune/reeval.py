@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from autofl.errors import AutoFLError
+from autofl.files import write_atomic
 from autofl.tune.study import Study
 
 REEVAL_DIR = "reeval"
@@ -111,9 +111,7 @@ def load_finished(study: Study) -> dict[str, dict[str, Any]]:
 
 def _write_json(path: Path, data: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(data, indent=1))
 
 
 def plan(study: Study, seeds: int, top: int, vary_partition: bool) -> tuple[list[Candidate], list[Run]]:

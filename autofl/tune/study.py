@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from autofl.errors import AutoFLError, ConfigError, StorageError
+from autofl.files import write_atomic
 from autofl.tune.space import SearchSpace, load_space
 
 HOME_ENV = "AUTOFL_HOME"
@@ -53,9 +54,7 @@ class Study:
         return json.loads(path.read_text()) if path.exists() else {"runs": [], "trials_requested": 0}
 
     def write_meta(self, meta: dict[str, Any]) -> None:
-        tmp = self.root / (META_FILE + ".tmp")
-        tmp.write_text(json.dumps(meta, indent=1))
-        os.replace(tmp, self.root / META_FILE)
+        write_atomic(self.root / META_FILE, json.dumps(meta, indent=1))
 
     def storage_url(self) -> str:
         """The study's storage, without password: the space's `storage`, else the `AUTOFL_STORAGE`
