@@ -18,7 +18,8 @@ def eval_batch(device: torch.device) -> int:
 
 
 METRIC_KEYS = (
-    "round", "personal_val_acc", "personal_val_acc_std", "personal_val_acc_p10", "personal_test_acc", "personal_test_acc_std", "personal_test_acc_p10",
+    "round", "personal_val_acc", "personal_val_acc_std", "personal_val_acc_p10",
+    "personal_test_acc", "personal_test_acc_std", "personal_test_acc_p10",
     "global_val_acc", "global_test_acc", "train_loss",
 )
 

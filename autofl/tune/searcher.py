@@ -20,9 +20,9 @@ from optuna.trial import FrozenTrial, TrialState
 from ray.tune.search import Searcher
 from ray.tune.search.optuna import OptunaSearch
 
-REPORTED_KEYS = ("round", "personal_val_acc", "personal_val_acc_std", "personal_val_acc_p10", "personal_test_acc",
-                 "personal_test_acc_std", "personal_test_acc_p10", "global_val_acc", "global_test_acc", "train_loss",
-                 "node_id")
+from autofl.engine.metrics import METRIC_KEYS
+
+REPORTED_KEYS = (*METRIC_KEYS, "node_id")  # a round's metrics and the Ray node that trained it
 
 
 def finished_in_run(trials: Iterable[FrozenTrial], run_name: str) -> set[str]:
