@@ -11,9 +11,8 @@ from typing import Any, Callable
 from ray import tune
 from ray.tune import Callback
 
-from autofl.data.datasets import load_raw_dataset
 from autofl.tune.reeval import Run, record_run
-from autofl.tune.runner import init_ray
+from autofl.tune.runner import init_ray, study_trainable
 from autofl.tune.study import Study
 from autofl.tune.trainable import RunListTrainable
 
@@ -41,14 +40,10 @@ def execute(study: Study, runs: list[Run], address: str | None, on_done: Callabl
     """Run `runs` in parallel with the study's resources, recording each as it completes. Returns
     the keys of runs that errored (not recorded, so a later call retries them)."""
     space = study.space()
-    base = space.base_experiment()
     init_ray(address)
-    raw = load_raw_dataset(base.data)  # once, shared with every run through the object store
-    wrapped = tune.with_parameters(RunListTrainable, runs=[r.values(base.data_seed()) for r in runs],
-                                   base=space.base, method_base=space.method_base, raw_data=raw,
-                                   threads=max(1, int(space.resources.cpu)),
-                                   checkpoint_every_s=math.inf)  # a run is re-run, not restored, after a kill
-    trainable = tune.with_resources(wrapped, {"cpu": space.resources.cpu, "gpu": space.resources.gpu})
+    data_seed = space.base_experiment().data_seed()
+    trainable = study_trainable(space, RunListTrainable, runs=[r.values(data_seed) for r in runs],
+                                checkpoint_every_s=math.inf)  # a run is re-run, not restored, after a kill
     recorder = _Recorder(study, runs, on_done)
     tuner = tune.Tuner(
         trainable,

@@ -91,16 +91,20 @@ def _scheduler(space: SearchSpace, study: Study):
                      grace_period=space.scheduler.grace_period, reduction_factor=space.scheduler.reduction_factor)
 
 
-def _trainable(space: SearchSpace):
+def study_trainable(space: SearchSpace, trainable: type | None = None, checkpoint_every_s: float | None = None,
+                    **extra: Any):
+    """`trainable` (default FLTrainable) with the study's base config, dataset, threads and
+    resources; `extra` goes to its setup too (e.g. a re-evaluation's run list)."""
     from ray import tune
 
     from autofl.data.datasets import load_raw_dataset
     from autofl.tune.trainable import FLTrainable
 
     raw = load_raw_dataset(space.base_experiment().data)  # once; tune.with_parameters shares it via the object store
-    wrapped = tune.with_parameters(FLTrainable, base=space.base, method_base=space.method_base, raw_data=raw,
-                                   threads=max(1, int(space.resources.cpu)),
-                                   checkpoint_every_s=space.checkpoint_every_s)
+    wrapped = tune.with_parameters(trainable or FLTrainable, base=space.base, method_base=space.method_base,
+                                   raw_data=raw, threads=max(1, int(space.resources.cpu)),
+                                   checkpoint_every_s=space.checkpoint_every_s if checkpoint_every_s is None
+                                   else checkpoint_every_s, **extra)
     return tune.with_resources(wrapped, {"cpu": space.resources.cpu, "gpu": space.resources.gpu})
 
 
@@ -125,7 +129,7 @@ def run_experiment(study: Study, trials: int, address: str | None, restore: str 
 
     space = study.space()
     init_ray(address)
-    trainable = _trainable(space)
+    trainable = study_trainable(space)
     if restore is not None:
         tuner = tune.Tuner.restore(restore, trainable=trainable, resume_unfinished=True,
                                    resume_errored=False, restart_errored=False)
