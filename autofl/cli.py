@@ -38,7 +38,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                   f"{exp.data.partition.kind}), {exp.model.arch}, {exp.fl.rounds} rounds -> {out}")
     table = Table(*_ROUND_COLUMNS, "seconds", title=f"{exp.method.name} / {exp.data.dataset}")
     # within a round: clients trained so far (a long round shows it is moving)
-    per_round = max(1, round(exp.data.num_clients * exp.fl.participation))
+    per_round = exp.clients_per_round()
     progress = Progress(TextColumn("round {task.fields[rnd]}/" + str(exp.fl.rounds)), BarColumn(),
                         MofNCompleteColumn(), TextColumn("clients"), TimeElapsedColumn(), console=console)
     task = progress.add_task("clients", total=per_round, rnd=1)

@@ -9,6 +9,7 @@ Every field has a default, so an empty file is a valid experiment (digits, mlp, 
 from __future__ import annotations
 
 import copy
+import math
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -128,6 +129,11 @@ class Experiment(Strict):
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     metadata: dict[str, Any] = Field(default_factory=dict, description="free-form notes (e.g. where an exported "
                                      "config came from); never read by the run")
+
+    def clients_per_round(self) -> int:
+        """How many clients a round samples: participation x num_clients rounded half up, 1 to all."""
+        n = self.data.num_clients
+        return min(n, max(1, math.floor(self.fl.participation * n + 0.5)))
 
     def data_seed(self) -> int:
         """The seed of the partition and split: `data.seed`, else `seed`."""

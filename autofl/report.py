@@ -64,8 +64,7 @@ def trial_compute(space, trials: list) -> dict[int, float]:
     for t in trials:
         if t.state.is_finished():
             exp = build_experiment(space.config(t.params))
-            out[t.number] = max(t.intermediate_values, default=0) * max(1, round(exp.data.num_clients *
-                                                                                 exp.fl.participation))
+            out[t.number] = max(t.intermediate_values, default=0) * exp.clients_per_round()
     return out
 
 

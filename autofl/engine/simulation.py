@@ -7,7 +7,6 @@ round r continues exactly as the uninterrupted run would have.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Callable
 
 import numpy as np
@@ -66,10 +65,8 @@ class Simulation:
         torch.manual_seed(derived_seed(self.exp.seed, self.round, 0x7011))
 
     def sample_clients(self, rnd: int) -> list[int]:
-        n = self.num_clients
-        m = max(1, math.floor(self.exp.fl.participation * n + 0.5))
         rng = np.random.default_rng([self.exp.seed, rnd, 0x5A3])
-        return sorted(int(c) for c in rng.choice(n, size=min(m, n), replace=False))
+        return sorted(int(c) for c in rng.choice(self.num_clients, size=self.exp.clients_per_round(), replace=False))
 
     def round_plan(self) -> RoundPlan:
         fl = self.exp.fl
