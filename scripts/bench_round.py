@@ -2,6 +2,7 @@
 
     python scripts/bench_round.py [--scenario fedfcd-t1|fmnist-cnn|cifar10-cnn|digits]
                                   [--method fedavg|all] [--executor sequential|vectorized|both] [--repeats 3]
+                                  [--device cpu|cuda] [--synthetic]
 
 The floor is the round's arithmetic divided by this machine's dense matmul rate: forward+backward
 FLOPs of every training sample (`train_passes` of the method's model), plus its extra no-grad
@@ -15,6 +16,10 @@ Scenarios (real data from $AUTOFL_DATA_ROOT, except digits):
   fmnist-cnn   Fashion-MNIST, cnn, dirichlet(0.5), 10 clients, batch 32, E=1
   cifar10-cnn  CIFAR-10, cnn, dirichlet(0.5), 20 clients, batch 32, E=1
   digits       scikit-learn digits, mlp, dirichlet(0.5), 10 clients, batch 32 (no download)
+
+`--synthetic` times the scenario on random tensors of its dataset's shape and official sizes
+(labels uniform, fixed seed) where the files are missing, e.g. CIFAR-10 on a machine with no network:
+the arithmetic and the steps are the same, the accuracy is meaningless.
 
 Prints one line per method and executor, then `speedup[METHOD]` (sequential / vectorized) when
 both run; the last line is the smallest speedup (or the worst floor ratio with one executor).
@@ -30,6 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
+from autofl.config import DATASET_INFO
+from autofl.data.datasets import RawDataset
 from autofl.engine.executor import batch_cuts
 from autofl.engine.simulation import Simulation
 from autofl.experiment import load_experiment
@@ -47,6 +54,22 @@ SCENARIOS: dict[str, list[str]] = {
     "digits": ["data.dataset=digits", "model.arch=mlp", "data.partition.kind=dirichlet", "data.num_clients=10",
                "fl.batch_size=32", "fl.local_epochs=1"],
 }
+
+
+# official train / test sizes, for --synthetic
+_OFFICIAL_SIZES = {"mnist": (60000, 10000), "fmnist": (60000, 10000), "cifar10": (50000, 10000),
+                   "cifar100": (50000, 10000), "digits": (1438, 359)}
+
+
+def synthetic_dataset(name: str, seed: int = 0) -> RawDataset:
+    """Random normal images and uniform labels with `name`'s shape, class count and official sizes."""
+    num_classes, side = DATASET_INFO[name]
+    channels = 3 if name.startswith("cifar") else 1
+    n_train, n_test = _OFFICIAL_SIZES[name]
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n_train + n_test, channels, side, side, generator=g)
+    y = torch.randint(0, num_classes, (n_train + n_test,), generator=g)
+    return RawDataset(name, x[:n_train], y[:n_train], x[n_train:], y[n_train:], num_classes)
 
 
 def matmul_flops_per_second(device: torch.device, n: int = 2048, repeats: int = 5) -> float:
@@ -102,16 +125,16 @@ def time_rounds(sim: Simulation, repeats: int) -> float:
 
 
 def bench(method: str, scenario: str, executors: list[str], extra: list[str], repeats: int,
-          flops_per_s: float) -> dict[str, float]:
+          flops_per_s: float, raw: RawDataset | None = None) -> dict[str, float]:
     seconds: dict[str, float] = {}
     floor = 0.0
     for executor in executors:
         exp = load_experiment(None, [*SCENARIOS[scenario], f"method.name={method}", "fl.rounds=1000",
                                      "fl.eval_every=1000", f"runtime.executor={executor}", *extra])
-        sim = Simulation(exp)
+        sim = Simulation(exp, raw)
         floor = round_flops(sim) / flops_per_s
         seconds[executor] = time_rounds(sim, repeats)
-        print(f"{scenario} {method:10s} {executor:10s} round_s {seconds[executor]:7.3f}  floor_s {floor:6.3f}  "
+        print(f"{scenario} {method:10s} {executor:10s} round_s {seconds[executor]:7.3f}  floor_s {floor:8.4g}  "
               f"x_floor {seconds[executor] / floor:6.2f}  ({sim.executor_line}; threads {torch.get_num_threads()})",
               flush=True)
     if len(seconds) == 2:
@@ -128,6 +151,8 @@ def main() -> None:
     parser.add_argument("--executor", default="both", choices=["sequential", "vectorized", "both"])
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds (the median is reported)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
+    parser.add_argument("--synthetic", action="store_true",
+                        help="random tensors of the scenario dataset's shape instead of its files")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
     executors = ["sequential", "vectorized"] if args.executor == "both" else [args.executor]
@@ -135,12 +160,17 @@ def main() -> None:
     flops_per_s = matmul_flops_per_second(device)
     print(f"matmul {flops_per_s / 1e9:.1f} GFLOP/s on {device}", flush=True)
     methods = method_names() if args.method == "all" else [args.method]
+    raw = None
+    if args.synthetic:
+        dataset = next(s.split("=", 1)[1] for s in SCENARIOS[args.scenario] if s.startswith("data.dataset="))
+        raw = synthetic_dataset(dataset)
+        print(f"synthetic {dataset}: {len(raw.train_y)} train + {len(raw.test_y)} test of shape {raw.input_shape}")
     results = {m: bench(m, args.scenario, executors, [f"runtime.device={args.device}", *args.set], args.repeats,
-                        flops_per_s) for m in methods}
+                        flops_per_s, raw) for m in methods}
     print("| method | " + " | ".join(f"{e} s" for e in executors) + " | floor s | "
           + ("speedup |" if len(executors) == 2 else "x floor |"))
     for m, r in results.items():
-        cells = [f"{r[e]:.3f}" for e in executors] + [f"{r['floor']:.3f}"]
+        cells = [f"{r[e]:.3f}" for e in executors] + [f"{r['floor']:.4g}"]
         cells.append(f"{r['speedup']:.2f}" if len(executors) == 2 else f"{r[executors[0]] / r['floor']:.2f}")
         print(f"| {m} | " + " | ".join(cells) + " |")
     if len(executors) == 2:

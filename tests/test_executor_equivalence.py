@@ -15,10 +15,13 @@ Logic is compared in float64. In float32 the executors agree to rounding: BatchN
 under vmap sums in another order (differences of ~1e-7 per step), which a chaotic run amplifies,
 e.g. DualFed's SupCon at tau = 0.05 multiplies a float64 difference of 1e-16 into 1e-8 over three
 rounds. Without BatchNorm the float32 runs are compared too.
+
+The runs are on CPU; `AUTOFL_TEST_DEVICE=cuda` runs the same comparisons on a GPU.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -34,7 +37,7 @@ METHODS = method_names()
 ARCHS = ["mlp", "cnn", "moon_cnn", "resnet18"]
 SCENARIO = ["fl.rounds=3", "data.num_clients=5", "data.partition.kind=dirichlet", "data.partition.alpha=0.1",
             "data.min_size=4", "fl.participation=0.6", "fl.batch_size=32", "fl.local_epochs=2", "fl.momentum=0.9",
-            "fl.weight_decay=0.001", "fl.lr=0.01", "runtime.device=cpu"]
+            "fl.weight_decay=0.001", "fl.lr=0.01", f"runtime.device={os.environ.get('AUTOFL_TEST_DEVICE', 'cpu')}"]
 # FedECCR: a short server-side calibration. DualFed: SupCon at its default tau = 0.05 on conv features
 # is chaotic here (a 1e-12 nudge of the start moved a sequential cnn run by 1.3); at tau = 0.5 by 2e-8
 SMALL = {"fedeccr": ["method.M=20", "method.calib_epochs=2"], "dualfed": ["method.tau=0.5"]}
