@@ -15,6 +15,7 @@ import yaml
 
 from autofl.config import Experiment, experiment_to_dict
 from autofl.engine.simulation import Simulation
+from autofl.engine.state import plain_tree
 from autofl.errors import AutoFLError, RunDiverged
 from autofl.files import write_atomic
 
@@ -80,7 +81,7 @@ def run_training(
             if on_round is not None:
                 on_round(metrics, time.perf_counter() - start)
     tmp = work / (STATE_FILE + ".tmp")
-    torch.save(sim.state_dict(), tmp)
+    torch.save(plain_tree(sim.state_dict()), tmp)  # loadable with weights_only=True, without autofl
     os.replace(tmp, work / STATE_FILE)
     if replacing:
         _swap_in(work, out)

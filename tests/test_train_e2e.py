@@ -1,3 +1,4 @@
+import torch
 import yaml
 
 from autofl.experiment import load_experiment
@@ -19,6 +20,22 @@ def test_train_on_digits_learns_and_writes_outputs(run_cli, tmp_path):
     resolved = yaml.safe_load((out / "config.yaml").read_text())
     assert load_experiment(out / "config.yaml").model_dump() == load_experiment(None, ["fl.rounds=6"]).model_dump()
     assert resolved["fl"]["rounds"] == 6
+
+
+def test_final_state_loads_with_weights_only_and_no_autofl_classes(run_cli, tmp_path):
+    """FedFCD keeps per-class feature statistics (ClassStats dataclasses); the saved state holds them
+    as plain dicts, so torch's safe loader reads the file without allow-listing autofl."""
+    out = tmp_path / "run"
+    assert run_cli("train", "--out", out, "--set", "fl.rounds=2", "--set", "method.name=fedfcd") == 0
+    state = torch.load(out / "final_state.pt", map_location="cpu", weights_only=True)
+    assert state["round"] == 2 and set(state["global_state"]) and state["client_states"]
+
+    def has_stats(tree) -> bool:
+        if isinstance(tree, dict):
+            return {"counts", "means"} <= set(tree) or any(has_stats(v) for v in tree.values())
+        return isinstance(tree, (list, tuple)) and any(has_stats(v) for v in tree)
+
+    assert has_stats(state["method_state"]) or has_stats(state["client_states"])  # the stats were kept
 
 
 def test_eval_every_reports_only_evaluated_rounds(run_cli, tmp_path):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -24,3 +27,16 @@ def weighted_average(states: list[StateDict], weights: list[float]) -> StateDict
         ref = states[0][key]
         out[key] = (mean.round() if not ref.is_floating_point() else mean).to(ref.dtype)
     return out
+
+
+def plain_tree(obj: Any) -> Any:
+    """`obj` with every dataclass (e.g. FedFCD's and FedECCR's ClassStats) turned into a dict of its
+    fields, recursively: a file saved from it loads with `torch.load(path, weights_only=True)` in
+    any Python that has torch, without allow-listing autofl's classes."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: plain_tree(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {k: plain_tree(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(plain_tree(v) for v in obj)
+    return obj
