@@ -65,8 +65,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     else:
         history = run_training(exp, out, on_round, args.overwrite, announce)
     last = history[-1]
-    console.print(f"done: personal_test_acc={last['personal_test_acc']:.4f} "
-                  f"personal_val_acc={last['personal_val_acc']:.4f}; wrote {out}/metrics.jsonl, config.yaml, "
+    console.print(f"done: personal_test_acc={_fmt(last.get('personal_test_acc'))} "
+                  f"personal_val_acc={_fmt(last.get('personal_val_acc'))}; wrote {out}/metrics.jsonl, config.yaml, "
                   f"final_state.pt", soft_wrap=True)
     return 0
 

@@ -38,6 +38,18 @@ def test_final_state_loads_with_weights_only_and_no_autofl_classes(run_cli, tmp_
     assert has_stats(state["method_state"]) or has_stats(state["client_states"])  # the stats were kept
 
 
+def test_an_empty_split_reports_no_accuracy_instead_of_zero(run_cli, tmp_path, capsys):
+    """data.split.val: 0 (the FedFCD protocol): no validation accuracy is made up as 0.0."""
+    out = tmp_path / "run"
+    assert run_cli("train", "--out", out, "--set", "fl.rounds=2", "--set", "data.split.train=0.75",
+                   "--set", "data.split.val=0", "--set", "data.split.test=0.25") == 0
+    last = read_metrics(out)[-1]
+    assert not any("val" in key for key in last)  # personal_val_acc*, global_val_acc
+    assert {"personal_test_acc", "personal_test_acc_std", "personal_test_acc_p10", "global_test_acc"} <= set(last)
+    assert last["personal_test_acc"] > 0.3
+    assert "personal_val_acc=-" in capsys.readouterr().out
+
+
 def test_eval_every_reports_only_evaluated_rounds(run_cli, tmp_path):
     out = tmp_path / "run"
     assert run_cli("train", "--out", out, "--set", "fl.rounds=5", "--set", "fl.eval_every=2") == 0

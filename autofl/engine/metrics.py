@@ -38,9 +38,7 @@ def _per_client(name: str, correct: list[int], sizes: list[int]) -> dict[str, fl
     """The spread of per-client accuracies (clients holding samples of that split): `<name>_std`
     (population std) and `<name>_p10`, the 10th percentile (the worst-decile client, a fairness
     objective)."""
-    acc = np.array([c / n for c, n in zip(correct, sizes) if n > 0])
-    if not len(acc):
-        return {f"{name}_std": 0.0, f"{name}_p10": 0.0}
+    acc = np.array([c / n for c, n in zip(correct, sizes) if n > 0])  # evaluate() calls it for splits with samples
     return {f"{name}_std": float(acc.std()), f"{name}_p10": float(np.percentile(acc, 10))}
 
 
@@ -61,16 +59,21 @@ def evaluate(sim: "Simulation") -> dict[str, float]:
         test_correct.append(count_correct(predict, data.x[split.test], data.y[split.test]))
         val_sizes.append(len(split.val))
         test_sizes.append(len(split.test))
-    out = {
-        "personal_val_acc": sum(val_correct) / max(sum(val_sizes), 1),
-        **_per_client("personal_val_acc", val_correct, val_sizes),
-        "personal_test_acc": sum(test_correct) / max(sum(test_sizes), 1),
-        **_per_client("personal_test_acc", test_correct, test_sizes),
-    }
+    # a split with no samples (data.split.val: 0 or test: 0) has no accuracy: its keys are left out,
+    # as the global ones are for methods without a global model, rather than reported as 0.0
+    out: dict[str, float] = {}
+    if sum(val_sizes):
+        out["personal_val_acc"] = sum(val_correct) / sum(val_sizes)
+        out.update(_per_client("personal_val_acc", val_correct, val_sizes))
+    if sum(test_sizes):
+        out["personal_test_acc"] = sum(test_correct) / sum(test_sizes)
+        out.update(_per_client("personal_test_acc", test_correct, test_sizes))
     if method.has_global_model:
         method.load_global(model, sim.global_state)
         predict_global = lambda x: method.predict_global(model, x)  # noqa: E731
         val_idx = torch.cat([c.val for c in data.clients])
-        out["global_val_acc"] = count_correct(predict_global, data.x[val_idx], data.y[val_idx]) / max(len(val_idx), 1)
-        out["global_test_acc"] = count_correct(predict_global, data.test_x, data.test_y) / max(len(data.test_y), 1)
+        if len(val_idx):
+            out["global_val_acc"] = count_correct(predict_global, data.x[val_idx], data.y[val_idx]) / len(val_idx)
+        if len(data.test_y):
+            out["global_test_acc"] = count_correct(predict_global, data.test_x, data.test_y) / len(data.test_y)
     return out
