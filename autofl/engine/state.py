@@ -30,7 +30,7 @@ def weighted_average(states: list[StateDict], weights: list[float]) -> StateDict
 
 
 def plain_tree(obj: Any) -> Any:
-    """`obj` with every dataclass (e.g. FedFCD's and FedECCR's ClassStats) turned into a dict of its
+    """`obj` with every dataclass (e.g. FedFCD's ClassStats) turned into a dict of its
     fields, recursively: a file saved from it loads with `torch.load(path, weights_only=True)` in
     any Python that has torch, without allow-listing autofl's classes."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
