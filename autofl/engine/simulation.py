@@ -6,7 +6,6 @@ round r continues exactly as the uninterrupted run would have.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Callable
 
 import numpy as np
@@ -17,7 +16,7 @@ from autofl.data.datasets import RawDataset, load_raw_dataset
 from autofl.data.federated import FederatedData, build_federated
 from autofl.engine.executor import ClientJob, RoundPlan, Workspace, make_executor
 from autofl.engine.metrics import evaluate
-from autofl.engine.state import StateDict, clone_state
+from autofl.engine.state import StateDict, clone_state, map_tree
 from autofl.methods.base import Method, TrainedClient, Upload
 from autofl.methods.registry import get_method_class
 from autofl.seeding import derived_seed
@@ -129,24 +128,12 @@ class Simulation:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        to_device = lambda obj: _move(obj, self.device)  # noqa: E731
+        def to_device(obj: Any) -> Any:
+            return map_tree(obj, lambda x: x.to(self.device) if isinstance(x, torch.Tensor) else x)
+
         self.round = int(state["round"])
         self.global_state = to_device(state["global_state"])
         self.client_states = to_device(state["client_states"])
         self.method.load_server_state(to_device(state["method_state"]))
         self.history = list(state["history"])
         torch.set_rng_state(state["torch_rng"])
-
-
-def _move(obj: Any, device: torch.device) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.to(device)
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return dataclasses.replace(obj, **{f.name: _move(getattr(obj, f.name), device) for f in dataclasses.fields(obj)})
-    if isinstance(obj, dict):
-        return {k: _move(v, device) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_move(v, device) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(_move(v, device) for v in obj)
-    return obj

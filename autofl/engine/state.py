@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -29,14 +29,21 @@ def weighted_average(states: list[StateDict], weights: list[float]) -> StateDict
     return out
 
 
+def map_tree(obj: Any, leaf: Callable[[Any], Any], dataclasses_as_dicts: bool = False) -> Any:
+    """`obj` with `leaf` applied to everything that is not a dataclass, dict, list or tuple, which
+    are rebuilt around the results (a dataclass as a dict of its fields if `dataclasses_as_dicts`)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        fields = {f.name: map_tree(getattr(obj, f.name), leaf, dataclasses_as_dicts) for f in dataclasses.fields(obj)}
+        return fields if dataclasses_as_dicts else dataclasses.replace(obj, **fields)
+    if isinstance(obj, dict):
+        return {k: map_tree(v, leaf, dataclasses_as_dicts) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(map_tree(v, leaf, dataclasses_as_dicts) for v in obj)
+    return leaf(obj)
+
+
 def plain_tree(obj: Any) -> Any:
     """`obj` with every dataclass (e.g. FedFCD's ClassStats) turned into a dict of its
     fields, recursively: a file saved from it loads with `torch.load(path, weights_only=True)` in
     any Python that has torch, without allow-listing autofl's classes."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: plain_tree(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, dict):
-        return {k: plain_tree(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(plain_tree(v) for v in obj)
-    return obj
+    return map_tree(obj, lambda x: x, dataclasses_as_dicts=True)

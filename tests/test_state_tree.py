@@ -1,0 +1,34 @@
+"""map_tree: the one walker behind moving a restored checkpoint to the device and saving plain files."""
+
+from __future__ import annotations
+
+import torch
+
+from autofl.engine.simulation import Simulation
+from autofl.engine.state import map_tree, plain_tree
+from autofl.experiment import load_experiment
+from autofl.features import ClassStats
+
+
+def test_map_tree_rebuilds_dataclasses_and_containers_or_flattens_dataclasses():
+    stats = ClassStats(torch.tensor([1.0, 2.0]), torch.ones(2, 3))
+    tree = {"a": [stats, (torch.zeros(1), 3)], "b": "text"}
+    doubled = map_tree(tree, lambda x: x * 2 if isinstance(x, torch.Tensor) else x)
+    assert isinstance(doubled["a"][0], ClassStats) and isinstance(doubled["a"], list) and isinstance(doubled["a"][1], tuple)
+    assert torch.equal(doubled["a"][0].counts, torch.tensor([2.0, 4.0])) and doubled["a"][0].covs is None
+    assert doubled["b"] == "text" and doubled["a"][1][1] == 3
+    plain = plain_tree(tree)
+    assert plain["a"][0] == {"counts": stats.counts, "means": stats.means, "covs": None}
+    assert plain["a"][1][0] is tree["a"][1][0]  # leaves are kept, not copied
+
+
+def test_a_fedfcd_state_with_class_stats_restores_into_a_fresh_simulation():
+    exp = load_experiment(None, ["method.name=fedfcd", "fl.rounds=3"])
+    sim = Simulation(exp)
+    sim.run_round()
+    state = sim.state_dict()
+    assert state["method_state"]["lfrs"] and all(isinstance(v, ClassStats) for v in state["method_state"]["lfrs"].values())
+    fresh = Simulation(exp)
+    fresh.load_state_dict(state)
+    assert fresh.round == 1
+    assert [sim.run_round() for _ in range(2)] == [fresh.run_round() for _ in range(2)]
