@@ -29,6 +29,12 @@ DATASET_INFO: dict[str, tuple[int, int]] = {
     "cifar10": (10, 32),
     "cifar100": (100, 32),
 }
+
+
+def dataset_input_shape(name: str) -> tuple[int, int, int]:
+    """(channels, side, side) of one image of dataset `name`: the CIFARs are colour, the rest grayscale."""
+    side = DATASET_INFO[name][1]
+    return (3 if name.startswith("cifar") else 1, side, side)
 # how many trailing Linear layers each arch's stack has (the allowed range of head_layers)
 ARCH_LINEAR_LAYERS: dict[str, int] = {"mlp": 2, "cnn": 2, "moon_cnn": 5, "resnet18": 1}
 LINEAR_ONLY_ARCHS = ("mlp",)  # archs whose every trainable layer is one of those Linear layers

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from autofl.config import DATASET_INFO
+from autofl.config import DATASET_INFO, dataset_input_shape
 from autofl.data.datasets import RawDataset
 from autofl.engine.executor import batch_cuts
 from autofl.engine.simulation import Simulation
@@ -63,11 +63,10 @@ _OFFICIAL_SIZES = {"mnist": (60000, 10000), "fmnist": (60000, 10000), "cifar10":
 
 def synthetic_dataset(name: str, seed: int = 0) -> RawDataset:
     """Random normal images and uniform labels with `name`'s shape, class count and official sizes."""
-    num_classes, side = DATASET_INFO[name]
-    channels = 3 if name.startswith("cifar") else 1
+    num_classes = DATASET_INFO[name][0]
     n_train, n_test = _OFFICIAL_SIZES[name]
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n_train + n_test, channels, side, side, generator=g)
+    x = torch.randn(n_train + n_test, *dataset_input_shape(name), generator=g)
     y = torch.randint(0, num_classes, (n_train + n_test,), generator=g)
     return RawDataset(name, x[:n_train], y[:n_train], x[n_train:], y[n_train:], num_classes)
 
@@ -162,7 +161,7 @@ def main() -> None:
     methods = method_names() if args.method == "all" else [args.method]
     raw = None
     if args.synthetic:
-        dataset = next(s.split("=", 1)[1] for s in SCENARIOS[args.scenario] if s.startswith("data.dataset="))
+        dataset = load_experiment(None, [*SCENARIOS[args.scenario], *args.set]).data.dataset
         raw = synthetic_dataset(dataset)
         print(f"synthetic {dataset}: {len(raw.train_y)} train + {len(raw.test_y)} test of shape {raw.input_shape}")
     results = {m: bench(m, args.scenario, executors, [f"runtime.device={args.device}", *args.set], args.repeats,

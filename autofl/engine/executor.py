@@ -179,13 +179,12 @@ def make_executor(choice: str, ws: Workspace, client_chunk: int | None,
 
 def describe_executor(exp: Any, device: torch.device | None = None) -> str:
     """The executor line `exp` will run with, without loading its data (for the search's banner)."""
-    from autofl.config import DATASET_INFO
+    from autofl.config import DATASET_INFO, dataset_input_shape
     from autofl.methods.registry import get_method_class
 
-    num_classes, side = DATASET_INFO[exp.data.dataset]
-    channels = 3 if exp.data.dataset.startswith("cifar") else 1
     cls = get_method_class(exp.method.name)
-    method = cls(cls.Params(**exp.method.params()), exp, (channels, side, side), num_classes)
+    method = cls(cls.Params(**exp.method.params()), exp, dataset_input_shape(exp.data.dataset),
+                 DATASET_INFO[exp.data.dataset][0])
     if device is None:
         from autofl.engine.simulation import resolve_device
 
