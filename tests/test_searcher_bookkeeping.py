@@ -166,3 +166,16 @@ def test_concurrent_slots_count_what_the_cluster_holds():
     assert slots({"CPU": 2.0}, 1) == 2 and slots({"CPU": 2.0}, 2) == 1 and slots({"CPU": 2.0}, 0.5) == 4
     assert slots({"CPU": 16.0, "GPU": 1.0}, 1, gpu=0.25) == 4  # four trials share the card
     assert slots({"CPU": 1.0}, 4) == 1  # never below one
+
+
+def test_checkpoints_closer_than_tunes_snapshot_are_all_kept(monkeypatch):
+    """A resumed run restores the checkpoint Tune's last snapshot (every TUNE_GLOBAL_CHECKPOINT_S)
+    names; frequent checkpoints must not delete it before the next snapshot."""
+    from autofl.tune.runner import checkpoints_to_keep
+    from autofl.tune.space import SearchSpace
+
+    monkeypatch.setenv("TUNE_GLOBAL_CHECKPOINT_S", "2")
+    assert checkpoints_to_keep(SearchSpace(study="s", checkpoint_every_s=0)) is None
+    assert checkpoints_to_keep(SearchSpace(study="s", checkpoint_every_s=3.9)) is None
+    assert checkpoints_to_keep(SearchSpace(study="s", checkpoint_every_s=4)) == 2
+    assert checkpoints_to_keep(SearchSpace(study="s")) == 2  # the default, 30 s

@@ -65,6 +65,17 @@ def _max_concurrent(space: SearchSpace) -> int:
     return space.resources.max_concurrent or concurrent_slots(ray.cluster_resources(), space)
 
 
+def checkpoints_to_keep(space: SearchSpace) -> int | None:
+    """How many checkpoints each trial keeps (None: all). A resumed run restores every trial from
+    the checkpoint named in Tune's last experiment snapshot, written at most every
+    TUNE_GLOBAL_CHECKPOINT_S; keeping 2 deletes older ones as new ones come, so checkpoints closer
+    together than the snapshot (checkpoint_every_s: 0 saves every round) could delete the one the
+    snapshot names before a kill, and the resumed trial then failed ("does not exist on storage
+    anymore"; seen once in CI's two-node test). Such trials keep all theirs; the default (30 s) keeps 2."""
+    snapshot_s = float(os.environ.get("TUNE_GLOBAL_CHECKPOINT_S", "2"))
+    return None if space.checkpoint_every_s < 2 * snapshot_s else 2
+
+
 def _searcher(space: SearchSpace, study: Study, run_name: str, trials: int, with_start_point: bool):
     import optuna
 
@@ -156,7 +167,7 @@ def run_experiment(study: Study, trials: int, address: str | None, restore: str 
                 name=run_name, storage_path=study.tune_root(),
                 # the trainable asks for a checkpoint (should_checkpoint) once checkpoint_every_s of
                 # training is unsaved; plus one at the end
-                checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=0, num_to_keep=2,
+                checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=0, num_to_keep=checkpoints_to_keep(space),
                                                         checkpoint_at_end=True),
                 failure_config=tune.FailureConfig(max_failures=space.max_failures),
                 stop=_stopper(space, study, run_name),
