@@ -74,15 +74,15 @@ def cmd_train(args: argparse.Namespace) -> int:
 def _import_trial_stack() -> None:
     import optuna  # noqa: F401
 
-    import autofl.tune.searcher  # noqa: F401
-    import autofl.tune.trainable  # noqa: F401  (torch, ray.tune, the engine)
+    import autofl.search.searcher  # noqa: F401
+    import autofl.search.trainable  # noqa: F401  (torch, ray.tune, the engine)
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    from autofl.tune import study as st
+    from autofl.search import study as st
 
-    from autofl.tune.driver_lock import DriverLock
-    from autofl.tune.storage import is_sqlite, probe_storage
+    from autofl.search.driver_lock import DriverLock
+    from autofl.search.storage import is_sqlite, probe_storage
 
     home = st.studies_dir(args.dir)
     existing = args.resume or args.join
@@ -114,8 +114,8 @@ def cmd_search(args: argparse.Namespace) -> int:
                                f"with PostgreSQL storage (space `storage:` or AUTOFL_STORAGE) to run several")
     else:
         lock.acquire(sqlite=sqlite)
-    from autofl.tune.logs import start_ray
-    from autofl.tune.runner import join, search
+    from autofl.search.logs import start_ray
+    from autofl.search.runner import join, search
 
     # Ray's processes start while this thread waits on them: import the trial stack meanwhile
     # (measured on 2 cores: the quickstart's start-up overlaps by about 1.5 s)
@@ -163,15 +163,15 @@ def display_state(row: dict, live_driver: bool) -> str:
 
 
 def display_counts(rows: list[dict], live_driver: bool) -> dict[str, int]:
-    from autofl.tune.study import state_counts
+    from autofl.search.study import state_counts
 
     return state_counts([{**r, "state": display_state(r, live_driver)} for r in rows])
 
 
 def _print_status(study) -> None:
-    from autofl.tune.driver_lock import DriverLock
-    from autofl.tune.storage import mask_url
-    from autofl.tune.study import trial_rows
+    from autofl.search.driver_lock import DriverLock
+    from autofl.search.storage import mask_url
+    from autofl.search.study import trial_rows
 
     rows = trial_rows(study)
     live_driver = DriverLock(study.root).is_held()
@@ -188,7 +188,7 @@ def _print_status(study) -> None:
     console.print(table)
     console.print(f"storage: {mask_url(study.storage_url())}", soft_wrap=True)
     if space.multi_objective:
-        from autofl.tune.study import pareto_trials
+        from autofl.search.study import pareto_trials
 
         front = pareto_trials(study)
         goals = ", ".join(f"{m} ({d})" for m, d in zip(space.metrics, space.modes or []))
@@ -203,7 +203,7 @@ def _print_status(study) -> None:
                       f"{space.time_budget_s:.0f} s each (time_budget_s)")
     counts = display_counts(rows, live_driver)
     console.print("trials: " + (", ".join(f"{v} {k.lower()}" for k, v in sorted(counts.items())) or "none"))
-    from autofl.tune.reeval import load_summary
+    from autofl.search.reeval import load_summary
 
     summary = load_summary(study)
     if summary is not None:
@@ -214,14 +214,14 @@ def _print_status(study) -> None:
 
 
 def cmd_studies(args: argparse.Namespace) -> int:
-    from autofl.tune import study as st
+    from autofl.search import study as st
 
     home = st.studies_dir(args.dir)
     names = st.existing_studies(home)
     if not names:
         console.print(f"no studies in {home}")
         return 0
-    from autofl.tune.driver_lock import DriverLock
+    from autofl.search.driver_lock import DriverLock
 
     table = Table("study", "trials", "complete", "pruned", "failed", "interrupted", "running", "best", title=str(home))
     for name in names:
@@ -239,7 +239,7 @@ def cmd_studies(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from autofl.tune import study as st
+    from autofl.search import study as st
 
     _print_status(st.open_study(st.studies_dir(args.dir), args.name))
     return 0
@@ -249,10 +249,10 @@ def _reevaluate(study, seeds: int, top: int, vary_partition: bool, address: str 
                 show: Console = console, verbose: bool = False) -> dict:
     """Run what is missing of the study's re-evaluation (one driver at a time) and print its table
     on `show` (stderr when stdout carries an exported config)."""
-    from autofl.tune.driver_lock import DriverLock
-    from autofl.tune.reeval import reevaluate
-    from autofl.tune.storage import is_sqlite
-    from autofl.tune.study import check_owned
+    from autofl.search.driver_lock import DriverLock
+    from autofl.search.reeval import reevaluate
+    from autofl.search.storage import is_sqlite
+    from autofl.search.study import check_owned
 
     check_owned(study.root)  # the lock file and run records are written into it
     lock = DriverLock(study.root)
@@ -263,7 +263,7 @@ def _reevaluate(study, seeds: int, top: int, vary_partition: bool, address: str 
         show.print(f"re-evaluation of study {study.name}: {total} runs (configs x seeds), "
                    f"{total - missing} already done, {missing} to run", soft_wrap=True)
         if missing:  # Ray starts only when there is something to run
-            from autofl.tune.logs import start_ray
+            from autofl.search.logs import start_ray
 
             start_ray(study.root, address, verbose)
 
@@ -283,7 +283,7 @@ def _reevaluate(study, seeds: int, top: int, vary_partition: bool, address: str 
 
 
 def cmd_reeval(args: argparse.Namespace) -> int:
-    from autofl.tune import study as st
+    from autofl.search import study as st
 
     study = st.open_study(st.studies_dir(args.dir), args.name)
     study.space()  # validate before Ray starts
@@ -293,7 +293,7 @@ def cmd_reeval(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from autofl.report import build_report
-    from autofl.tune import study as st
+    from autofl.search import study as st
 
     study = st.open_study(st.studies_dir(args.dir), args.name)
     out = Path(args.output) if args.output else study.root / "report"
@@ -305,8 +305,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
-    from autofl.tune import study as st
-    from autofl.tune.storage import mask_url, open_storage
+    from autofl.search import study as st
+    from autofl.search.storage import mask_url, open_storage
 
     study = st.open_study(st.studies_dir(args.dir), args.name)
     try:
@@ -323,8 +323,8 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from autofl.files import write_atomic
-    from autofl.tune import study as st
-    from autofl.tune.reeval import load_summary
+    from autofl.search import study as st
+    from autofl.search.reeval import load_summary
 
     out = Path(args.output) if args.output else None
     if out is not None:  # checked before any work
@@ -473,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except AutoFLError as err:
-        from autofl.tune.storage import mask_url
+        from autofl.search.storage import mask_url
 
         one_line = " ".join(str(err).split())  # messages quoting YAML or driver errors can span lines
         err_console.print(f"autofl: error: {mask_url(one_line)}", highlight=False, soft_wrap=True)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from autofl.tune.study import Study
+from autofl.search.study import Study
 
 
 @dataclass
@@ -253,8 +253,8 @@ def build_report(study: Study, out_dir: Path) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
-    from autofl.tune.reeval import load_summary
-    from autofl.tune.study import best_of, pareto_trials
+    from autofl.search.reeval import load_summary
+    from autofl.search.study import best_of, pareto_trials
     from autofl.views import format_params
 
     space = study.space()

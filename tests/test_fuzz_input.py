@@ -130,7 +130,7 @@ import pytest  # noqa: E402
 @pytest.fixture(scope="module")
 def monkeypatch_module():
     """A valid space would start Ray: stop at the point where the search would begin."""
-    from autofl.tune import runner
+    from autofl.search import runner
 
     mp = pytest.MonkeyPatch()
     mp.setattr(runner, "init_ray", lambda address: None)

@@ -16,8 +16,8 @@ import optuna
 import pytest
 import yaml
 
-from autofl.tune import reeval
-from autofl.tune.study import Study
+from autofl.search import reeval
+from autofl.search.study import Study
 from test_search_e2e import AUTOFL, run, space_file
 
 

@@ -11,7 +11,7 @@ import yaml
 from optuna.distributions import FloatDistribution
 from ray.tune.schedulers import TrialScheduler
 
-from autofl.tune.scheduler import StudyASHA
+from autofl.search.scheduler import StudyASHA
 
 
 def _study(tmp_path, curves: dict[str, dict[int, float]], mode: str = "max"):

@@ -9,8 +9,8 @@ from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
 from ray.tune.search import Searcher
 
-from autofl.tune.searcher import RoundAwareOptunaSearch
-from autofl.tune.stopper import AlreadyRecordedStopper
+from autofl.search.searcher import RoundAwareOptunaSearch
+from autofl.search.stopper import AlreadyRecordedStopper
 
 
 def study_url(tmp_path: Path) -> str:
@@ -107,9 +107,9 @@ def test_resume_without_a_tune_snapshot_replaces_interrupted_trials(tmp_path, mo
     driver left RUNNING is marked FAIL (interrupted) and replaced, not counted as done."""
     import yaml
 
-    from autofl.tune import runner
-    from autofl.tune.study import create_study
-    from autofl.tune.space import load_space
+    from autofl.search import runner
+    from autofl.search.study import create_study
+    from autofl.search.space import load_space
 
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump({"study": "s", "trials": 4}))
@@ -157,8 +157,8 @@ def test_searcher_holds_back_suggestions_beyond_its_concurrency_limit(tmp_path):
 
 
 def test_concurrent_slots_count_what_the_cluster_holds():
-    from autofl.tune.runner import concurrent_slots
-    from autofl.tune.space import SearchSpace
+    from autofl.search.runner import concurrent_slots
+    from autofl.search.space import SearchSpace
 
     def slots(resources, cpu, gpu=0.0):
         return concurrent_slots(resources, SearchSpace(study="s", resources={"cpu": cpu, "gpu": gpu}))
@@ -171,8 +171,8 @@ def test_concurrent_slots_count_what_the_cluster_holds():
 def test_checkpoints_closer_than_tunes_snapshot_are_all_kept(monkeypatch):
     """A resumed run restores the checkpoint Tune's last snapshot (every TUNE_GLOBAL_CHECKPOINT_S)
     names; frequent checkpoints must not delete it before the next snapshot."""
-    from autofl.tune.runner import checkpoints_to_keep
-    from autofl.tune.space import SearchSpace
+    from autofl.search.runner import checkpoints_to_keep
+    from autofl.search.space import SearchSpace
 
     monkeypatch.setenv("TUNE_GLOBAL_CHECKPOINT_S", "2")
     assert checkpoints_to_keep(SearchSpace(study="s", checkpoint_every_s=0)) is None

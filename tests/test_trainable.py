@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from autofl.tune.trainable import FLTrainable
+from autofl.search.trainable import FLTrainable
 
 BASE = {"data": {"num_clients": 4}, "fl": {"rounds": 4}, "method": {"name": "fdcl"}}
 
@@ -34,7 +34,7 @@ def test_nan_training_loss_ends_the_trial_with_its_reason_and_the_searcher_recor
     import optuna
     from optuna.distributions import FloatDistribution
 
-    from autofl.tune.searcher import RoundAwareOptunaSearch
+    from autofl.search.searcher import RoundAwareOptunaSearch
 
     root = tmp_path / "s"
     root.mkdir()
@@ -83,7 +83,7 @@ def test_a_planted_pickle_in_a_checkpoint_is_refused(tmp_path):
     """Checkpoints hold tensors and plain containers only: loading never runs code from the file."""
     import pickle
 
-    import autofl.tune.trainable as module
+    import autofl.search.trainable as module
 
     marker = tmp_path / "pwned"
 

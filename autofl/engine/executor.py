@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from autofl.engine.state import StateDict
-from autofl.methods.base import ClientStart, Stage, Update
+from autofl.engine.plan import ClientStart, Stage, Update
 
 
 @dataclass

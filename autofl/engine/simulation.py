@@ -17,7 +17,8 @@ from autofl.data.federated import FederatedData, build_federated
 from autofl.engine.executor import ClientJob, RoundPlan, Workspace, make_executor
 from autofl.engine.metrics import evaluate
 from autofl.engine.state import StateDict, clone_state, map_tree
-from autofl.methods.base import Method, TrainedClient, Upload
+from autofl.engine.plan import TrainedClient, Upload
+from autofl.methods.base import Method
 from autofl.methods.registry import get_method_class
 from autofl.seeding import derived_seed
 

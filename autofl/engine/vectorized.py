@@ -35,7 +35,7 @@ import torch
 from torch.func import functional_call, grad, vmap
 
 from autofl.engine.executor import ClientJob, ClientOutcome, RoundPlan, Workspace, batch_cuts, epoch_orders, stage_models
-from autofl.methods.base import Stage, Update
+from autofl.engine.plan import Stage, Update
 
 
 class VectorizedExecutor:

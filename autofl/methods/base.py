@@ -20,14 +20,14 @@ e.g. `flags["has_prev"] * term`), no in-place writes to parameters.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from pydantic import ValidationError
 
 from autofl.config import ARCH_LINEAR_LAYERS, LINEAR_ONLY_ARCHS, Strict
+from autofl.engine.plan import ClientStart, LossFn, Stage, TrainedClient, Update, Upload
 from autofl.engine.state import StateDict, weighted_average
 from autofl.models.parts import SplitModel, build_model
 
@@ -35,73 +35,8 @@ if TYPE_CHECKING:
     from autofl.config import Experiment
     from autofl.engine.simulation import Simulation
 
-# loss(ws, x, y, flags): ws is the workspace module (ws.model and the method's named copies),
-# flags maps names to per-client scalar tensors
-LossFn = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]], torch.Tensor]
-
-
 class MethodParams(Strict):
     """A method's own hyperparameters; unknown keys and non-finite numbers are errors."""
-
-
-@dataclass(frozen=True)
-class Update:
-    """One optimizer step per batch: the tensors it trains and the loss they minimise.
-
-    `trains` are name prefixes in the workspace (`"model."`, `"model.encoder."`, `"siamese."`);
-    each update has its own SGD optimizer, new at the start of its stage. The models it trains
-    run in train mode, the others in eval mode; BatchNorm layers under `frozen_stats`
-    normalise with batch statistics but leave their running statistics alone (for a forward
-    that repeats one an earlier update already counted on this batch).
-    """
-
-    trains: tuple[str, ...]
-    loss: LossFn
-    report: str | None = "loss"  # the client's mean of this loss is reported under this name
-    frozen_stats: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Stage:
-    """`epochs` passes over the client's batches (None: fl.local_epochs), running `updates` in
-    order on every batch. After each epoch, `snapshot_after_epoch` copies whole models
-    (target <- source, e.g. {"hist": "model"}) and `flags_after_epoch` sets per-client flags."""
-
-    updates: tuple[Update, ...]
-    epochs: int | None = None
-    snapshot_after_epoch: dict[str, str] = field(default_factory=dict)
-    flags_after_epoch: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass
-class ClientStart:
-    """What one client starts a round from: `models["model"]` is the state it trains; other
-    entries fill the method's named copies (frozen unless an update trains them)."""
-
-    models: dict[str, StateDict]
-    flags: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass
-class Upload:
-    cid: int
-    num_samples: int
-    state: StateDict  # the shared parameters after local training
-    payload: dict[str, Any]
-    loss: float
-
-
-@dataclass
-class TrainedClient:
-    """A client after local training, its final state loaded into `model` (for upload payloads)."""
-
-    cid: int
-    round: int
-    model: SplitModel
-    x: torch.Tensor  # the pooled inputs; the client's rows are `train_idx`
-    y: torch.Tensor
-    train_idx: torch.Tensor
-    num_classes: int
 
 
 class Method:

@@ -19,7 +19,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from autofl.tune.study import Study
+from autofl.search.study import Study
 from autofl.views import format_params
 
 MAX_ROWS = 15  # running trials first, then the most recently finished

@@ -16,8 +16,8 @@ import optuna
 from optuna.trial import FrozenTrial
 from ray.tune import Stopper
 
-from autofl.tune.searcher import finished_in_run
-from autofl.tune.study import Study
+from autofl.search.searcher import finished_in_run
+from autofl.search.study import Study
 
 
 class AlreadyRecordedStopper(Stopper):

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from autofl.errors import AutoFLError
 from autofl.files import write_atomic
-from autofl.tune.study import Study
+from autofl.search.study import Study
 
 REEVAL_DIR = "reeval"
 SEED_OFFSET = 1000  # fresh seeds start here, above any seed a study is likely to have searched with
@@ -66,7 +66,7 @@ def fresh_seeds(study: Study, count: int) -> list[int]:
 def candidates(study: Study, top: int) -> list[Candidate]:
     """The paper default first, then the `top` best COMPLETE trials (a trial whose values equal the
     default's, such as the study's enqueued first trial, is the default itself and not repeated)."""
-    from autofl.tune.space import start_points
+    from autofl.search.space import start_points
 
     ot = study.load_optuna()
     space = study.space()
@@ -122,7 +122,7 @@ def plan(study: Study, seeds: int, top: int, vary_partition: bool) -> tuple[list
 
 
 def record_run(study: Study, run: Run, result: dict[str, Any]) -> None:
-    from autofl.tune.searcher import REPORTED_KEYS
+    from autofl.search.searcher import REPORTED_KEYS
 
     _write_json(runs_dir(study) / f"{run.key}.json", {
         "candidate": run.candidate.label, "trial": run.candidate.trial, "params": run.candidate.params,
@@ -222,7 +222,7 @@ def reevaluate(study: Study, seeds: int, top: int, vary_partition: bool, address
     missing = [r for r in runs if r.key not in done]
     on_plan(len(missing), len(runs))
     if missing:
-        from autofl.tune.reeval_runner import execute
+        from autofl.search.reeval_runner import execute
 
         errored = execute(study, missing, address, on_done)
     else:

@@ -103,7 +103,7 @@ class SearchSpace(Strict):
     @field_validator("storage")
     @classmethod
     def _storage_url(cls, value: str | None) -> str | None:
-        from autofl.tune.storage import check_storage_url
+        from autofl.search.storage import check_storage_url
 
         return None if value is None else check_storage_url(value, None)
 

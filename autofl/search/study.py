@@ -15,7 +15,7 @@ import yaml
 
 from autofl.errors import AutoFLError, ConfigError, StorageError
 from autofl.files import write_atomic
-from autofl.tune.space import SearchSpace, load_space
+from autofl.search.space import SearchSpace, load_space
 
 HOME_ENV = "AUTOFL_HOME"
 SPACE_FILE = "space.yaml"
@@ -73,7 +73,7 @@ class Study:
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         try:
-            from autofl.tune.storage import open_storage
+            from autofl.search.storage import open_storage
 
             return optuna.load_study(study_name=self.name, storage=open_storage(self.storage_url()))
         except KeyError:
@@ -119,7 +119,7 @@ def sqlite_url(root: Path) -> str:
 def new_study_storage(space: SearchSpace) -> str | None:
     """The storage a new study will use when it is not the default SQLite file: the space's
     `storage`, else `AUTOFL_STORAGE` (checked; recorded without its password)."""
-    from autofl.tune.storage import STORAGE_ENV, check_storage_url, without_password
+    from autofl.search.storage import STORAGE_ENV, check_storage_url, without_password
 
     if space.storage:
         return space.storage
@@ -136,7 +136,7 @@ def create_study(home: Path, space_path: Path, space: SearchSpace, name: str | N
                  storage_path: str | None = None) -> Study:
     """A new study folder, after every check that can fail (name, storage reachable): a failed
     start leaves nothing behind."""
-    from autofl.tune.storage import probe_storage
+    from autofl.search.storage import probe_storage
 
     name = check_study_name(name, "--name") if name else space.study
     root = home / name

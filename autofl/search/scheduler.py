@@ -16,7 +16,7 @@ from typing import Any
 
 from ray.tune.schedulers import AsyncHyperBandScheduler
 
-from autofl.tune.study import Study
+from autofl.search.study import Study
 
 
 class StudyASHA(AsyncHyperBandScheduler):

@@ -25,7 +25,7 @@ from autofl.experiment import build_experiment
 from autofl.data.datasets import RawDataset
 from autofl.engine.simulation import Simulation
 from autofl.features import ClassStats
-from autofl.tune.space import experiment_dict
+from autofl.search.space import experiment_dict
 
 STATE_FILE = "simulation.pt"
 

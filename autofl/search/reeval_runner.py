@@ -11,10 +11,10 @@ from typing import Any, Callable
 from ray import tune
 from ray.tune import Callback
 
-from autofl.tune.reeval import Run, record_run
-from autofl.tune.runner import init_ray, study_trainable
-from autofl.tune.study import Study
-from autofl.tune.trainable import RunListTrainable
+from autofl.search.reeval import Run, record_run
+from autofl.search.runner import init_ray, study_trainable
+from autofl.search.study import Study
+from autofl.search.trainable import RunListTrainable
 
 
 class _Recorder(Callback):

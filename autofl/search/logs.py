@@ -68,7 +68,7 @@ def start_ray(study_root: Path, address: str | None, verbose: bool,
               meanwhile: Callable[[], None] | None = None) -> Path:
     """Start (or connect to) Ray with its output routed into `<study>/logs/` (returned); `meanwhile`
     runs in a thread while Ray's processes start."""
-    from autofl.tune.runner import init_ray
+    from autofl.search.runner import init_ray
 
     folder = route_driver_logs(study_root, verbose)
     side = threading.Thread(target=meanwhile, daemon=True) if meanwhile is not None else None

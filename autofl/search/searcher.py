@@ -65,8 +65,8 @@ def shared_suggest_lock(storage: Any, study_name: str) -> Iterator[None]:
 def study_storage(study_root: str | Path):
     """Open the storage of the study in `study_root`: pickled searchers and stoppers carry the
     folder, never the storage URL (which may hold a password taken from the environment)."""
-    from autofl.tune.storage import open_storage
-    from autofl.tune.study import Study
+    from autofl.search.storage import open_storage
+    from autofl.search.study import Study
 
     return open_storage(Study(Path(study_root)).storage_url())
 

@@ -14,8 +14,8 @@ import time
 from typing import Any
 
 from autofl.errors import AutoFLError
-from autofl.tune.space import DefineByRun, SearchSpace, start_points
-from autofl.tune.study import FINISHED, Study, trial_rows
+from autofl.search.space import DefineByRun, SearchSpace, start_points
+from autofl.search.study import FINISHED, Study, trial_rows
 
 # Tune writes its experiment state (trials, searcher) at most this often; a killed driver loses
 # at most this much bookkeeping, and Optuna's storage is written at every trial event anyway.
@@ -35,7 +35,7 @@ def init_ray(address: str | None) -> None:
 
     if ray.is_initialized():
         return
-    # Ray's log records go where autofl.tune.logs routes them (the study's logs/ folder); without
+    # Ray's log records go where autofl.search.logs routes them (the study's logs/ folder); without
     # routing (e.g. in tests) Ray's own stderr handler, installed when ray is imported, stays
     common = dict(include_dashboard=False, configure_logging=False, log_to_driver=True)
     if address is not None:
@@ -79,8 +79,8 @@ def checkpoints_to_keep(space: SearchSpace) -> int | None:
 def _searcher(space: SearchSpace, study: Study, run_name: str, trials: int, with_start_point: bool):
     import optuna
 
-    from autofl.tune.searcher import RoundAwareOptunaSearch
-    from autofl.tune.storage import open_storage
+    from autofl.search.searcher import RoundAwareOptunaSearch
+    from autofl.search.storage import open_storage
 
     start = start_points(space) if with_start_point else []
     return RoundAwareOptunaSearch(
@@ -96,7 +96,7 @@ def _searcher(space: SearchSpace, study: Study, run_name: str, trials: int, with
 def _scheduler(space: SearchSpace, study: Study):
     if space.scheduler.kind == "none":
         return None
-    from autofl.tune.scheduler import StudyASHA
+    from autofl.search.scheduler import StudyASHA
 
     return StudyASHA(study.root, time_attr="round", max_t=space.max_rounds,
                      grace_period=space.scheduler.grace_period, reduction_factor=space.scheduler.reduction_factor)
@@ -109,7 +109,7 @@ def study_trainable(space: SearchSpace, trainable: type | None = None, checkpoin
     from ray import tune
 
     from autofl.data.datasets import load_raw_dataset
-    from autofl.tune.trainable import FLTrainable
+    from autofl.search.trainable import FLTrainable
 
     raw = load_raw_dataset(space.base_experiment().data)  # once; tune.with_parameters shares it via the object store
     wrapped = tune.with_parameters(trainable or FLTrainable, base=space.base, method_base=space.method_base,
@@ -122,7 +122,7 @@ def study_trainable(space: SearchSpace, trainable: type | None = None, checkpoin
 def _stopper(space: SearchSpace, study: Study, run_name: str):
     from ray.tune.stopper import CombinedStopper
 
-    from autofl.tune.stopper import AlreadyRecordedStopper, RoundBudgetStopper
+    from autofl.search.stopper import AlreadyRecordedStopper, RoundBudgetStopper
 
     recorded = AlreadyRecordedStopper(study.root, run_name)
     if space.budget_rounds is None:
@@ -136,7 +136,7 @@ def run_experiment(study: Study, trials: int, address: str | None, restore: str 
     driver (`join`) runs its own experiment and takes trials from the study's shared budget."""
     from ray import tune
 
-    from autofl.tune.live_view import LiveView, close_all
+    from autofl.search.live_view import LiveView, close_all
 
     space = study.space()
     init_ray(address)
@@ -190,8 +190,8 @@ def _settle_run(study: Study, space: SearchSpace, run: str) -> None:
     driver was interrupted (Ctrl-C: Tune saved its state; the run stays resumable)."""
     from optuna.trial import TrialState
 
-    from autofl.tune.searcher import fail_interrupted
-    from autofl.tune.stopper import rounds_used
+    from autofl.search.searcher import fail_interrupted
+    from autofl.search.stopper import rounds_used
 
     ot = study.load_optuna()
     if ot is None:
@@ -278,7 +278,7 @@ def fail_orphans(study: Study) -> int:
     """Optuna trials left RUNNING by a killed driver that no Tune experiment will finish: mark them FAIL."""
     from optuna.trial import TrialState
 
-    from autofl.tune.searcher import fail_interrupted
+    from autofl.search.searcher import fail_interrupted
 
     ot = study.load_optuna()
     if ot is None:
