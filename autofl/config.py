@@ -189,25 +189,42 @@ def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply `a.b=value` strings; values are parsed as YAML scalars (`0.1`, `true`, `[1, 2]`)."""
+    from autofl.safe_yaml import YamlTooLarge, load_text
+
     tree = copy.deepcopy(raw)
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"--set {item}: expected key=value, e.g. --set fl.lr=0.05")
         key, text = item.split("=", 1)
         try:
-            value = yaml.safe_load(text) if text else None
+            value = load_text(text) if text else None
+        except YamlTooLarge as err:
+            raise ConfigError(f"--set {key.strip()}: value refused: {err}") from None
         except yaml.YAMLError:
             value = text
         _set_dotted(tree, key.strip(), value)
     return tree
 
 
+def file_problem(path: Path) -> str:
+    """Why `path` (not a regular file) cannot be read as a YAML file."""
+    if path.is_dir():
+        return "is a folder; give a YAML file"
+    if path.exists():
+        return "is not a regular file (a pipe or device); give a YAML file"
+    return "no such config file"
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
+    from autofl.safe_yaml import YamlTooLarge, load_text, read_text_bounded
+
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"{path}: no such config file")
+        raise ConfigError(f"{path}: {file_problem(path)}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = load_text(read_text_bounded(path))
+    except YamlTooLarge as err:
+        raise ConfigError(f"{path}: refused: {err}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not a text file (expected UTF-8 YAML)") from None
     except OSError as err:
