@@ -21,11 +21,30 @@ from typing import Any
 STORAGE_ENV = "AUTOFL_STORAGE"
 ALLOWED = "sqlite:///PATH or postgresql+psycopg://USER@HOST:PORT/DB"
 _PASSWORD_IN_URL = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^:/@\s]*:)(?P<password>[^@\s]*)@")
+# libpq's other form: the password as a query parameter (`?password=...`, any case, percent-encoded
+# or not; `sslpassword` too), and keyword/value connection strings (`password=... host=...`)
+_QUERY_PARAM = re.compile(r"(?P<head>(?:^|[?&;\s'\"(,])(?P<key>[^=&;?\s'\"(,]+)\s*=\s*)(?P<value>'[^']*'|[^&;\s'\")]*)")
+
+
+def is_secret_key(key: str) -> bool:
+    """Whether a URL query key or a libpq keyword carries a password (`password`, `PASSWORD`,
+    `pass%77ord`, `sslpassword`)."""
+    from urllib.parse import unquote_plus
+
+    return "password" in unquote_plus(key).lower()
 
 
 def mask_url(text: str) -> str:
-    """`text` with the password of every URL in it replaced by `***`."""
-    return _PASSWORD_IN_URL.sub(lambda m: f"{m.group('head')}***@", text)
+    """`text` with the password of every URL in it replaced by `***` (user:pw@ and ?password= forms)."""
+    text = _PASSWORD_IN_URL.sub(lambda m: f"{m.group('head')}***@", text)
+    return _QUERY_PARAM.sub(lambda m: f"{m.group('head')}***" if is_secret_key(m.group("key")) else m.group(0), text)
+
+
+def secret_query_keys(url: str) -> list[str]:
+    """The query keys of `url` that carry a password."""
+    from sqlalchemy.engine import make_url
+
+    return [k for k in make_url(url).query if is_secret_key(k)]
 
 
 def check_storage_url(url: str, where: str | None, allow_password: bool = False) -> str:
@@ -41,6 +60,9 @@ def check_storage_url(url: str, where: str | None, allow_password: bool = False)
     except ArgumentError:
         raise ValueError(f"{prefix}{mask_url(url)!r} is not a database URL; allowed: {ALLOWED}") from None
     backend, driver = parsed.get_backend_name(), parsed.get_driver_name()
+    if not allow_password and [k for k in parsed.query if is_secret_key(k)]:
+        raise ValueError(f"{prefix}the URL holds a password (?password=), and this file is copied into the study "
+                         f"folder; remove it and set PGPASSWORD or a ~/.pgpass line instead")
     if backend == "postgresql":
         if driver != "psycopg":
             raise ValueError(f"{prefix}PostgreSQL goes through psycopg 3: write postgresql+psycopg://..., "
@@ -54,15 +76,26 @@ def check_storage_url(url: str, where: str | None, allow_password: bool = False)
                              f"remove it and set PGPASSWORD or a ~/.pgpass line instead")
         if not parsed.database:
             raise ValueError(f"{prefix}{mask_url(url)!r} names no database; allowed: {ALLOWED}")
-    elif backend != "sqlite":
+    elif backend == "sqlite":
+        database = parsed.database or ""
+        if database in ("", ":memory:") or "mode=memory" in str(parsed.query.get("mode", "")) + database:
+            raise ValueError(f"{prefix}{mask_url(url)!r} is an in-memory database, which the trial processes "
+                             f"cannot share and which is lost at exit; allowed: sqlite:////ABSOLUTE/PATH.db")
+        if not os.path.isabs(database) and not database.startswith("file:"):
+            raise ValueError(f"{prefix}{mask_url(url)!r} is a relative path (trials run in other folders); "
+                             f"allowed: sqlite:////ABSOLUTE/PATH.db (four slashes)")
+    else:
         raise ValueError(f"{prefix}back-end {backend!r} is not supported; allowed: {ALLOWED}")
     return url
 
 
 def without_password(url: str) -> str:
+    """`url` with neither a user:pw@ password nor a password query parameter (what a study records)."""
     from sqlalchemy.engine import make_url
 
-    return make_url(url)._replace(password=None).render_as_string(hide_password=False)  # .set(password=None) keeps it
+    parsed = make_url(url)
+    parsed = parsed.difference_update_query([k for k in parsed.query if is_secret_key(k)])
+    return parsed._replace(password=None).render_as_string(hide_password=False)  # .set(password=None) keeps it
 
 
 def connect_url(url: str) -> str:
@@ -86,7 +119,22 @@ def _fast_sqlite(dbapi_connection: Any, _record: Any) -> None:
 
 
 def open_storage(url: str):
-    """An Optuna RDBStorage for `url` (SQLite or PostgreSQL)."""
+    """An Optuna RDBStorage for `url` (SQLite or PostgreSQL); a storage that cannot be opened (a
+    server that refuses, no password in the environment, a corrupt file) raises StorageError with
+    one masked line."""
+    try:
+        return _open_rdb(url)
+    except Exception as err:  # noqa: BLE001 - any driver error becomes one line
+        from autofl.errors import StorageError
+
+        if isinstance(err, StorageError):
+            raise
+        text = str(err).strip()
+        reason = mask_url(" ".join(text.splitlines()[0].split()) if text else type(err).__name__)
+        raise StorageError(f"storage: cannot open {mask_url(url)}: {reason[:300]}") from None
+
+
+def _open_rdb(url: str):
     import optuna
     import sqlalchemy
 
@@ -101,10 +149,4 @@ def open_storage(url: str):
 
 def probe_storage(url: str) -> None:
     """Connect once (creating Optuna's tables if needed) or raise StorageError with one masked line."""
-    from autofl.errors import StorageError
-
-    try:
-        open_storage(url).engine.dispose()
-    except Exception as err:  # noqa: BLE001 - any driver error becomes one line
-        reason = mask_url(str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__)
-        raise StorageError(f"storage: cannot open {mask_url(url)}: {reason}") from None
+    open_storage(url).engine.dispose()
