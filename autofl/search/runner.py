@@ -51,6 +51,9 @@ def concurrent_slots(resources: dict[str, float], space: SearchSpace) -> int:
     slots = resources.get("CPU", 0.0) // space.resources.cpu
     if space.resources.gpu > 0:
         slots = min(slots, resources.get("GPU", 0.0) // space.resources.gpu)
+    from autofl.search.preflight import memory_slots  # issue 18: a tiny cpu share is bounded by memory too
+
+    slots = min(slots, memory_slots(resources) or slots)
     return max(1, int(slots))
 
 
@@ -82,14 +85,16 @@ def _searcher(space: SearchSpace, study: Study, run_name: str, trials: int, with
     from autofl.search.searcher import RoundAwareOptunaSearch
     from autofl.search.storage import open_storage
 
-    start = start_points(space) if with_start_point else []
+    # issue 18: never enqueue more start points than the run's budget (a cross-method study with
+    # fewer trials than methods left the rest WAITING forever)
+    start = start_points(space)[:trials] if with_start_point else []
     return RoundAwareOptunaSearch(
         space=DefineByRun(space), metric=space.metrics if space.multi_objective else space.objective,
         mode=space.modes if space.multi_objective else space.mode,
         points_to_evaluate=start or None,
         sampler=optuna.samplers.TPESampler(seed=space.seed),
         storage=open_storage(study.storage_url()),
-        study_name=study.name, max_t=space.max_rounds, run_name=run_name, budget=trials, study_root=study.root,
+        study_name=study.optuna_name(), max_t=space.max_rounds, run_name=run_name, budget=trials, study_root=study.root,
     )
 
 
@@ -300,6 +305,8 @@ def join(study: Study, address: str | None) -> None:
 def search(study: Study, trials: int | None, address: str | None, resume: bool) -> None:
     """New study: run its trials. Resume: finish the interrupted experiment, then any trials
     that never started; with `trials` on a finished study: add that many."""
+    if resume and not study.meta()["runs"]:  # issue 18: a start that failed before its first run
+        resume, trials = False, trials or study.space().trials  # (e.g. Ray did not start) runs the study now
     if not resume:
         run_experiment(study, trials or study.space().trials, address)
         mark_finished(study)

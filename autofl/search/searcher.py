@@ -149,7 +149,9 @@ class RoundAwareOptunaSearch(OptunaSearch):
         requested = self._ot_study.user_attrs.get("trials_requested")
         if requested is None:
             return False
-        counted = sum(1 for t in trials if not t.user_attrs.get("interrupted"))
+        # issue 18: a WAITING trial is an enqueued start point (the paper default) no driver has
+        # taken yet; counting it spent the budget before it ran (trials: 1 on PostgreSQL ran nothing)
+        counted = sum(1 for t in trials if not t.user_attrs.get("interrupted") and t.state != TrialState.WAITING)
         return counted >= int(requested)
 
     def suggest(self, trial_id: str) -> dict | str | None:

@@ -40,6 +40,8 @@ class ParamSpec(Strict):
             raise ValueError("'log' and 'step' cannot be combined")
         if self.type == "int" and (self.low != int(self.low) or self.high != int(self.high)):
             raise ValueError("int bounds must be whole numbers")
+        if self.type == "int" and self.step is not None and self.step != int(self.step):  # issue 18
+            raise ValueError(f"an int step must be a whole number (got step={self.step:g})")
         return self
 
     def contains(self, value: Any) -> bool:
