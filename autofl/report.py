@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from autofl.files import write_atomic
 from autofl.search.study import Study
 
 
@@ -45,15 +46,17 @@ def _figure(name: str, title: str, draw: Callable[[], Any]) -> Figure:
     be drawn for this study (e.g. importances from one completed trial) becomes a note."""
     import matplotlib.pyplot as plt
 
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # Optuna marks its matplotlib plots experimental
-            out = draw()
-    except (ValueError, RuntimeError, ZeroDivisionError, IndexError) as err:
-        plt.close("all")
-        return Figure(name, title, None, f"not drawn: {err}")
-    fig = out if hasattr(out, "savefig") else (out.flat[0] if hasattr(out, "flat") else out).get_figure()
-    return Figure(name, title, _png(fig))
+    # user text (parameter values, method names) may hold `$...$`: plain text, never mathtext
+    with plt.rc_context({"text.parse_math": False}):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # Optuna marks its matplotlib plots experimental
+                out = draw()
+        except (ValueError, RuntimeError, ZeroDivisionError, IndexError) as err:
+            plt.close("all")
+            return Figure(name, title, None, f"not drawn: {err}")
+        fig = out if hasattr(out, "savefig") else (out.flat[0] if hasattr(out, "flat") else out).get_figure()
+        return Figure(name, title, _png(fig))
 
 
 def trial_compute(space, trials: list) -> dict[int, float]:
@@ -274,7 +277,7 @@ def build_report(study: Study, out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     for f in figures:
         if f.png is not None:
-            (out_dir / f"{f.name}.png").write_bytes(f.png)
+            write_atomic(out_dir / f"{f.name}.png", f.png)  # never through a link planted there
 
     counts = Counter(t.state.name for t in trials)
     parts = [f"<h1>autofl study {html.escape(study.name)}</h1>",
@@ -317,7 +320,7 @@ def build_report(study: Study, out_dir: Path) -> Path:
                          f"<img alt='{html.escape(f.title)}' src='data:image/png;base64,{data}'></figure>")
     parts.append("</div>")
     page = out_dir / "report.html"
-    page.write_text("<!doctype html><html><head><meta charset='utf-8'>"
+    write_atomic(page, "<!doctype html><html><head><meta charset='utf-8'>"
                     f"<title>autofl study {html.escape(study.name)}</title><style>{CSS}</style></head><body>"
                     + "\n".join(parts) + "</body></html>\n")
     return page

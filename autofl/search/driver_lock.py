@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import IO
 
 from autofl.errors import StorageError
+from autofl.files import open_no_follow
 
 LOCK_FILE = "driver.lock"
 
@@ -36,9 +37,9 @@ class DriverLock:
 
     def is_held(self) -> bool:
         """Whether a live driver holds the lock now (a killed one's lock is gone with it)."""
-        if not self.path.exists():
+        if not self.path.exists() or self.path.is_symlink():  # a planted link is no driver's lock
             return False
-        with open(self.path) as handle:
+        with os.fdopen(open_no_follow(self.path), "r") as handle:
             try:
                 fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -47,7 +48,11 @@ class DriverLock:
         return False
 
     def acquire(self, sqlite: bool) -> None:
-        handle = open(self.path, "a+")
+        try:  # never through a link planted in the study folder (it would truncate the link's target)
+            handle = os.fdopen(open_no_follow(self.path, "a"), "r+")
+        except OSError as err:
+            raise StorageError(f"{self.path}: cannot be opened as the study's lock file ({err.strerror}); "
+                               f"if it is a symbolic link, remove it") from None
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
