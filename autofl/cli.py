@@ -14,10 +14,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from autofl.errors import AutoFLError, StorageError
+from autofl.text import clean, terminal_console
 
-# in a pipe or CI log rich would wrap tables at 80 columns: give them room instead
-console = Console(width=None if sys.stdout.isatty() else 200)
-err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
+# no rich markup in printed user text; 200 columns in a pipe or CI log (autofl/text.py)
+console = terminal_console()
+err_console = terminal_console(stderr=True)
 
 _ROUND_COLUMNS = ("round", "train_loss", "personal_val_acc", "personal_test_acc", "global_val_acc", "global_test_acc")
 
@@ -25,7 +26,7 @@ _ROUND_COLUMNS = ("round", "train_loss", "personal_val_acc", "personal_test_acc"
 def _fmt(value: object) -> str:
     if isinstance(value, float):
         return f"{value:.4f}"
-    return "-" if value is None else str(value)
+    return "-" if value is None else clean(value)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -34,7 +35,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     exp = load_experiment(args.config, args.set)
     out = Path(args.out) if args.out else Path("autofl_runs") / f"{exp.method.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    console.print(f"[bold]autofl train[/]: {exp.method.name} on {exp.data.dataset} ({exp.data.num_clients} clients, "
+    console.print(f"autofl train: {exp.method.name} on {exp.data.dataset} ({exp.data.num_clients} clients, "
                   f"{exp.data.partition.kind}), {exp.model.arch}, {exp.fl.rounds} rounds -> {out}")
     table = Table(*_ROUND_COLUMNS, "seconds", title=f"{exp.method.name} / {exp.data.dataset}")
     # within a round: clients trained so far (a long round shows it is moving)
@@ -90,6 +91,10 @@ def cmd_search(args: argparse.Namespace) -> int:
         raise AutoFLError("search: give --resume NAME or --join NAME, not both")
     if existing and args.storage_path:
         raise AutoFLError("--storage-path: applies to a new study; an existing one keeps the place it was made with")
+    from autofl.search.preflight import (check_cluster_fits, check_new_study, probe_address, rollback_if_unstarted,
+                                         sigterm_as_ctrl_c)
+
+    probe_address(args.address)  # an unreachable cluster: one line in seconds, before any folder exists
     if existing:
         study = st.open_study(home, existing)
         st.check_owned(study.root)  # Tune unpickles from it
@@ -103,6 +108,7 @@ def cmd_search(args: argparse.Namespace) -> int:
             from autofl.data.datasets import load_raw_dataset  # the trials share this load); digits has no files
 
             load_raw_dataset(data)
+        args.storage_path = check_new_study(space, args.storage_path)
         study = st.create_study(home, space_path, space, args.name, storage_path=args.storage_path)
     sqlite = is_sqlite(study.storage_url())
     if existing and not sqlite:  # a new study's storage was probed before its folder was made
@@ -119,14 +125,17 @@ def cmd_search(args: argparse.Namespace) -> int:
 
     # Ray's processes start while this thread waits on them: import the trial stack meanwhile
     # (measured on 2 cores: the quickstart's start-up overlaps by about 1.5 s)
-    logs = start_ray(study.root, args.address, args.verbose, meanwhile=_import_trial_stack)
+    with rollback_if_unstarted(study, created=not existing, lock=lock):  # a failed start leaves no half-made study
+        logs = start_ray(study.root, args.address, args.verbose, meanwhile=_import_trial_stack)
+        space = study.space()
+        check_cluster_fits(space.resources.cpu, space.resources.gpu, args.address)
+    sigterm_as_ctrl_c()  # after Ray's own driver handler: SIGTERM stops the run as Ctrl-C does
     import torch
 
     from autofl.engine.executor import describe_executor
 
-    space = study.space()
     trial_device = torch.device("cuda" if space.resources.gpu > 0 else "cpu")
-    console.print(f"[bold]autofl search[/]: study {study.name} in {study.root}; trials' "
+    console.print(f"autofl search: study {study.name} in {study.root}; trials' "
                   f"{describe_executor(space.base_experiment(), trial_device)}; Ray's logs: {logs}"
                   f"{' (also shown here)' if args.verbose else ''}", soft_wrap=True)
     try:
@@ -226,7 +235,11 @@ def cmd_studies(args: argparse.Namespace) -> int:
     table = Table("study", "trials", "complete", "pruned", "failed", "interrupted", "running", "best", title=str(home))
     for name in names:
         s = st.open_study(home, name)
-        rows = st.trial_rows(s)
+        try:  # issue 18: one unreadable study (storage, space, record) is shown as such, the rest listed
+            rows = st.trial_rows(s)
+        except (AutoFLError, OSError) as err:
+            table.add_row(name, "unreadable", "-", "-", "-", "-", "-", clean(" ".join(str(err).split())[:120]))
+            continue
         counts = display_counts(rows, DriverLock(s.root).is_held())
         try:
             best = st.first_value(st.best_trial(s))
@@ -299,7 +312,14 @@ def cmd_report(args: argparse.Namespace) -> int:
     out = Path(args.output) if args.output else study.root / "report"
     if out.exists() and not out.is_dir():
         raise AutoFLError(f"-o {out}: is a file; give a folder for report.html and its PNG figures")
-    page = build_report(study, out)
+    if not args.output:  # written into the study folder: only one this user owns, never through a planted link
+        st.check_owned(study.root)
+        if out.is_symlink():
+            raise AutoFLError(f"{out}: is a symbolic link; remove it, or give -o FOLDER for the report")
+    try:
+        page = build_report(study, out)
+    except OSError as err:
+        raise AutoFLError(f"-o {out}: cannot be written ({err.strerror}); give -o a folder you may write") from None
     console.print(f"wrote {page} (self-contained, opens offline) and its figures as PNG in {out}", soft_wrap=True)
     return 0
 
@@ -315,6 +335,9 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         raise AutoFLError('dashboard: optuna-dashboard is not installed; install the extra with '
                           'pip install -e ".[dashboard]" (or pip install optuna-dashboard)') from None
     storage = open_storage(study.storage_url())
+    from autofl.search.preflight import check_port
+
+    check_port(args.port)  # a taken or impossible port is one line, before the server starts
     console.print(f"optuna-dashboard for study {study.name} ({mask_url(study.storage_url())}) on "
                   f"http://127.0.0.1:{args.port}/dashboard/ ; Ctrl-C stops it", soft_wrap=True)
     optuna_dashboard.run_server(storage, host="127.0.0.1", port=args.port)  # this machine only
@@ -476,7 +499,7 @@ def main(argv: list[str] | None = None) -> int:
         from autofl.search.storage import mask_url
 
         one_line = " ".join(str(err).split())  # messages quoting YAML or driver errors can span lines
-        err_console.print(f"autofl: error: {mask_url(one_line)}", highlight=False, soft_wrap=True)
+        err_console.print(f"autofl: error: {clean(mask_url(one_line))}", highlight=False, soft_wrap=True)
         return err.exit_code
     except KeyboardInterrupt:
         err_console.print("autofl: interrupted")

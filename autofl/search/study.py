@@ -51,7 +51,16 @@ class Study:
 
     def meta(self) -> dict[str, Any]:
         path = self.root / META_FILE
-        return json.loads(path.read_text()) if path.exists() else {"runs": [], "trials_requested": 0}
+        if not path.exists():
+            return {"runs": [], "trials_requested": 0}
+        try:  # issue 18: a corrupt or unreadable study.json is one line, not a traceback
+            meta = json.loads(path.read_text())
+        except (OSError, ValueError) as err:
+            raise StorageError(f"{path}: cannot be read ({getattr(err, 'strerror', None) or err}); restore it "
+                               f"from a copy of the study, or remove the study") from None
+        if not isinstance(meta, dict) or not isinstance(meta.get("runs", []), list):
+            raise StorageError(f"{path}: not a study record (expected an object with a 'runs' list)")
+        return {"runs": [], "trials_requested": 0, **meta}
 
     def write_meta(self, meta: dict[str, Any]) -> None:
         write_atomic(self.root / META_FILE, json.dumps(meta, indent=1))
@@ -75,9 +84,23 @@ class Study:
         try:
             from autofl.search.storage import open_storage
 
-            return optuna.load_study(study_name=self.name, storage=open_storage(self.storage_url()))
+            storage = open_storage(self.storage_url())
+            return optuna.load_study(study_name=self.optuna_name(storage), storage=storage)
         except KeyError:
             return None
+
+    def optuna_name(self, storage: Any = None) -> str:
+        """The study's name inside its storage: the folder's name, except in a study folder copied
+        under a new name (as README advises to take ownership), whose own SQLite file still holds
+        the one study under its old name (issue 18)."""
+        if self.space().storage or self.meta().get("storage"):
+            return self.name
+        import optuna
+
+        from autofl.search.storage import open_storage
+
+        names = optuna.get_all_study_names(storage or open_storage(self.storage_url()))
+        return names[0] if self.name not in names and len(names) == 1 else self.name
 
 
 STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
@@ -138,7 +161,7 @@ def create_study(home: Path, space_path: Path, space: SearchSpace, name: str | N
     start leaves nothing behind."""
     from autofl.search.storage import probe_storage
 
-    name = check_study_name(name, "--name") if name else space.study
+    name = check_study_name(name or space.study, "--name" if name else "study")  # issue 18: the same rules
     root = home / name
     if (root / SPACE_FILE).exists():
         raise AutoFLError(f"study {name!r} already exists in {home}; continue it with --resume {name}, "
@@ -298,5 +321,7 @@ def dump_config(config: dict[str, Any], fmt: str) -> str:
 def ensure_space_file(path: str) -> tuple[Path, SearchSpace]:
     space_path = Path(path)
     if not space_path.is_file():
-        raise ConfigError(f"--space {path}: no such file")
+        from autofl.config import file_problem
+
+        raise ConfigError(f"--space {path}: {file_problem(space_path).replace(' config', '')}")
     return space_path, load_space(space_path)
