@@ -130,13 +130,14 @@ def cmd_search(args: argparse.Namespace) -> int:
         space = study.space()
         check_cluster_fits(space.resources.cpu, space.resources.gpu, args.address)
     sigterm_as_ctrl_c()  # after Ray's own driver handler: SIGTERM stops the run as Ctrl-C does
-    import torch
-
+    from autofl.device import resolve_device
     from autofl.engine.executor import describe_executor
+    from autofl.methods.registry import get_method_class
 
-    trial_device = torch.device("cuda" if space.resources.gpu > 0 else "cpu")
+    base = space.base_experiment()
+    trial_device = resolve_device("cuda" if space.resources.gpu > 0 else "cpu")  # where Ray places the trials
     console.print(f"autofl search: study {study.name} in {study.root}; trials' "
-                  f"{describe_executor(space.base_experiment(), trial_device)}; Ray's logs: {logs}"
+                  f"{describe_executor(base, get_method_class(base.method.name), trial_device)}; Ray's logs: {logs}"
                   f"{' (also shown here)' if args.verbose else ''}", soft_wrap=True)
     try:
         if args.join:

@@ -16,6 +16,7 @@ import yaml
 from autofl.config import Experiment, experiment_to_dict
 from autofl.engine.simulation import Simulation
 from autofl.engine.state import plain_tree
+from autofl.methods.registry import get_method_class
 from autofl.errors import AutoFLError, RunDiverged
 from autofl.files import write_atomic
 
@@ -58,7 +59,8 @@ def run_training(
     Overwriting a folder that holds an earlier run writes the new run into a hidden sibling folder
     and swaps it in at the end: an interrupted run leaves the earlier one whole, never a mix."""
     check_out_dir(out, overwrite)
-    sim = Simulation(exp)  # loads the data first: a missing dataset fails before anything is written
+    # loads the data first: a missing dataset fails before anything is written
+    sim = Simulation(exp, get_method_class(exp.method.name))
     sim.clients_done = on_clients
     if announce is not None:
         announce(sim.executor_line)

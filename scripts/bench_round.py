@@ -37,10 +37,11 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from autofl.config import DATASET_INFO, dataset_input_shape
 from autofl.data.datasets import RawDataset
+from autofl.device import resolve_device
 from autofl.engine.executor import batch_cuts
 from autofl.engine.simulation import Simulation
 from autofl.experiment import load_experiment
-from autofl.methods.registry import method_names
+from autofl.methods.registry import get_method_class, method_names
 
 SCENARIOS: dict[str, list[str]] = {
     "fedfcd-t1": ["data.dataset=fmnist", "model.arch=mlp", "data.partition.kind=pathological",
@@ -130,7 +131,7 @@ def bench(method: str, scenario: str, executors: list[str], extra: list[str], re
     for executor in executors:
         exp = load_experiment(None, [*SCENARIOS[scenario], f"method.name={method}", "fl.rounds=1000",
                                      "fl.eval_every=1000", f"runtime.executor={executor}", *extra])
-        sim = Simulation(exp, raw)
+        sim = Simulation(exp, get_method_class(method), raw)
         floor = round_flops(sim) / flops_per_s
         seconds[executor] = time_rounds(sim, repeats)
         print(f"{scenario} {method:10s} {executor:10s} round_s {seconds[executor]:7.3f}  floor_s {floor:8.4g}  "
@@ -149,13 +150,13 @@ def main() -> None:
     parser.add_argument("--method", default="fedavg", help="a registered method, or `all`")
     parser.add_argument("--executor", default="both", choices=["sequential", "vectorized", "both"])
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds (the median is reported)")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
+    parser.add_argument("--device", default="cpu", help="auto, cpu, cuda, cuda:N")
     parser.add_argument("--synthetic", action="store_true",
                         help="random tensors of the scenario dataset's shape instead of its files")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
     executors = ["sequential", "vectorized"] if args.executor == "both" else [args.executor]
-    device = torch.device(args.device)
+    device = resolve_device(args.device)
     flops_per_s = matmul_flops_per_second(device)
     print(f"matmul {flops_per_s / 1e9:.1f} GFLOP/s on {device}", flush=True)
     methods = method_names() if args.method == "all" else [args.method]

@@ -33,7 +33,7 @@ def run_one(raw_cfg: dict, method: str, seed: int, raw_data) -> dict:
         model.pop("projector_dim", None)
     cfg["model"] = model
     exp = build_experiment(cfg)
-    sim = Simulation(exp, raw=raw_data)
+    sim = Simulation(exp, get_method_class(exp.method.name), raw=raw_data)
     start = time.perf_counter()
     history = list(sim.run())
     seconds = (time.perf_counter() - start) / exp.fl.rounds

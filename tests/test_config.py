@@ -61,10 +61,11 @@ def test_malformed_yaml_is_one_line(tmp_path):
 
 def test_clients_per_round_is_what_a_round_samples_half_up():
     from autofl.engine.simulation import Simulation
+    from autofl.methods.registry import get_method_class
     from autofl.experiment import build_experiment
 
     for n, p, expected in [(5, 0.5, 3), (20, 0.5, 10), (10, 0.05, 1), (7, 1.0, 7)]:
         exp = build_experiment({"data": {"num_clients": n, "partition": {"kind": "iid"}},
                                 "fl": {"participation": p, "rounds": 1}})
         assert exp.clients_per_round() == expected
-        assert len(Simulation(exp).sample_clients(0)) == expected  # what the progress bar and report count
+        assert len(Simulation(exp, get_method_class(exp.method.name)).sample_clients(0)) == expected  # what the progress bar and report count

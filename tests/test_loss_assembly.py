@@ -4,6 +4,7 @@ switched off before a client's first participation; and `metrics.evaluate`'s sam
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -12,12 +13,13 @@ import torch
 from autofl.engine.metrics import evaluate
 from autofl.engine.simulation import Simulation
 from autofl.experiment import load_experiment
+from autofl.methods.registry import get_method_class
 
 
 def _sim(method: str, *extra: str) -> Simulation:
     exp = load_experiment(None, [f"method.name={method}", "data.num_clients=4", "fl.rounds=1",
                                  "runtime.dtype=float64", "runtime.executor=sequential", *extra])
-    return Simulation(exp)
+    return Simulation(exp, get_method_class(method))
 
 
 def _distinct_copies(sim: Simulation) -> None:
@@ -67,12 +69,12 @@ def test_fdcl_keeps_the_trained_model_as_next_rounds_prev_and_personal_model():
     sim.run_round()
     for cid in range(4):
         prev = sim.client_states[cid]["prev"]
-        start = sim.method.client_start(sim.global_state, sim.client_states[cid])
+        start = sim.method.client_start(sim.global_state, sim.client_states[cid], sim.server_state)
         assert start.flags == {"has_prev": 1.0} and start.models["prev"] is prev
         assert start.models["glob"] is sim.global_state
-        sim.method.load_personal(sim.model, sim.global_state, sim.client_states[cid])
+        sim.method.load_personal(sim.model, sim.global_state, sim.client_states[cid], sim.server_state)
         assert all(torch.equal(v, prev[k]) for k, v in sim.model.state_dict().items())
-    fresh = sim.method.client_start(sim.global_state, {})
+    fresh = sim.method.client_start(sim.global_state, {}, sim.server_state)
     assert fresh.flags == {"has_prev": 0.0}
 
 
@@ -95,12 +97,12 @@ def test_evaluate_weights_clients_by_samples_and_summarizes_their_spread():
     got = evaluate(sim)
     correct, sizes = {"val": [], "test": []}, {"val": [], "test": []}
     for cid, split in enumerate(sim.data.clients):
-        sim.method.load_personal(sim.model, sim.global_state, sim.client_states.get(cid, {}))
+        sim.method.load_personal(sim.model, sim.global_state, sim.client_states.get(cid, {}), sim.server_state)
         sim.model.eval()
         with torch.no_grad():
             for part in ("val", "test"):
                 idx = getattr(split, part)
-                pred = sim.method.predict(sim.model, sim.data.x[idx], sim.client_states.get(cid, {})).argmax(1)
+                pred = sim.method.predict(sim.model, sim.data.x[idx], sim.client_states.get(cid, {}), sim.server_state).argmax(1)
                 correct[part].append(int((pred == sim.data.y[idx]).sum()))
                 sizes[part].append(len(idx))
     for part in ("val", "test"):
@@ -118,14 +120,13 @@ def test_fedfcd_steps_and_fused_prediction():
         torch.nn.init.normal_(p, std=0.3)
     ws, method = sim.workspace, sim.method
     x, y = sim.data.x[:6], sim.data.y[:6]
-    (stage,) = method.local_stages(0)
+    (stage,) = method.local_stages(0, sim.server_state)
     extractor, head = stage.updates
     # (a) trains theta only; (b) trains phi_i only; phi_g (global_head) is never trained by a client
     assert extractor.trains == ("model.encoder.",) and head.trains == ("model.head.",)
-    gfr, has = method.gfr.clone(), method.has_gfr.clone()
+    gfr, has = sim.server_state.gfr.clone(), sim.server_state.has_gfr.clone()
     has[y[0]] = False  # a class without a GFR adds 0 to the regularizer
-    method.has_gfr = has
-    (stage,) = method.local_stages(0)
+    (stage,) = method.local_stages(0, dataclasses.replace(sim.server_state, has_gfr=has))
     extractor, head = stage.updates
     ws.eval()
     with torch.no_grad():
@@ -136,7 +137,7 @@ def test_fedfcd_steps_and_fused_prediction():
     flags: dict = {}
     assert math.isclose(float(extractor.loss(ws, x, y, flags).detach()), _ce(personal, y) + 3.0 * reg, rel_tol=1e-9)
     assert math.isclose(float(head.loss(ws, x, y, flags).detach()), _ce(fused, y), rel_tol=1e-9)
-    assert torch.equal(method.predict(ws.model, x, {}), fused)  # prediction fuses both heads' logits
+    assert torch.equal(method.predict(ws.model, x, {}, sim.server_state), fused)  # prediction fuses both heads' logits
 
 
 def test_dualfed_predicts_with_the_sum_of_both_heads_and_aggregates_with_equal_weights():
@@ -149,8 +150,8 @@ def test_dualfed_predicts_with_the_sum_of_both_heads_and_aggregates_with_equal_w
     with torch.no_grad():
         f = model.encoder(x)
         expected = model.head(model.projector(f)) + model.global_head(f)
-        assert torch.allclose(sim.method.predict(model, x, {}), expected, rtol=0, atol=1e-12)
-        assert torch.equal(sim.method.predict_global(model, x), model.global_head(f))
+        assert torch.allclose(sim.method.predict(model, x, {}, sim.server_state), expected, rtol=0, atol=1e-12)
+        assert torch.equal(sim.method.predict_global(model, x, sim.server_state), model.global_head(f))
     states = [{"w": torch.tensor([1.0, 2.0])}, {"w": torch.tensor([3.0, 6.0])}]
     uploads = [Upload(0, 10, states[0], {}, 0.0), Upload(1, 30, states[1], {}, 0.0)]
     assert torch.equal(sim.method.aggregate(uploads)["w"], torch.tensor([2.0, 4.0]))  # equal weights
@@ -169,7 +170,7 @@ def test_fedsiam_da_loss_mix_with_the_half_factors_and_the_history_snapshot():
         torch.manual_seed(200 + i)
         for p in ws.get_submodule(name).parameters():
             torch.nn.init.normal_(p, std=0.3)
-    (stage,) = sim.method.local_stages(0)
+    (stage,) = sim.method.local_stages(0, sim.server_state)
     siamese, local = stage.updates
     assert stage.snapshot_after_epoch == {"hist": "model"} and stage.flags_after_epoch == {"has_hist": 1.0}
     assert local.trains == ("model.",) and all(t.startswith("siamese.") for t in siamese.trains)
@@ -201,9 +202,9 @@ def test_fedeccr_mixes_prototype_contrast_and_ce_with_alpha_one_minus_r_over_R()
     with torch.no_grad():
         f = ws.model.encoder(x)
         ce = _ce(ws.model.head(f), y)
-        pc = float(prototype_contrast(f, y, method.prototypes, method.has_prototype, 0.5))
+        pc = float(prototype_contrast(f, y, sim.server_state.prototypes, sim.server_state.has_prototype, 0.5))
     for rnd, alpha in ((0, 1.0), (1, 0.75), (2, 0.5), (3, 0.25)):
-        (stage,) = method.local_stages(rnd)
+        (stage,) = method.local_stages(rnd, sim.server_state)
         got = float(stage.updates[0].loss(ws, x, y, {}).detach())
         assert math.isclose(got, alpha * pc + (1 - alpha) * ce, rel_tol=1e-9), rnd
 
@@ -219,7 +220,7 @@ def test_fedeccr_calibration_retrains_only_the_head_by_plain_sgd_on_virtual_feat
     sim = _sim("fedeccr", "method.M=50", "method.calib_epochs=2", "fl.momentum=0.9")
     method, d = sim.method, sim.data
     received = {k: v.clone() for k, v in sim.global_state.items()}
-    calibrated = method.calibrate(sim, completed=1)
+    calibrated = method.calibrate(sim.server_context(trained=True))  # after round 0: completed=1
     assert all(torch.equal(sim.global_state[k], received[k]) for k in received)  # a copy was corrected
     assert {k for k in received if not torch.equal(calibrated[k], received[k])} == {"head.0.weight", "head.0.bias"}
 

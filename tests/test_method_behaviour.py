@@ -8,6 +8,7 @@ from autofl.engine.executor import RoundPlan
 from autofl.engine.simulation import Simulation
 from autofl.experiment import load_experiment
 from autofl.methods.base import Stage, Update
+from autofl.methods.registry import get_method_class
 from conftest import read_metrics
 
 PERSONALIZED = ["fdcl", "fedeccr", "dualfed", "fedsiam_da", "fedfcd"]
@@ -16,7 +17,8 @@ EXECUTORS = ["sequential", "vectorized"]
 
 def sim_for(method: str, *extra: str, rounds: int = 2) -> Simulation:
     return Simulation(load_experiment(None, [f"method.name={method}", f"fl.rounds={rounds}", "data.num_clients=4",
-                                             "data.partition.kind=pathological", "data.partition.classes_per_client=3", *extra]))
+                                             "data.partition.kind=pathological", "data.partition.classes_per_client=3", *extra]),
+                      get_method_class(method))
 
 
 def train_client(sim: Simulation, cid: int, stages: list[Stage]) -> dict[str, torch.Tensor]:
@@ -63,7 +65,7 @@ def test_fedsiam_da_with_mu_zero_trains_local_model_like_plain_sgd(executor):
     """With mu = 0 the Siamese and history terms route no gradient into the local model, and f''s own
     updates never touch it: the local model's update equals plain CE SGD from the same start."""
     sim = sim_for("fedsiam_da", "method.mu=0", f"runtime.executor={executor}", rounds=1)
-    siamese_da = train_client(sim, 0, sim.method.local_stages(0))
+    siamese_da = train_client(sim, 0, sim.method.local_stages(0, sim.server_state))
     plain = Update(("model.encoder.", "model.projector.", "model.head."),
                    lambda ws, x, y, flags: F.cross_entropy(ws.model.head(ws.model.projector(ws.model.encoder(x))), y))
     ce_only = train_client(sim, 0, [Stage((plain,))])
@@ -76,7 +78,7 @@ def test_fedsiam_da_with_mu_zero_trains_local_model_like_plain_sgd(executor):
 @pytest.mark.parametrize("executor", EXECUTORS)
 def test_fedfcd_alternating_steps_touch_only_their_parameters(executor):
     sim = sim_for("fedfcd", f"runtime.executor={executor}")
-    extractor_step, head_step = sim.method.local_stages(0)[0].updates
+    extractor_step, head_step = sim.method.local_stages(0, sim.server_state)[0].updates
     start = sim.method.start_state(sim.global_state, {})
     changed = moved(start, train_client(sim, 0, [Stage((extractor_step,))]))
     assert changed and all(k.startswith("encoder.") for k in changed)  # (a) leaves phi_i (and phi_g) unchanged
@@ -90,7 +92,7 @@ BN_BUFFERS = ("running_mean", "running_var", "num_batches_tracked")
 @pytest.mark.parametrize("executor", EXECUTORS)
 def test_dualfed_stages_train_only_their_parameters(executor):
     sim = sim_for("dualfed", "model.projector_depth=2", f"runtime.executor={executor}")
-    stage1, stage2 = sim.method.local_stages(0)
+    stage1, stage2 = sim.method.local_stages(0, sim.server_state)
     start = sim.method.start_state(sim.global_state, {})
     changed = moved(start, train_client(sim, 1, [stage2]))
     weights = {k for k in changed if not k.endswith(BN_BUFFERS)}
@@ -117,7 +119,7 @@ def test_private_parameters_differ_across_clients_and_shared_equal_the_aggregate
         # BN statistics of the projector are private too
         assert any(k.startswith("projector.") and k.endswith("running_mean") for k in privates[0])
         # a client starts the next round from the aggregate for shared parts, its own for private ones
-        state = sim.method.client_start(sim.global_state, sim.client_states[2]).models["model"]
+        state = sim.method.client_start(sim.global_state, sim.client_states[2], sim.server_state).models["model"]
         for k in sim.shared:
             if not k.endswith(("running_mean", "running_var", "num_batches_tracked")):
                 assert torch.equal(state[k], sim.global_state[k]), k
@@ -198,7 +200,7 @@ def test_method_parameter_validation():
 def test_fedprox_loss_is_ce_plus_half_mu_squared_distance_to_the_global_model():
     sim = sim_for("fedprox", "method.mu=0.5")
     ws = sim.workspace
-    start = sim.method.client_start(sim.global_state, {})
+    start = sim.method.client_start(sim.global_state, {}, sim.server_state)
     for name, state in start.models.items():
         ws.get_submodule(name).load_state_dict(state)
     x, y = sim.data.x[sim.data.clients[0].train[:16]], sim.data.y[sim.data.clients[0].train[:16]]
@@ -217,7 +219,7 @@ def test_dualfed_stage2_normalises_the_encoder_with_batch_statistics_and_moves_i
     running statistics move while its weights stay, and h_g trains on batch-normalised features."""
     sim = sim_for("dualfed", "model.arch=resnet18", "model.projector_depth=1", "runtime.executor=sequential",
                   rounds=1)
-    stage2 = sim.method.local_stages(0)[1]
+    stage2 = sim.method.local_stages(0, sim.server_state)[1]
     start = sim.method.start_state(sim.global_state, {})
     changed = moved(start, train_client(sim, 1, [stage2]))
     assert any(k.startswith("encoder.") and k.endswith("running_mean") for k in changed)
@@ -235,14 +237,14 @@ def test_fedfcd_server_learns_from_this_rounds_uploads_or_every_clients_latest(s
     from autofl.methods.fedfcd import global_feature_representations
 
     sim = sim_for("fedfcd", "fl.participation=0.5", f"method.server_lfrs={server_lfrs}", "runtime.executor=sequential")
-    before = dict(sim.method.lfrs)  # before round 1 every client uploaded its initial LFRs
+    before = dict(sim.server_state.lfrs)  # before round 1 every client uploaded its initial LFRs
     assert sorted(before) == [0, 1, 2, 3]
     sampled = sorted(sim.sample_clients(sim.round))
     sim.run_round()
     expected = sampled if server_lfrs == "round" else [0, 1, 2, 3]
-    assert sorted(sim.method.lfrs) == expected
+    assert sorted(sim.server_state.lfrs) == expected
     for cid in set(expected) - set(sampled):
-        assert sim.method.lfrs[cid] is before[cid]  # an unsampled client's stale upload
-    gfr, has = global_feature_representations([sim.method.lfrs[c] for c in expected])
-    torch.testing.assert_close(sim.method.gfr, gfr)
-    assert torch.equal(sim.method.has_gfr, has)
+        assert sim.server_state.lfrs[cid] is before[cid]  # an unsampled client's stale upload
+    gfr, has = global_feature_representations([sim.server_state.lfrs[c] for c in expected])
+    torch.testing.assert_close(sim.server_state.gfr, gfr)
+    assert torch.equal(sim.server_state.has_gfr, has)

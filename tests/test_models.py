@@ -65,12 +65,13 @@ def test_a_method_can_fix_the_projector_output_and_the_head_reads_it(depth, hidd
 
 def test_fedsiam_da_projects_to_256_and_its_predictor_is_256_64_256_whatever_the_encoder_width():
     from autofl.engine.simulation import Simulation
+    from autofl.methods.registry import get_method_class
     from autofl.experiment import load_experiment
 
     for arch, width in (("mlp", 100), ("resnet18", 512)):
         exp = load_experiment(None, ["method.name=fedsiam_da", f"model.arch={arch}", "model.head_layers=1",
                                      "model.projector_dim=128", "data.num_clients=2", "fl.rounds=1"])
-        model = Simulation(exp).method.build_model()
+        model = Simulation(exp, get_method_class(exp.method.name)).method.build_model()
         assert model.feature_dim == width
         assert [(m.in_features, m.out_features) for m in _linears(model.projector)] == [(width, 128), (128, 256)]
         assert [(m.in_features, m.out_features, m.bias is not None) for m in _linears(model.predictor)] == \

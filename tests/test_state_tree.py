@@ -8,6 +8,7 @@ from autofl.engine.simulation import Simulation
 from autofl.engine.state import map_tree, plain_tree
 from autofl.experiment import load_experiment
 from autofl.features import ClassStats
+from autofl.methods.registry import get_method_class
 
 
 def test_map_tree_rebuilds_dataclasses_and_containers_or_flattens_dataclasses():
@@ -24,11 +25,11 @@ def test_map_tree_rebuilds_dataclasses_and_containers_or_flattens_dataclasses():
 
 def test_a_fedfcd_state_with_class_stats_restores_into_a_fresh_simulation():
     exp = load_experiment(None, ["method.name=fedfcd", "fl.rounds=3"])
-    sim = Simulation(exp)
+    sim = Simulation(exp, get_method_class(exp.method.name))
     sim.run_round()
     state = sim.state_dict()
     assert state["method_state"]["lfrs"] and all(isinstance(v, ClassStats) for v in state["method_state"]["lfrs"].values())
-    fresh = Simulation(exp)
+    fresh = Simulation(exp, get_method_class(exp.method.name))
     fresh.load_state_dict(state)
     assert fresh.round == 1
     assert [sim.run_round() for _ in range(2)] == [fresh.run_round() for _ in range(2)]

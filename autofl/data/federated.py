@@ -10,6 +10,7 @@ import torch
 from autofl.config import DataConfig
 from autofl.data.datasets import RawDataset
 from autofl.data.partition import partition_indices
+from autofl.seeding import SeedPurpose
 
 
 @dataclass
@@ -66,7 +67,7 @@ def split_client(indices: np.ndarray, fractions: tuple[float, float, float], rng
 
 def build_federated(raw: RawDataset, cfg: DataConfig, seed: int) -> FederatedData:
     """Partition and split exactly as spec §1; `seed` fixes both."""
-    rng = np.random.default_rng([seed, 0xDA7A])
+    rng = np.random.default_rng([seed, int(SeedPurpose.PARTITION)])
     if cfg.pool == "train+test":
         x = torch.cat([raw.train_x, raw.test_x])
         y = torch.cat([raw.train_y, raw.test_y])

@@ -15,8 +15,10 @@ from typing import Any, Callable, Protocol
 import torch
 from torch import nn
 
-from autofl.engine.state import StateDict
+from autofl.device import resolve_device
 from autofl.engine.plan import ClientStart, Stage, Update
+from autofl.engine.server import MethodClass
+from autofl.engine.state import StateDict
 
 
 @dataclass
@@ -177,17 +179,14 @@ def make_executor(choice: str, ws: Workspace, client_chunk: int | None,
     return SequentialExecutor(ws), f"executor: sequential (runtime.executor=auto: {blocker})"
 
 
-def describe_executor(exp: Any, device: torch.device | None = None) -> str:
-    """The executor line `exp` will run with, without loading its data (for the search's banner)."""
+def describe_executor(exp: Any, method_cls: MethodClass, device: torch.device | None = None) -> str:
+    """The executor line `exp` will run with, without loading its data (for the search's banner);
+    `method_cls` is `exp.method.name`'s class, resolved by the caller."""
     from autofl.config import DATASET_INFO, dataset_input_shape
-    from autofl.methods.registry import get_method_class
 
-    cls = get_method_class(exp.method.name)
-    method = cls(cls.Params(**exp.method.params()), exp, dataset_input_shape(exp.data.dataset),
-                 DATASET_INFO[exp.data.dataset][0])
+    method = method_cls(method_cls.Params(**exp.method.params()), exp, dataset_input_shape(exp.data.dataset),
+                        DATASET_INFO[exp.data.dataset][0])
     if device is None:
-        from autofl.engine.simulation import resolve_device
-
         device = resolve_device(exp.runtime.device)
-    workspace = Workspace(method.build_model(), cls.copies)
+    workspace = Workspace(method.build_model(), method_cls.copies)
     return make_executor(exp.runtime.executor, workspace, exp.runtime.client_chunk, device)[1]

@@ -44,7 +44,7 @@ def _per_client(name: str, correct: list[int], sizes: list[int]) -> dict[str, fl
 
 @torch.no_grad()
 def evaluate(sim: "Simulation") -> dict[str, float]:
-    method, model, data = sim.method, sim.model, sim.data
+    method, model, data, server = sim.method, sim.model, sim.data, sim.server_state
     model.eval()
     val_correct, test_correct = [], []
     val_sizes, test_sizes = [], []
@@ -52,9 +52,9 @@ def evaluate(sim: "Simulation") -> dict[str, float]:
     for cid, split in enumerate(data.clients):
         state = sim.client_states.get(cid, {})
         if not (method.personal_is_global and loaded_global):
-            method.load_personal(model, sim.global_state, state)
+            method.load_personal(model, sim.global_state, state, server)
             loaded_global = method.personal_is_global
-        predict = lambda x, s=state: method.predict(model, x, s)  # noqa: E731
+        predict = lambda x, s=state: method.predict(model, x, s, server)  # noqa: E731
         val_correct.append(count_correct(predict, data.x[split.val], data.y[split.val]))
         test_correct.append(count_correct(predict, data.x[split.test], data.y[split.test]))
         val_sizes.append(len(split.val))
@@ -69,8 +69,8 @@ def evaluate(sim: "Simulation") -> dict[str, float]:
         out["personal_test_acc"] = sum(test_correct) / sum(test_sizes)
         out.update(_per_client("personal_test_acc", test_correct, test_sizes))
     if method.has_global_model:
-        method.load_global(model, sim.global_state)
-        predict_global = lambda x: method.predict_global(model, x)  # noqa: E731
+        method.load_global(model, sim.global_state, server)
+        predict_global = lambda x: method.predict_global(model, x, server)  # noqa: E731
         val_idx = torch.cat([c.val for c in data.clients])
         if len(val_idx):
             out["global_val_acc"] = count_correct(predict_global, data.x[val_idx], data.y[val_idx]) / len(val_idx)

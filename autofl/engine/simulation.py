@@ -2,10 +2,15 @@
 
 All randomness is derived from (seed, round, client), so a run restored from a checkpoint at
 round r continues exactly as the uninterrupted run would have.
+
+The simulation runs any method through its hooks (`autofl.engine.server.MethodHooks`): the
+composition root (autofl.train, the search's trainable, the scripts) resolves the method class
+from the registry and passes it in; the engine imports no method.
 """
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any, Callable
 
 import numpy as np
@@ -14,23 +19,18 @@ import torch
 from autofl.config import Experiment
 from autofl.data.datasets import RawDataset, load_raw_dataset
 from autofl.data.federated import FederatedData, build_federated
+from autofl.device import resolve_device
 from autofl.engine.executor import ClientJob, RoundPlan, Workspace, make_executor
 from autofl.engine.metrics import evaluate
-from autofl.engine.state import StateDict, clone_state, map_tree
 from autofl.engine.plan import TrainedClient, Upload
-from autofl.methods.base import Method
-from autofl.methods.registry import get_method_class
-from autofl.seeding import derived_seed
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+from autofl.engine.server import MethodClass, MethodHooks, ServerContext, ServerState, ServerUpdate
+from autofl.engine.state import StateDict, clone_state, map_tree
+from autofl.seeding import SeedPurpose, derived_seed
 
 
 class Simulation:
-    def __init__(self, exp: Experiment, raw: RawDataset | None = None, device: torch.device | None = None):
+    def __init__(self, exp: Experiment, method_cls: MethodClass, raw: RawDataset | None = None,
+                 device: torch.device | None = None):
         self.exp = exp
         self.device = device or resolve_device(exp.runtime.device)
         if exp.runtime.threads:
@@ -38,8 +38,7 @@ class Simulation:
         raw = raw if raw is not None else load_raw_dataset(exp.data)
         self.dtype = getattr(torch, exp.runtime.dtype)
         self.data: FederatedData = build_federated(raw, exp.data, exp.data_seed()).to(self.device, self.dtype)
-        method_cls = get_method_class(exp.method.name)
-        self.method: Method = method_cls(
+        self.method: MethodHooks = method_cls(
             method_cls.Params(**exp.method.params()), exp, self.data.input_shape, self.data.num_classes
         )
         torch.manual_seed(exp.seed)
@@ -52,32 +51,49 @@ class Simulation:
         self.client_states: dict[int, dict[str, Any]] = {}
         self.round = 0  # rounds completed
         self.history: list[dict[str, float]] = []
+        self.server_state: ServerState = self.method.State()  # the method's server-side state
         # a progress display's hook: told how many more of this round's clients finished training
         self.clients_done: Callable[[int], None] | None = None
         self._set_round_seed()
-        self.method.setup(self)
+        self.apply(self.method.init_server(self.server_context(trained=False)))
 
     @property
     def num_clients(self) -> int:
         return len(self.data.clients)
 
     def _set_round_seed(self) -> None:
-        torch.manual_seed(derived_seed(self.exp.seed, self.round, 0x7011))
+        torch.manual_seed(derived_seed(self.exp.seed, self.round, SeedPurpose.ROUND_TORCH))
 
     def sample_clients(self, rnd: int) -> list[int]:
-        rng = np.random.default_rng([self.exp.seed, rnd, 0x5A3])
+        rng = np.random.default_rng([self.exp.seed, rnd, int(SeedPurpose.CLIENT_SAMPLING)])
         return sorted(int(c) for c in rng.choice(self.num_clients, size=self.exp.clients_per_round(), replace=False))
 
     def round_plan(self) -> RoundPlan:
         fl = self.exp.fl
-        return RoundPlan(self.method.local_stages(self.round), lr=fl.lr * fl.lr_decay**self.round,
+        return RoundPlan(self.method.local_stages(self.round, self.server_state), lr=fl.lr * fl.lr_decay**self.round,
                          momentum=fl.momentum, weight_decay=fl.weight_decay, batch_size=fl.batch_size,
                          local_epochs=fl.local_epochs, clients_done=self.clients_done)
 
     def client_job(self, cid: int) -> ClientJob:
         state = self.client_states.setdefault(cid, {})
-        return ClientJob(cid, self.method.client_start(self.global_state, state), self.data.clients[cid].train,
-                         torch.Generator().manual_seed(derived_seed(self.exp.seed, self.round, cid, 0xB47)))
+        return ClientJob(cid, self.method.client_start(self.global_state, state, self.server_state),
+                         self.data.clients[cid].train, torch.Generator().manual_seed(
+                             derived_seed(self.exp.seed, self.round, cid, SeedPurpose.CLIENT_BATCHES)))
+
+    def server_context(self, trained: bool) -> ServerContext:
+        """What the method's server hooks read about round `self.round`: before it is trained
+        (`init_server`) or after (`server_update`)."""
+        completed = self.round + 1 if trained else self.round
+        return ServerContext(round=self.round, completed=completed, rounds=self.exp.fl.rounds,
+                             evaluated=trained and self.will_evaluate(completed),
+                             seed=self.exp.seed, global_state=MappingProxyType(self.global_state),
+                             state=self.server_state, data=self.data, model=self.model, device=self.device)
+
+    def apply(self, update: ServerUpdate) -> None:
+        """Take a server hook's result: new global-state entries, the method's new server state."""
+        self.global_state.update(update.global_state)
+        if update.state is not None:
+            self.server_state = update.state
 
     def run_round(self) -> dict[str, float] | None:
         """Train one round; return its metrics when the round is evaluated, else None."""
@@ -94,7 +110,7 @@ class Simulation:
                                   outcome.losses["loss"]))
             self.method.keep_private(outcome.state, self.client_states[job.cid], self.shared)
         self.global_state.update(self.method.aggregate(uploads))
-        self.method.server_update(self, uploads)
+        self.apply(self.method.server_update(self.server_context(trained=True), uploads))
         self.round += 1
         train_loss = sum(u.loss * u.num_samples for u in uploads) / max(sum(u.num_samples for u in uploads), 1)
         if not self.will_evaluate(self.round):
@@ -123,7 +139,7 @@ class Simulation:
             "round": self.round,
             "global_state": self.global_state,
             "client_states": self.client_states,
-            "method_state": self.method.server_state(),
+            "method_state": self.server_state.field_values(),
             "history": self.history,
             "torch_rng": torch.get_rng_state(),
         }
@@ -135,6 +151,6 @@ class Simulation:
         self.round = int(state["round"])
         self.global_state = to_device(state["global_state"])
         self.client_states = to_device(state["client_states"])
-        self.method.load_server_state(to_device(state["method_state"]))
+        self.server_state = self.method.State(**to_device(state["method_state"]))
         self.history = list(state["history"])
         torch.set_rng_state(state["torch_rng"])

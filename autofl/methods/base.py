@@ -16,6 +16,33 @@ stacked into one batched model. The loss is written once, against modules:
 Under the vectorized executor the same function runs inside `torch.func.vmap`, so it must stay
 per-client: batch means, no Python branching on tensor values (use a per-client flag instead,
 e.g. `flags["has_prev"] * term`), no in-place writes to parameters.
+
+The server side is values in, values out (as Flower's Strategy and FedJAX's ServerState): a
+method never sees the simulation. Its server-side state is one frozen dataclass, a subclass of
+`ServerState` named in `Method.State`, whose fields all have defaults; the engine keeps it, saves
+it whole in checkpoints, rebuilds it on restore, and hands it to the hooks that read it:
+
+    init_server(ctx: ServerContext) -> ServerUpdate                   # once, before round 0
+    aggregate(uploads: list[Upload]) -> StateDict                     # after each round's training
+    server_update(ctx: ServerContext, uploads: list[Upload]) -> ServerUpdate   # after aggregate
+
+`ServerContext` (autofl.engine.server) holds the round, the number of rounds, whether the round is
+evaluated, the global state (read-only), the method's current `state`, the federated data, a model
+to borrow as scratch, the device, and `ctx.generator(purpose)`, a seeded torch.Generator.
+`ServerUpdate(global_state=..., state=...)` returns new global-state entries and/or the new server
+state; nothing else the hook does is kept. The other hooks are:
+
+    build_model() -> SplitModel                   shared_keys(model) -> list[str]
+    client_start(global_state, client_state, server) -> ClientStart
+    local_stages(rnd, server) -> list[Stage]      upload_payload(client: TrainedClient) -> dict
+    keep_private(trained, client_state, shared) -> None    (writes the client's own dict)
+    load_personal(model, global_state, client_state, server) -> None
+    predict(model, x, client_state, server) -> Tensor
+    load_global(model, global_state, server) -> None
+    predict_global(model, x, server) -> Tensor
+
+where `server` is the method's current `ServerState` (the `State` subclass) and `client_state` the
+client's own dict (what `keep_private` stored).
 """
 
 from __future__ import annotations
@@ -28,12 +55,16 @@ from pydantic import ValidationError
 
 from autofl.config import ARCH_LINEAR_LAYERS, LINEAR_ONLY_ARCHS, Strict
 from autofl.engine.plan import ClientStart, LossFn, Stage, TrainedClient, Update, Upload
+from autofl.engine.server import ServerContext, ServerState, ServerUpdate
 from autofl.engine.state import StateDict, weighted_average
 from autofl.models.parts import SplitModel, build_model
+from autofl.seeding import SeedPurpose
 
 if TYPE_CHECKING:
     from autofl.config import Experiment
-    from autofl.engine.simulation import Simulation
+
+__all__ = ["ClientStart", "LossFn", "Method", "MethodParams", "SeedPurpose", "ServerContext", "ServerState",
+           "ServerUpdate", "Stage", "StateDict", "TrainedClient", "Update", "Upload"]
 
 class MethodParams(Strict):
     """A method's own hyperparameters; unknown keys and non-finite numbers are errors."""
@@ -44,6 +75,7 @@ class Method:
 
     name: ClassVar[str] = ""
     Params: ClassVar[type[MethodParams]] = MethodParams
+    State: ClassVar[type[ServerState]] = ServerState  # the method's server state (a frozen dataclass)
     uses_projector: ClassVar[bool] = False  # whether model.projector_depth / projector_dim apply
     default_projector_depth: ClassVar[int] = 0
     min_projector_depth: ClassVar[int] = 0
@@ -118,28 +150,23 @@ class Method:
         return list(model.state_dict())
 
     # ----- server ----------------------------------------------------------------------------
-    def setup(self, sim: "Simulation") -> None:
-        """Called once before round 0 (e.g. initial prototypes)."""
+    def init_server(self, ctx: ServerContext) -> ServerUpdate:
+        """Called once before round 0, `ctx.state` being `State()` (e.g. initial prototypes)."""
+        return ServerUpdate()
 
     def aggregate(self, uploads: list[Upload]) -> StateDict:
         return weighted_average([u.state for u in uploads], [u.num_samples for u in uploads])
 
-    def server_update(self, sim: "Simulation", uploads: list[Upload]) -> None:
-        """Called after aggregation, with the global state already updated."""
-
-    def server_state(self) -> dict[str, Any]:
-        """What a checkpoint keeps of the method's server-side state."""
-        return {}
-
-    def load_server_state(self, state: dict[str, Any]) -> None:
-        del state
+    def server_update(self, ctx: ServerContext, uploads: list[Upload]) -> ServerUpdate:
+        """Called after each round's aggregation, `ctx.global_state` already holding the aggregate."""
+        return ServerUpdate()
 
     # ----- client ----------------------------------------------------------------------------
     def start_state(self, global_state: StateDict, client_state: dict[str, Any]) -> StateDict:
         """The client's starting weights: the global model, overlaid with its private parameters."""
         return {**global_state, **client_state.get("private", {})}
 
-    def client_start(self, global_state: StateDict, client_state: dict[str, Any]) -> ClientStart:
+    def client_start(self, global_state: StateDict, client_state: dict[str, Any], server: ServerState) -> ClientStart:
         """The trained model's start plus any copies in `copies` (override to fill them)."""
         return ClientStart({"model": self.start_state(global_state, client_state)})
 
@@ -152,7 +179,7 @@ class Method:
                             "prev": prev if prev is not None else global_state},
                            {"has_prev": float(prev is not None)})
 
-    def local_stages(self, rnd: int) -> list[Stage]:
+    def local_stages(self, rnd: int, server: ServerState) -> list[Stage]:
         """The local step of round `rnd` (0-based); default: all of the model on `loss`."""
         return [Stage((Update(("model.",), self.loss),))]
 
@@ -171,15 +198,17 @@ class Method:
             client_state["private"] = private
 
     # ----- evaluation ------------------------------------------------------------------------
-    def load_personal(self, model: SplitModel, global_state: StateDict, client_state: dict[str, Any]) -> None:
+    def load_personal(self, model: SplitModel, global_state: StateDict, client_state: dict[str, Any],
+                      server: ServerState) -> None:
         model.load_state_dict(self.start_state(global_state, client_state))
 
-    def predict(self, model: SplitModel, x: torch.Tensor, client_state: dict[str, Any]) -> torch.Tensor:
+    def predict(self, model: SplitModel, x: torch.Tensor, client_state: dict[str, Any],
+                server: ServerState) -> torch.Tensor:
         """Logits of a client's personal model (already loaded into `model`)."""
         return model(x)
 
-    def load_global(self, model: SplitModel, global_state: StateDict) -> None:
+    def load_global(self, model: SplitModel, global_state: StateDict, server: ServerState) -> None:
         model.load_state_dict(global_state)
 
-    def predict_global(self, model: SplitModel, x: torch.Tensor) -> torch.Tensor:
+    def predict_global(self, model: SplitModel, x: torch.Tensor, server: ServerState) -> torch.Tensor:
         return model(x)

@@ -11,7 +11,7 @@ from pydantic import Field
 
 from autofl.engine.state import StateDict, weighted_average
 from autofl.losses import supcon
-from autofl.methods.base import Method, MethodParams, Stage, Update, Upload
+from autofl.methods.base import Method, MethodParams, ServerState, Stage, Update, Upload
 from autofl.methods.registry import register
 from autofl.models.parts import SplitModel, build_head
 
@@ -54,7 +54,7 @@ class DualFed(Method):
         weights = [u.num_samples if self.params.weighted else 1.0 for u in uploads]
         return weighted_average([u.state for u in uploads], weights)
 
-    def local_stages(self, rnd: int) -> list[Stage]:
+    def local_stages(self, rnd: int, server: ServerState) -> list[Stage]:
         lam, tau = self.params.lam, self.params.tau
 
         def stage1_loss(ws: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
@@ -74,9 +74,9 @@ class DualFed(Method):
         return [Stage((Update(("model.encoder.", "model.projector.", "model.head."), stage1_loss),)),
                 Stage((Update(("model.global_head.",), stage2_loss, report="stage2_loss"),))]
 
-    def predict(self, model: SplitModel, x: torch.Tensor, client_state: dict) -> torch.Tensor:
+    def predict(self, model: SplitModel, x: torch.Tensor, client_state: dict, server: ServerState) -> torch.Tensor:
         f = model.encoder(x)
         return model.head(model.projector(f)) + model.global_head(f)
 
-    def predict_global(self, model: SplitModel, x: torch.Tensor) -> torch.Tensor:
+    def predict_global(self, model: SplitModel, x: torch.Tensor, server: ServerState) -> torch.Tensor:
         return model.global_head(model.encoder(x))

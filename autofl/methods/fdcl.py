@@ -10,7 +10,7 @@ from pydantic import Field
 
 from autofl.engine.state import StateDict
 from autofl.losses import contrastive_pair
-from autofl.methods.base import ClientStart, Method, MethodParams
+from autofl.methods.base import ClientStart, Method, MethodParams, ServerState
 from autofl.methods.registry import register
 from autofl.models.parts import SplitModel
 
@@ -38,7 +38,7 @@ class FDCL(Method):
     copies = ("glob", "prev")  # frozen: the received global model, the client's previous local model
     extra_forwards = 2
 
-    def client_start(self, global_state: StateDict, client_state: dict) -> ClientStart:
+    def client_start(self, global_state: StateDict, client_state: dict, server: ServerState) -> ClientStart:
         return self.start_with_previous(global_state, client_state)
 
     def loss(self, ws: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
@@ -54,5 +54,6 @@ class FDCL(Method):
     def keep_private(self, trained: StateDict, client_state: dict, shared: list[str]) -> None:
         client_state["prev"] = trained  # also the client's personal model
 
-    def load_personal(self, model: SplitModel, global_state: StateDict, client_state: dict) -> None:
+    def load_personal(self, model: SplitModel, global_state: StateDict, client_state: dict,
+                      server: ServerState) -> None:
         model.load_state_dict(client_state.get("prev", global_state))

@@ -4,7 +4,8 @@ correction (CCVR) from aggregated class means and covariances of encoder feature
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -13,13 +14,10 @@ from pydantic import Field
 from autofl.features import ClassStats, encoded_class_stats, train_head
 from autofl.losses import prototype_contrast
 from autofl.engine.state import StateDict, clone_state
-from autofl.methods.base import Method, MethodParams, Stage, TrainedClient, Update, Upload
+from autofl.methods.base import (Method, MethodParams, SeedPurpose, ServerContext, ServerState, ServerUpdate, Stage,
+                                 TrainedClient, Update, Upload)
 from autofl.methods.registry import register
 from autofl.models.parts import SplitModel
-from autofl.seeding import derived_seed
-
-if TYPE_CHECKING:
-    from autofl.engine.simulation import Simulation
 
 CALIB_LR = 0.01
 CALIB_BATCH = 64
@@ -72,45 +70,48 @@ def sample_virtual_features(stats: ClassStats, per_class: int, generator: torch.
     return torch.cat(feats), torch.cat(labels)
 
 
+@dataclass(frozen=True)
+class FedECCRState(ServerState):
+    prototypes: torch.Tensor | None = None  # (C, d) global prototypes z_k
+    has_prototype: torch.Tensor | None = None  # (C,) bool
+    calibrated: StateDict | None = None  # corrected global model for the round being evaluated
+    calibrated_round: int = -1
+
+
+def updated_prototypes(state: FedECCRState, stats: list[ClassStats]) -> FedECCRState:
+    """z_k = mean over the clients that hold class k of their class means; classes no sampled
+    client holds keep their previous prototype."""
+    holds = torch.stack([s.counts > 0 for s in stats]).to(stats[0].means.dtype)  # (K, C)
+    means = torch.stack([s.means for s in stats])  # (K, C, d)
+    holders = holds.sum(0)
+    new = (holds[:, :, None] * means).sum(0) / holders.clamp(min=1)[:, None]
+    present = holders > 0
+    if state.prototypes is None or state.has_prototype is None:
+        return replace(state, prototypes=new, has_prototype=present)
+    return replace(state, prototypes=torch.where(present[:, None], new, state.prototypes),
+                   has_prototype=state.has_prototype | present)
+
+
 @register
 class FedECCR(Method):
     name = "fedeccr"
     trains_encoder_features = True
     Params = FedECCRParams
+    State = FedECCRState
     extra_forwards = 1  # the class-mean (prototype) pass over the client's data after training
 
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.prototypes: torch.Tensor | None = None  # (C, d) global prototypes z_k
-        self.has_prototype: torch.Tensor | None = None  # (C,) bool
-        self.calibrated: StateDict | None = None  # corrected head for the round being evaluated
-        self.calibrated_round = -1
-
-    # ----- prototypes ------------------------------------------------------------------------
-    def _set_prototypes(self, stats: list[ClassStats]) -> None:
-        """z_k = mean over the clients that hold class k of their class means."""
-        holds = torch.stack([s.counts > 0 for s in stats]).to(stats[0].means.dtype)  # (K, C)
-        means = torch.stack([s.means for s in stats])  # (K, C, d)
-        holders = holds.sum(0)
-        new = (holds[:, :, None] * means).sum(0) / holders.clamp(min=1)[:, None]
-        present = holders > 0
-        if self.prototypes is None:
-            self.prototypes, self.has_prototype = new, present
-        else:  # classes no sampled client holds keep their previous prototype
-            self.prototypes = torch.where(present[:, None], new, self.prototypes)
-            self.has_prototype = self.has_prototype | present
-
-    def setup(self, sim: "Simulation") -> None:
-        sim.model.load_state_dict(sim.global_state)
-        d = sim.data
-        self._set_prototypes([encoded_class_stats(sim.model.encoder, d.x, d.y, split.train, d.num_classes)
-                              for split in d.clients])
+    # ----- server ----------------------------------------------------------------------------
+    def init_server(self, ctx: ServerContext) -> ServerUpdate:
+        ctx.model.load_state_dict(ctx.global_state)
+        d = ctx.data
+        stats = [encoded_class_stats(ctx.model.encoder, d.x, d.y, split.train, d.num_classes) for split in d.clients]
+        return ServerUpdate(state=updated_prototypes(ctx.state, stats))
 
     # ----- client ----------------------------------------------------------------------------
-    def local_stages(self, rnd: int) -> list[Stage]:
+    def local_stages(self, rnd: int, server: FedECCRState) -> list[Stage]:
         """alpha * L_pc + (1 - alpha) * CE, alpha = 1 - r/R, against this round's global prototypes."""
         alpha = 1.0 - rnd / self.exp.fl.rounds
-        protos, has, tau = self.prototypes, self.has_prototype, self.params.tau
+        protos, has, tau = server.prototypes, server.has_prototype, self.params.tau
         assert protos is not None and has is not None
 
         def loss(ws: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
@@ -125,42 +126,32 @@ class FedECCR(Method):
                                                    client.num_classes)}
 
     # ----- server ----------------------------------------------------------------------------
-    def server_update(self, sim: "Simulation", uploads: list[Upload]) -> None:
-        self._set_prototypes([u.payload["class_means"] for u in uploads])
-        completed = sim.round + 1
-        evaluated = sim.will_evaluate(completed)
-        last = completed == self.exp.fl.rounds
+    def server_update(self, ctx: ServerContext, uploads: list[Upload]) -> ServerUpdate:
+        state = updated_prototypes(ctx.state, [u.payload["class_means"] for u in uploads])
+        last = ctx.completed == ctx.rounds
         every = self.params.calibrate_every
-        if self.params.calib_epochs and evaluated and (last or (every > 0 and completed % every == 0)):
-            self.calibrated = self.calibrate(sim, completed)
-            self.calibrated_round = completed
-        else:
-            self.calibrated, self.calibrated_round = None, -1
+        if self.params.calib_epochs and ctx.evaluated and (last or (every > 0 and ctx.completed % every == 0)):
+            return ServerUpdate(state=replace(state, calibrated=self.calibrate(ctx), calibrated_round=ctx.completed))
+        return ServerUpdate(state=replace(state, calibrated=None, calibrated_round=-1))
 
-    def calibrate(self, sim: "Simulation", completed: int) -> StateDict:
+    def calibrate(self, ctx: ServerContext) -> StateDict:
         """Retrain only the head of a copy of the global model on virtual features (USCC / CCVR)."""
-        model = self.spare("calibration", sim.model)
-        model.load_state_dict(sim.global_state)
-        d = sim.data  # each client's statistics under the current global encoder
+        model = self.spare("calibration", ctx.model)
+        model.load_state_dict(ctx.global_state)
+        d = ctx.data  # each client's statistics under the current global encoder
         merged = merge_class_stats([
             encoded_class_stats(model.encoder, d.x, d.y, split.train, d.num_classes, with_cov=True)
             for split in d.clients])
-        gen = torch.Generator().manual_seed(derived_seed(self.exp.seed, completed, 0xCCF))
+        gen = ctx.generator(SeedPurpose.FEDECCR_CALIBRATION, ctx.completed)
         feats, labels = sample_virtual_features(merged, self.params.M, gen)
         train_head(model.head, feats, labels, CALIB_LR, CALIB_BATCH, gen, epochs=self.params.calib_epochs,
                    momentum=self.params.calib_momentum)
         return clone_state(model)
 
-    def load_global(self, model: SplitModel, global_state: StateDict) -> None:
-        model.load_state_dict(self.calibrated if self.calibrated is not None else global_state)
+    # ----- evaluation ------------------------------------------------------------------------
+    def load_global(self, model: SplitModel, global_state: StateDict, server: FedECCRState) -> None:
+        model.load_state_dict(server.calibrated if server.calibrated is not None else global_state)
 
-    def load_personal(self, model: SplitModel, global_state: StateDict, client_state: dict) -> None:
-        self.load_global(model, global_state)
-
-    def server_state(self) -> dict[str, Any]:
-        return {"prototypes": self.prototypes, "has_prototype": self.has_prototype,
-                "calibrated": self.calibrated, "calibrated_round": self.calibrated_round}
-
-    def load_server_state(self, state: dict[str, Any]) -> None:
-        self.prototypes, self.has_prototype = state["prototypes"], state["has_prototype"]
-        self.calibrated, self.calibrated_round = state["calibrated"], state["calibrated_round"]
+    def load_personal(self, model: SplitModel, global_state: StateDict, client_state: dict,
+                      server: FedECCRState) -> None:
+        self.load_global(model, global_state, server)

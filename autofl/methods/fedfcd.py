@@ -5,7 +5,8 @@ representations (GFRs) regularize the extractor. Prediction fuses both heads' lo
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -13,13 +14,10 @@ from pydantic import Field
 
 from autofl.features import ClassStats, encoded_class_stats, train_head
 from autofl.engine.state import StateDict
-from autofl.methods.base import Method, MethodParams, Stage, TrainedClient, Update, Upload
+from autofl.methods.base import (Method, MethodParams, SeedPurpose, ServerContext, ServerState, ServerUpdate, Stage,
+                                 TrainedClient, Update, Upload)
 from autofl.methods.registry import register
 from autofl.models.parts import SplitModel, build_head
-from autofl.seeding import derived_seed
-
-if TYPE_CHECKING:
-    from autofl.engine.simulation import Simulation
 
 
 class FedFCDParams(MethodParams):
@@ -46,20 +44,22 @@ def global_feature_representations(lfrs: list[ClassStats]) -> tuple[torch.Tensor
     return gfr, n > 0
 
 
+@dataclass(frozen=True)
+class FedFCDState(ServerState):
+    lfrs: dict[int, ClassStats] = field(default_factory=dict)  # the LFRs and counts the server learns from
+    gfr: torch.Tensor | None = None  # (C, d) global feature representations C_j
+    has_gfr: torch.Tensor | None = None  # (C,) bool
+
+
 @register
 class FedFCD(Method):
     name = "fedfcd"
     trains_encoder_features = True
     Params = FedFCDParams
+    State = FedFCDState
     has_global_model = False  # no whole global model: global_* metrics are not reported
     personal_is_global = False
     extra_forwards = 2  # features recomputed for step (b) after step (a); the LFR pass after training
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.lfrs: dict[int, ClassStats] = {}  # the LFRs and counts the server learns from (see server_lfrs)
-        self.gfr: torch.Tensor | None = None
-        self.has_gfr: torch.Tensor | None = None
 
     def build_model(self) -> SplitModel:
         model = super().build_model()
@@ -71,40 +71,39 @@ class FedFCD(Method):
         return []  # only prototypes go up; phi_g is trained on the server
 
     # ----- server ----------------------------------------------------------------------------
-    def setup(self, sim: "Simulation") -> None:
+    def init_server(self, ctx: ServerContext) -> ServerUpdate:
         """Before round 1 every client uploads LFRs of its initial extractor; train phi_g, build GFRs."""
-        sim.model.load_state_dict(sim.global_state)
-        d = sim.data
-        for cid, split in enumerate(d.clients):
-            self.lfrs[cid] = encoded_class_stats(sim.model.encoder, d.x, d.y, split.train, d.num_classes)
-        self._server_step(sim)
+        ctx.model.load_state_dict(ctx.global_state)
+        d = ctx.data
+        lfrs = {cid: encoded_class_stats(ctx.model.encoder, d.x, d.y, split.train, d.num_classes)
+                for cid, split in enumerate(d.clients)}
+        return self._server_step(ctx, lfrs)
 
-    def server_update(self, sim: "Simulation", uploads: list[Upload]) -> None:
+    def server_update(self, ctx: ServerContext, uploads: list[Upload]) -> ServerUpdate:
         """phi_g and the GFRs learn from this round's uploads (or, with server_lfrs "latest", from
         every client's latest upload); the same thing when every client takes part."""
         fresh = {u.cid: u.payload["lfr"] for u in uploads}
-        self.lfrs = {**self.lfrs, **fresh} if self.params.server_lfrs == "latest" else fresh
-        self._server_step(sim)
+        return self._server_step(ctx, {**ctx.state.lfrs, **fresh} if self.params.server_lfrs == "latest" else fresh)
 
-    def _server_step(self, sim: "Simulation") -> None:
-        stats = [self.lfrs[c] for c in sorted(self.lfrs)]
-        self.gfr, self.has_gfr = global_feature_representations(stats)
+    def _server_step(self, ctx: ServerContext, lfrs: dict[int, ClassStats]) -> ServerUpdate:
+        stats = [lfrs[c] for c in sorted(lfrs)]
+        gfr, has_gfr = global_feature_representations(stats)
         feats = torch.cat([s.means[s.counts > 0] for s in stats])
         labels = torch.cat([torch.nonzero(s.counts > 0).flatten() for s in stats])
-        head = self.spare("global_head", sim.model.global_head)
-        head.load_state_dict({k[len("global_head."):]: v for k, v in sim.global_state.items()
+        head = self.spare("global_head", ctx.model.global_head)
+        head.load_state_dict({k[len("global_head."):]: v for k, v in ctx.global_state.items()
                               if k.startswith("global_head.")})
         train_head(head, feats, labels, self.params.server_lr, self.exp.fl.batch_size,
-                   torch.Generator().manual_seed(derived_seed(self.exp.seed, sim.round, 0xFCD)))
-        for k, v in head.state_dict().items():
-            sim.global_state["global_head." + k] = v.detach().clone()
+                   ctx.generator(SeedPurpose.FEDFCD_GLOBAL_HEAD))
+        return ServerUpdate(global_state={"global_head." + k: v.detach().clone() for k, v in head.state_dict().items()},
+                            state=FedFCDState(lfrs, gfr, has_gfr))
 
     # ----- client ----------------------------------------------------------------------------
-    def local_stages(self, rnd: int) -> list[Stage]:
+    def local_stages(self, rnd: int, server: FedFCDState) -> list[Stage]:
         """Per batch: (a) phi_i frozen, theta on CE(h_p(phi_i; f(x)), y) + lambda * GFR regularizer;
         (b) theta frozen, phi_i on CE(h_g(phi_g; z) + h_p(phi_i; z), y), z = sg(f(x)) after step (a).
         phi_g is never trained here. Step (a) is left out when the extractor has no parameters."""
-        gfr, has_gfr, lam = self.gfr, self.has_gfr, self.params.lam
+        gfr, has_gfr, lam = server.gfr, server.has_gfr, self.params.lam
         assert gfr is not None and has_gfr is not None
 
         def extractor_loss(ws: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
@@ -129,14 +128,6 @@ class FedFCD(Method):
         """Everything but phi_g, which the server trains and sends (nothing is aggregated)."""
         client_state["private"] = {k: v for k, v in trained.items() if not k.startswith("global_head.")}
 
-    def predict(self, model: SplitModel, x: torch.Tensor, client_state: dict) -> torch.Tensor:
+    def predict(self, model: SplitModel, x: torch.Tensor, client_state: dict, server: ServerState) -> torch.Tensor:
         f = model.encoder(x)
         return model.global_head(f) + model.head(f)
-
-    def server_state(self) -> dict[str, Any]:
-        return {"lfrs": self.lfrs, "gfr": self.gfr, "has_gfr": self.has_gfr}
-
-    def load_server_state(self, state: dict[str, Any]) -> None:
-        self.lfrs = {int(k): v for k, v in state["lfrs"].items()}
-        self.gfr, self.has_gfr = state["gfr"], state["has_gfr"]
-

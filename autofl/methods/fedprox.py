@@ -6,7 +6,7 @@ from pydantic import Field
 
 from autofl.engine.state import StateDict
 from autofl.losses import proximal
-from autofl.methods.base import ClientStart, Method, MethodParams
+from autofl.methods.base import ClientStart, Method, MethodParams, ServerState
 from autofl.methods.registry import register
 
 
@@ -20,7 +20,7 @@ class FedProx(Method):
     Params = FedProxParams
     copies = ("glob",)  # the received global model: the proximal anchor
 
-    def client_start(self, global_state: StateDict, client_state: dict) -> ClientStart:
+    def client_start(self, global_state: StateDict, client_state: dict, server: ServerState) -> ClientStart:
         return ClientStart({"model": self.start_state(global_state, client_state), "glob": global_state})
 
     def loss(self, ws: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:

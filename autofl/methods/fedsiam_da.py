@@ -12,7 +12,7 @@ from torch import nn
 
 from autofl.losses import negative_cosine
 from autofl.engine.state import StateDict, weighted_average
-from autofl.methods.base import ClientStart, Method, MethodParams, Stage, Update, Upload
+from autofl.methods.base import ClientStart, Method, MethodParams, ServerState, Stage, Update, Upload
 from autofl.methods.registry import register
 from autofl.models.parts import SplitModel
 
@@ -65,7 +65,7 @@ class FedSiamDA(Method):
         states = [u.state for u in uploads]
         return weighted_average(states, dual_weights(states, self.param_keys))
 
-    def client_start(self, global_state: StateDict, client_state: dict) -> ClientStart:
+    def client_start(self, global_state: StateDict, client_state: dict, server: ServerState) -> ClientStart:
         """f' starts from the received global model; the history is the client's last upload (none
         before its first participation: has_hist = 0 until the end of its first local epoch)."""
         last_upload = client_state.get("personal")
@@ -73,7 +73,7 @@ class FedSiamDA(Method):
                             "hist": last_upload if last_upload is not None else global_state},
                            {"has_hist": float(last_upload is not None)})
 
-    def local_stages(self, rnd: int) -> list[Stage]:
+    def local_stages(self, rnd: int, server: ServerState) -> list[Stage]:
         """Per batch: 1. f' on 1/2 D-(q_f'(z_f'), sg(z_local)); 2. the local model on
         CE + mu (D+(sg(z_hist), z_local) + 1/2 D-(q(z_local), sg(z_f'))), z_f' recomputed after step 1.
         After each local epoch the history becomes a snapshot of the local model."""
@@ -101,5 +101,6 @@ class FedSiamDA(Method):
     def keep_private(self, trained: StateDict, client_state: dict, shared: list[str]) -> None:
         client_state["personal"] = trained  # this upload: the next participation's first history
 
-    def load_personal(self, model: SplitModel, global_state: StateDict, client_state: dict) -> None:
+    def load_personal(self, model: SplitModel, global_state: StateDict, client_state: dict,
+                      server: ServerState) -> None:
         model.load_state_dict(client_state.get("personal", global_state))

@@ -6,7 +6,7 @@ from pydantic import Field
 
 from autofl.engine.state import StateDict
 from autofl.losses import contrastive_pair
-from autofl.methods.base import ClientStart, Method, MethodParams
+from autofl.methods.base import ClientStart, Method, MethodParams, ServerState
 from autofl.methods.registry import register
 
 
@@ -28,7 +28,7 @@ class Moon(Method):
     copies = ("glob", "prev")  # frozen: the received global model, the client's previous local model
     extra_forwards = 2
 
-    def client_start(self, global_state: StateDict, client_state: dict) -> ClientStart:
+    def client_start(self, global_state: StateDict, client_state: dict, server: ServerState) -> ClientStart:
         return self.start_with_previous(global_state, client_state)
 
     def loss(self, ws: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:

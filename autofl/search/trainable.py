@@ -24,7 +24,9 @@ from ray import tune
 from autofl.experiment import build_experiment
 from autofl.data.datasets import RawDataset
 from autofl.engine.simulation import Simulation
+from autofl.device import resolve_device
 from autofl.features import ClassStats
+from autofl.methods.registry import get_method_class
 from autofl.search.space import experiment_dict
 
 STATE_FILE = "simulation.pt"
@@ -34,7 +36,7 @@ def trial_device() -> torch.device:
     """`cuda` when Ray gave this trial a GPU, else the CPU (outside Ray, e.g. in tests: the CPU,
     without starting a Ray instance just to ask)."""
     has_gpu = ray.is_initialized() and bool(ray.get_gpu_ids())
-    return torch.device("cuda") if has_gpu and torch.cuda.is_available() else torch.device("cpu")
+    return resolve_device("auto" if has_gpu else "cpu")
 
 
 class FLTrainable(tune.Trainable):
@@ -53,7 +55,7 @@ class FLTrainable(tune.Trainable):
         exp = build_experiment(experiment_dict(self._base, config, self._method_base))
         # the shared dataset, unless the dataset itself is searched: then this trial loads its own
         raw = self._raw if self._raw is not None and self._raw.name == exp.data.dataset else None
-        return Simulation(exp, raw=raw, device=trial_device())
+        return Simulation(exp, get_method_class(exp.method.name), raw=raw, device=trial_device())
 
     def reset_config(self, new_config: dict[str, Any]) -> bool:
         """Reuse this worker for the next trial (no new process, no second torch import)."""
