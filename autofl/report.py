@@ -72,8 +72,9 @@ def trial_compute(space, trials: list) -> dict[int, float]:
 
 
 def asha_rungs(space) -> list[int]:
-    """The rounds at which ASHA compares trials: grace_period * reduction_factor^k below max rounds."""
-    if space.scheduler.kind == "none":
+    """The rounds at which ASHA compares trials: grace_period * reduction_factor^k below max rounds
+    (hyperband: those of its first bracket)."""
+    if space.scheduler.kind not in ("asha", "hyperband"):
         return []
     rungs, rung = [], float(space.scheduler.grace_period)
     while rung < space.max_rounds:

@@ -1,4 +1,4 @@
-"""Run a study with Ray Tune: OptunaSearch (TPE, RDB storage) proposes, ASHA stops, trials train.
+"""Run a study with Ray Tune: OptunaSearch (the space's sampler, RDB storage) proposes, its scheduler stops, trials train.
 
 Each invocation is one Tune experiment under `<study>/tune/run-<k>`. Resuming restores the last
 interrupted experiment with Tune's own restore (searcher state, finished trials and trial
@@ -80,10 +80,9 @@ def checkpoints_to_keep(space: SearchSpace) -> int | None:
 
 
 def _searcher(space: SearchSpace, study: Study, run_name: str, trials: int, with_start_point: bool):
-    import optuna
-
     from autofl.search.searcher import RoundAwareOptunaSearch
     from autofl.search.storage import open_storage
+    from autofl.search.strategy import make_sampler
 
     # issue 18: never enqueue more start points than the run's budget (a cross-method study with
     # fewer trials than methods left the rest WAITING forever)
@@ -92,19 +91,16 @@ def _searcher(space: SearchSpace, study: Study, run_name: str, trials: int, with
         space=DefineByRun(space), metric=space.metrics if space.multi_objective else space.objective,
         mode=space.modes if space.multi_objective else space.mode,
         points_to_evaluate=start or None,
-        sampler=optuna.samplers.TPESampler(seed=space.seed),
+        sampler=make_sampler(space),
         storage=open_storage(study.storage_url()),
         study_name=study.optuna_name(), max_t=space.max_rounds, run_name=run_name, budget=trials, study_root=study.root,
     )
 
 
 def _scheduler(space: SearchSpace, study: Study):
-    if space.scheduler.kind == "none":
-        return None
-    from autofl.search.scheduler import StudyASHA
+    from autofl.search.strategy import make_scheduler
 
-    return StudyASHA(study.root, time_attr="round", max_t=space.max_rounds,
-                     grace_period=space.scheduler.grace_period, reduction_factor=space.scheduler.reduction_factor)
+    return make_scheduler(space, study.root)
 
 
 def study_trainable(space: SearchSpace, trainable: type | None = None, checkpoint_every_s: float | None = None,

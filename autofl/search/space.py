@@ -10,6 +10,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from autofl.config import Experiment, Strict, read_yaml
 from autofl.experiment import build_experiment
 from autofl.errors import ConfigError, format_validation_error
+from autofl.search.strategy import SamplerSpec, SchedulerSpec, check_strategy
 
 # any validation metric may be the objective: the mean, the worst-decile client (p10) or the spread
 VALIDATION_OBJECTIVES = ("personal_val_acc", "personal_val_acc_p10", "personal_val_acc_std", "global_val_acc")
@@ -55,12 +56,6 @@ class ParamSpec(Strict):
         return self.choices[0] if self.type == "categorical" else (int(self.low) if self.type == "int" else self.low)  # type: ignore[index,arg-type]
 
 
-class SchedulerSpec(Strict):
-    kind: Literal["asha", "none"] = "asha"
-    grace_period: int = Field(1, ge=1, description="rounds every trial runs before ASHA may stop it")
-    reduction_factor: float = Field(2.0, gt=1)
-
-
 class ResourcesSpec(Strict):
     cpu: float = Field(1.0, gt=0)
     gpu: float = Field(0.0, ge=0, description="fractional values share a GPU between trials")
@@ -89,6 +84,7 @@ class SearchSpace(Strict):
                                         "in flight are stopped (recorded PRUNED) and no new one starts")
     budget_rounds: int | None = Field(None, ge=1, description="FL rounds trained by all the study's trials "
                                       "together; once reached, trials in flight stop (PRUNED), none starts")
+    sampler: SamplerSpec = Field(default_factory=SamplerSpec)
     scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     storage: str | None = Field(None, description="SQLAlchemy URL; default: sqlite file in the study folder")
@@ -99,7 +95,7 @@ class SearchSpace(Strict):
                                       "unsaved (0: every evaluated round), and at its end; it keeps its last 2 (all, under 4 s)")
     max_failures: int = Field(2, ge=0, le=100, description="a trial whose worker dies (killed, out of memory, a "
                               "lost node) restarts from its last checkpoint up to this many times")
-    seed: int = Field(0, ge=0, le=2**32 - 1, description="TPE's seed")
+    seed: int = Field(0, ge=0, le=2**32 - 1, description="the sampler's seed")
     start_from_base: bool = Field(True, description="first trial = the base config's values (the paper default)")
 
     @field_validator("storage")
@@ -120,6 +116,7 @@ class SearchSpace(Strict):
                                  f"{', '.join(VALIDATION_OBJECTIVES)} (test metrics are reported, never optimized)")
         if self.conditional and "method.name" not in self.params:
             raise ValueError("conditional: needs method.name among params (conditional params follow the method)")
+        check_strategy(self)
         return self
 
     def _multi_objective(self) -> None:
@@ -133,9 +130,6 @@ class SearchSpace(Strict):
             self.modes = ["min" if n.endswith("_std") else "max" for n in names]
         if len(self.modes) != len(names):
             raise ValueError(f"modes: {len(self.modes)} given for {len(names)} objectives; allowed: one per objective")
-        if self.scheduler.kind != "none":
-            raise ValueError(f"scheduler.kind: {self.scheduler.kind!r} ranks trials by one metric; a multi-objective "
-                             f"study needs scheduler: {{kind: none}}")
         self.objective, self.mode = names[0], self.modes[0]
 
     @property

@@ -1,0 +1,145 @@
+"""The space's `sampler:` and `scheduler:`: Optuna's and Tune's own objects with the options given,
+invalid combinations refused in one line (exit 2) before Ray starts, and a tiny study with a
+non-default sampler and scheduler."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import optuna
+import pytest
+import yaml
+from ray.tune.schedulers import AsyncHyperBandScheduler, MedianStoppingRule
+
+from autofl.errors import ConfigError
+from autofl.search.space import SearchSpace, load_space
+from autofl.search.strategy import grid_size, make_sampler, make_scheduler
+
+LR = {"type": "float", "low": 0.01, "high": 0.1, "log": True}
+MOMENTUM = {"type": "categorical", "choices": [0.0, 0.9]}
+
+
+def _write(tmp_path, **changes):
+    space = {"study": "st", "base": {"fl": {"rounds": 4}}, "params": {"fl.lr": LR}, **changes}
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump(space))
+    return path
+
+
+def test_default_is_seeded_tpe_with_autofl_options_and_asha(tmp_path):
+    space = load_space(_write(tmp_path, seed=7))
+    sampler = make_sampler(space)
+    assert type(sampler) is optuna.samplers.TPESampler
+    # the seed fixes TPE's proposals: two samplers built from one space propose the same values
+    values = []
+    for _ in range(2):
+        study = optuna.create_study(sampler=make_sampler(space), direction="maximize")
+        study.optimize(lambda t: -(t.suggest_float("x", 0, 1) - 0.3) ** 2, n_trials=14)
+        values.append([t.params["x"] for t in study.trials])
+    assert values[0] == values[1]
+    scheduler = make_scheduler(space, tmp_path)
+    assert isinstance(scheduler, AsyncHyperBandScheduler) and len(scheduler._brackets) == 1
+
+
+@pytest.mark.parametrize("sampler,cls", [
+    ({"kind": "random"}, optuna.samplers.RandomSampler),
+    ({"kind": "gp", "n_startup_trials": 4}, optuna.samplers.GPSampler),
+    ({"kind": "cmaes", "popsize": 6, "with_margin": True}, optuna.samplers.CmaEsSampler),
+    ({"kind": "qmc", "qmc_type": "halton", "scramble": True}, optuna.samplers.QMCSampler),
+    ({"kind": "tpe", "multivariate": False, "constant_liar": False, "n_startup_trials": 3}, optuna.samplers.TPESampler),
+])
+def test_each_kind_is_optunas_sampler_and_proposes_in_range(tmp_path, sampler, cls):
+    space = load_space(_write(tmp_path, sampler=sampler, params={"fl.lr": LR, "fl.momentum": MOMENTUM}))
+    built = make_sampler(space)
+    assert isinstance(built, cls)
+    study = optuna.create_study(sampler=built, direction="maximize")
+    for _ in range(6):  # ask-and-tell, as Tune's OptunaSearch drives it
+        trial = study.ask()
+        lr, momentum = trial.suggest_float("fl.lr", 0.01, 0.1, log=True), trial.suggest_categorical("fl.momentum", [0.0, 0.9])
+        assert 0.01 <= lr <= 0.1 and momentum in (0.0, 0.9)
+        study.tell(trial, lr)
+
+
+def test_grid_visits_every_config_once_and_survives_ask_and_tell(tmp_path):
+    space = load_space(_write(tmp_path, sampler={"kind": "grid"}, trials=6, params={
+        "fl.lr": {"type": "categorical", "choices": [0.01, 0.1]},
+        "fl.local_epochs": {"type": "int", "low": 1, "high": 3}}))
+    assert grid_size(space) == 6
+    study = optuna.create_study(sampler=make_sampler(space), direction="maximize")
+    seen = set()
+    for _ in range(6):  # the last tell would call Study.stop() (RuntimeError outside optimize) in stock GridSampler
+        trial = study.ask()
+        seen.add((trial.suggest_categorical("fl.lr", [0.01, 0.1]), trial.suggest_int("fl.local_epochs", 1, 3)))
+        study.tell(trial, 0.5)
+    assert seen == {(lr, e) for lr in (0.01, 0.1) for e in (1, 2, 3)}
+
+
+def test_schedulers_are_tunes(tmp_path):
+    hyperband = make_scheduler(load_space(_write(tmp_path, scheduler={"kind": "hyperband", "brackets": 2,
+                                                                      "grace_period": 1})), tmp_path)
+    assert isinstance(hyperband, AsyncHyperBandScheduler) and len(hyperband._brackets) == 2
+    median = make_scheduler(load_space(_write(tmp_path, scheduler={"kind": "median", "grace_period": 2})), tmp_path)
+    assert isinstance(median, MedianStoppingRule)
+    assert make_scheduler(load_space(_write(tmp_path, scheduler={"kind": "none"})), tmp_path) is None
+
+
+MULTI = {"objectives": ["personal_val_acc", "personal_val_acc_p10"]}
+
+
+@pytest.mark.parametrize("changes,needle", [
+    ({"sampler": {"kind": "grid"}}, "sampler.kind: grid needs discrete params, but fl.lr is a continuous float"),
+    ({"sampler": {"kind": "grid"}, "params": {"fl.lr": {"type": "float", "low": 0.01, "high": 0.05, "step": 0.01}},
+      "trials": 9}, "trials: 9 is more than the grid's 5 configs; allowed: 1..5 with sampler kind grid"),
+    ({"sampler": {"kind": "cmaes"}, "params": {"fl.momentum": MOMENTUM}},
+     "sampler.kind: cmaes searches int and float params, and every param here is categorical"),
+    ({"sampler": {"kind": "cmaes"}, "scheduler": {"kind": "none"}, **MULTI},
+     "sampler.kind: cmaes optimizes one objective"),
+    ({"scheduler": {"kind": "hyperband"}, **MULTI},
+     "scheduler.kind: 'hyperband' ranks trials by one metric; a multi-objective study needs scheduler: {kind: none}"),
+    ({"scheduler": {"kind": "median"}, **MULTI}, "scheduler.kind: 'median' ranks trials by one metric"),
+    ({"sampler": {"kind": "random", "multivariate": True}},
+     "sampler.multivariate: an option of kind tpe, not of 'random'; kind random takes: no options"),
+    ({"scheduler": {"kind": "median", "reduction_factor": 3}},
+     "scheduler.reduction_factor: an option of kind asha, hyperband, not of 'median'"),
+    ({"sampler": {"kind": "tpe", "group": True, "multivariate": False}}, "sampler.group: needs multivariate: true"),
+    ({"sampler": {"kind": "bohb"}}, "sampler.kind: Input should be 'tpe', 'random', 'grid', 'gp', 'cmaes' or 'qmc'"),
+    ({"scheduler": {"kind": "pbt"}}, "scheduler.kind: Input should be 'asha', 'hyperband', 'median' or 'none'"),
+])
+def test_invalid_combinations_are_one_line(tmp_path, changes, needle):
+    with pytest.raises(ConfigError) as info:
+        load_space(_write(tmp_path, **changes))
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_cli_refuses_an_invalid_combination_with_exit_2_before_ray(tmp_path):
+    path = _write(tmp_path, sampler={"kind": "grid"})
+    proc = subprocess.run([sys.executable, "-m", "autofl.cli", "search", "--space", str(path), "--dir",
+                           str(tmp_path / "home")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "sampler.kind: grid needs discrete params" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "home" / "st").exists()
+
+
+def test_multi_objective_takes_samplers_that_can_rank_fronts(tmp_path):
+    for kind in ("tpe", "random", "gp", "qmc"):
+        space = load_space(_write(tmp_path, sampler={"kind": kind}, scheduler={"kind": "none"}, **MULTI))
+        assert space.multi_objective and make_sampler(space) is not None
+    assert SearchSpace.model_validate({"study": "x"}).sampler.kind == "tpe"
+
+
+@pytest.mark.slow
+def test_a_study_with_qmc_sampler_and_hyperband_runs(tmp_path):
+    from test_search_e2e import run, space_file, trials_of
+
+    path = space_file(tmp_path, "rm", trials=4, rounds=3)
+    tree = yaml.safe_load(path.read_text())
+    tree.update(sampler={"kind": "qmc", "scramble": True}, scheduler={"kind": "hyperband", "grace_period": 1,
+                                                                       "reduction_factor": 2, "brackets": 2})
+    path.write_text(yaml.safe_dump(tree))
+    proc = run(["search", "--space", path, "--dir", tmp_path / "home"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    trials = trials_of(tmp_path / "home", "rm")
+    assert len(trials) == 4 and {t.state.name for t in trials} <= {"COMPLETE", "PRUNED"}
+    assert all(t.system_attrs.get("fixed_params") or "fl.lr" in t.params for t in trials)
+    assert len({t.params["fl.lr"] for t in trials}) == 4  # QMC: four different points
