@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from autofl.errors import AutoFLError
-from autofl.search.space import DefineByRun, SearchSpace, start_points
+from autofl.search.space import DefineByRun, SearchSpace
 from autofl.search.study import FINISHED, Study, trial_rows
 
 # Tune writes its experiment state (trials, searcher) at most this often; a killed driver loses
@@ -82,11 +82,11 @@ def checkpoints_to_keep(space: SearchSpace) -> int | None:
 def _searcher(space: SearchSpace, study: Study, run_name: str, trials: int, with_start_point: bool):
     from autofl.search.searcher import RoundAwareOptunaSearch
     from autofl.search.storage import open_storage
-    from autofl.search.strategy import make_sampler
+    from autofl.search.strategy import make_sampler, study_start_points
 
     # issue 18: never enqueue more start points than the run's budget (a cross-method study with
     # fewer trials than methods left the rest WAITING forever)
-    start = start_points(space)[:trials] if with_start_point else []
+    start = study_start_points(space)[:trials] if with_start_point else []
     return RoundAwareOptunaSearch(
         space=DefineByRun(space), metric=space.metrics if space.multi_objective else space.objective,
         mode=space.modes if space.multi_objective else space.mode,

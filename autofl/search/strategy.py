@@ -147,6 +147,14 @@ def check_strategy(space: "SearchSpace") -> None:
                              "categorical; use kind tpe, gp, random or grid")
 
 
+def study_start_points(space: "SearchSpace") -> list[dict[str, Any]]:
+    """The trials a new study runs first (the paper default, one per method in a cross-method
+    study), except under a grid, which visits the default among its points anyway."""
+    from autofl.search.space import start_points
+
+    return [] if space.sampler.kind == "grid" else start_points(space)
+
+
 def make_sampler(space: "SearchSpace"):
     """The Optuna sampler of `space.sampler`, seeded with the space's seed."""
     import optuna
