@@ -1,0 +1,619 @@
+"""How good is autofl's search? A tabular benchmark: every config of a grid trained once, then
+every sampler x scheduler replayed against the table.
+
+    python scripts/search_benchmark.py build  --task digits-fdcl      # ~20 min of one core per task
+    python scripts/search_benchmark.py replay [--task T ...] [--seeds 30]   # minutes, no training
+    python scripts/search_benchmark.py report                          # PNG + markdown from the replay
+    python scripts/search_benchmark.py live   --task digits-fdcl --budget 0.25   # one real `autofl search`
+
+A task is a search-space file under scripts/search_benchmark/ whose every param is a categorical
+grid, so the grid is the whole space. `build` trains each grid config for the full round count on
+the table's seeds (0: what a search sees; 1000, 1001: what `autofl export --reeval 2` would run)
+with the partition fixed (data.seed), storing every round's validation and test accuracy, and
+writes `<task>.json.gz` with the command and settings that built it. `replay` runs each search
+method against the table with the live study's own parts: the sampler from
+autofl.search.strategy.make_sampler, the define-by-run space, and the ASHA rung rule of
+autofl.search.asha; compute is counted in client-rounds (rounds x clients trained), and a
+method's budget is a fraction of the grid's compute (every config, one seed, all rounds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import itertools
+import json
+import math
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent / "search_benchmark"
+TASKS = ("digits-fdcl", "digits-fedprox")
+TABLE_SEEDS = (0, 1000, 1001)  # the search's seed, then autofl's re-evaluation seeds (SEED_OFFSET + k)
+VAL_KEY, TEST_KEY = "personal_val_acc", "personal_test_acc"
+
+
+# ----------------------------------------------------------------------------------------- tables
+def task_space(task: str):
+    from autofl.search.space import load_space
+
+    return load_space(HERE / f"{task}.yaml")
+
+
+def grid_configs(space) -> list[dict[str, Any]]:
+    """Every combination of the space's categorical choices, in a fixed order."""
+    keys = list(space.params)
+    for key in keys:
+        if space.params[key].type != "categorical":
+            raise SystemExit(f"{key}: a benchmark task's params must all be categorical grids")
+    return [dict(zip(keys, values)) for values in itertools.product(*(space.params[k].choices for k in keys))]
+
+
+def table_path(task: str) -> Path:
+    """The shipped table (AUTOFL_BENCH_TABLES: another folder of tables, e.g. a test's)."""
+    return Path(os.environ.get("AUTOFL_BENCH_TABLES", HERE)) / f"{task}.json.gz"
+
+
+def load_table(task: str) -> dict[str, Any]:
+    with gzip.open(table_path(task), "rt", encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def _train_one(space, values: dict[str, Any], seed: int, raw) -> dict[str, Any]:
+    from autofl.engine.simulation import Simulation
+    from autofl.experiment import build_experiment
+
+    exp = build_experiment(space.config({**values, "seed": seed}))
+    sim = Simulation(exp, raw=raw)
+    val, test, rounds = [], [], []
+    diverged = None
+    for m in sim.run():
+        rounds.append(int(m["round"]))
+        val.append(round(float(m[VAL_KEY]), 5))
+        test.append(round(float(m[TEST_KEY]), 5))
+        if not math.isfinite(m["train_loss"]):
+            diverged = int(m["round"])
+            break
+    return {"rounds": rounds, "val": val, "test": test, "diverged_at": diverged,
+            "clients_per_round": exp.clients_per_round()}
+
+
+def cmd_build(args: argparse.Namespace) -> None:
+    import torch
+
+    from autofl.data.datasets import load_raw_dataset
+
+    torch.set_num_threads(1)
+    space = task_space(args.task)
+    configs = grid_configs(space)
+    raw = load_raw_dataset(space.base_experiment().data)
+    partial = HERE / f".{args.task}.runs.jsonl"  # one line per finished run: a killed build resumes
+    done: dict[tuple[int, int], dict[str, Any]] = {}
+    if partial.exists():
+        for line in partial.read_text().splitlines():
+            row = json.loads(line)
+            done[(row["config"], row["seed"])] = row
+    started = time.time()
+    with open(partial, "a") as fh:
+        for ci, values in enumerate(configs):
+            for seed in TABLE_SEEDS:
+                if (ci, seed) in done:
+                    continue
+                t0 = time.perf_counter()
+                row = {"config": ci, "seed": seed, **_train_one(space, values, seed, raw),
+                       "train_s": round(time.perf_counter() - t0, 3)}
+                fh.write(json.dumps(row) + "\n")
+                fh.flush()
+                done[(ci, seed)] = row
+            if ci % 10 == 0:
+                print(f"{args.task}: config {ci + 1}/{len(configs)} ({time.time() - started:.0f} s)", flush=True)
+    table = {
+        "task": args.task,
+        "built_with": {
+            "command": f"python scripts/search_benchmark.py build --task {args.task}",
+            "space_file": f"scripts/search_benchmark/{args.task}.yaml",
+            "space": space.model_dump(mode="json", include={"base", "params"}),
+            "seeds": list(TABLE_SEEDS), "torch_threads": 1, "torch": torch.__version__,
+            "python": platform.python_version(), "machine": platform.machine(),
+            "train_s_total": round(sum(r["train_s"] for r in done.values()), 1),
+            "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        },
+        "metric": {"val": VAL_KEY, "test": TEST_KEY},
+        "max_rounds": space.max_rounds,
+        "configs": configs,
+        # runs[config][seed index]: rounds, val, test, diverged_at, clients_per_round
+        "runs": [[{k: v for k, v in done[(ci, s)].items() if k not in ("config", "seed")} for s in TABLE_SEEDS]
+                 for ci in range(len(configs))],
+    }
+    with gzip.open(table_path(args.task), "wt", encoding="utf-8") as fh:
+        json.dump(table, fh, separators=(",", ":"))
+    partial.unlink()
+    print(f"wrote {table_path(args.task)}")
+
+
+# ----------------------------------------------------------------------------------------- replay
+class Table:
+    """A built table as arrays: val/test[config, seed, round-1] (NaN after a divergence)."""
+
+    def __init__(self, raw: dict[str, Any]):
+        import numpy as np
+
+        self.task = raw["task"]
+        self.configs: list[dict[str, Any]] = raw["configs"]
+        self.keys = list(self.configs[0])
+        self.max_rounds = int(raw["max_rounds"])
+        shape = (len(self.configs), len(TABLE_SEEDS), self.max_rounds)
+        self.val, self.test = np.full(shape, np.nan), np.full(shape, np.nan)
+        self.diverged = np.zeros(shape[:2], dtype=bool)
+        for c, per_seed in enumerate(raw["runs"]):
+            for s, run in enumerate(per_seed):
+                n = len(run["val"])
+                self.val[c, s, :n], self.test[c, s, :n] = run["val"], run["test"]
+                self.diverged[c, s] = run["diverged_at"] is not None
+        self.clients_per_round = int(raw["runs"][0][0]["clients_per_round"])
+        self.index = {self.key(cfg): c for c, cfg in enumerate(self.configs)}
+        # what a config is worth: its test accuracy after the last round it trained, mean over the seeds
+        last = np.where(np.isnan(self.test), -np.inf, np.arange(self.max_rounds)).argmax(axis=2)
+        final_test = np.take_along_axis(self.test, last[..., None], axis=2)[..., 0]
+        self.test_mean = final_test.mean(axis=1)
+        self.best_test = float(self.test_mean.max())
+
+    def key(self, params: dict[str, Any]) -> tuple:
+        return tuple(params[k] for k in self.keys)
+
+    @property
+    def grid_rounds(self) -> int:
+        """The grid's compute in rounds: every config once (one seed), all rounds."""
+        return len(self.configs) * self.max_rounds
+
+    def regret(self, config: int) -> float:
+        """Points of seed-mean test accuracy below the best config's (0: the best)."""
+        return 100.0 * (self.best_test - float(self.test_mean[config]))
+
+
+@dataclass(frozen=True)
+class Method:
+    """A search method: the space's sampler and scheduler sections, plus top-k re-evaluation."""
+
+    name: str
+    sampler: dict[str, Any]
+    scheduler: dict[str, Any]
+    reeval_top: int = 0  # 0: the best single-seed validation value; k: re-run the top k and the default
+
+
+def method_space(space, method: Method, seed: int):
+    """The task's space with the method's sampler and scheduler, validated as a space file would be."""
+    from autofl.search.space import SearchSpace
+
+    tree = space.model_dump(mode="json", exclude_unset=True)
+    tree.update(sampler=method.sampler, scheduler=method.scheduler, seed=seed, trials=1)
+    return SearchSpace.model_validate(tree)
+
+
+@dataclass
+class ReplayTrial:
+    number: int
+    config: int
+    ot_trial: Any
+    bracket: int
+    rounds: int = 0
+    judged: dict[float, float] | None = None
+
+
+def replay_search(table: Table, space, method: Method, seed: int, workers: int, budget_rounds: int,
+                  search_seed_index: int = 0) -> list[tuple[int, int, str, float]]:
+    """One study on the table, as the live one runs it: Optuna's sampler (make_sampler) asks through
+    the define-by-run space, the start point first; `workers` trials train at once, one round per
+    step each; every round's value is reported to the Optuna trial and judged by the ASHA rule
+    (autofl.search.asha) at its rungs; a trial that reaches max rounds is told COMPLETE, one stopped
+    PRUNED, one that diverged FAIL. Runs until `budget_rounds` rounds were trained; returns
+    (rounds spent when it ended, config, state, last value) per finished trial, in finishing order:
+    any smaller budget's study is a prefix of it (a budget only cuts trials in flight).
+
+    The search sees seed index `search_seed_index` of the table (autofl's searches train with the
+    base seed, the table's seed 0)."""
+    import numpy as np
+    import optuna
+    from optuna.trial import TrialState
+
+    from autofl.search import asha
+    from autofl.search.space import DefineByRun
+    from autofl.search.strategy import make_sampler, study_start_points
+
+    mspace = method_space(space, method, seed)
+    study = optuna.create_study(direction="maximize" if mspace.mode == "max" else "minimize", sampler=make_sampler(mspace))
+    for point in study_start_points(mspace):
+        study.enqueue_trial(point)
+    define = DefineByRun(mspace)
+    sched = mspace.scheduler
+    max_t = table.max_rounds
+    brackets = sched.brackets if sched.kind == "hyperband" else 1
+    rungs = [asha.milestones(sched.grace_period * sched.reduction_factor ** b, max_t, sched.reduction_factor)
+             for b in range(brackets)] if sched.kind in ("asha", "hyperband") else []
+    recorded: list[dict[float, list[float]]] = [{m: [] for m in r} for r in rungs]
+    bracket_rng = np.random.default_rng(seed)
+    sizes = np.array([len(r) for r in rungs]) if rungs else np.array([1])
+    bracket_p = np.exp(sizes - sizes.max()) / np.exp(sizes - sizes.max()).sum()  # Tune's bracket choice
+    median_history: dict[int, list[float]] = {}
+
+    def start(number: int) -> ReplayTrial:
+        ot = study.ask()
+        define(ot)
+        config = table.index[table.key({k.split(":", 1)[-1]: v for k, v in ot.params.items()})]
+        bracket = int(bracket_rng.choice(len(bracket_p), p=bracket_p)) if len(bracket_p) > 1 else 0
+        return ReplayTrial(number, config, ot, bracket, judged={})
+
+    finished: list[tuple[int, int, str, float]] = []
+    spent = 0
+    running: list[ReplayTrial] = []
+    count = 0
+    while spent < budget_rounds:
+        while len(running) < workers:
+            running.append(start(count))
+            count += 1
+        for trial in list(running):
+            if spent >= budget_rounds:
+                break
+            trial.rounds += 1
+            spent += 1
+            rnd = trial.rounds
+            value = float(table.val[trial.config, search_seed_index, rnd - 1])
+            diverged = bool(np.isnan(table.val[trial.config, search_seed_index, rnd:]).all()) and \
+                table.diverged[trial.config, search_seed_index] and rnd < max_t
+            trial.ot_trial.report(value, rnd)
+            stop = False
+            if rnd < max_t and rungs:
+                milestone = asha.rung_to_judge(rungs[trial.bracket], rnd, trial.judged)
+                if milestone is not None:
+                    values = recorded[trial.bracket][milestone]
+                    stop = asha.decide(values, value, mspace.mode, sched.reduction_factor)
+                    values.append(value)
+                    trial.judged[milestone] = value
+            elif rnd < max_t and sched.kind == "median":
+                stop = median_stops(median_history, trial.number, rnd, value, sched.grace_period,
+                                    sched.min_samples_required)
+            if diverged:
+                study.tell(trial.ot_trial, state=TrialState.FAIL)
+                state = "FAIL"
+            elif rnd >= max_t:
+                study.tell(trial.ot_trial, value)
+                state = "COMPLETE"
+            elif stop:
+                study.tell(trial.ot_trial, state=TrialState.PRUNED)
+                state = "PRUNED"
+            else:
+                continue
+            finished.append((spent, trial.config, state, value))
+            running.remove(trial)
+            if spent < budget_rounds:
+                running.append(start(count))
+                count += 1
+    return finished
+
+
+def median_stops(history: dict[int, list[float]], number: int, rnd: int, value: float, grace_period: int,
+                 min_samples: int) -> bool:
+    """Tune's MedianStoppingRule (max mode, hard stop): past the grace period a trial stops when its
+    best value so far is below the median, over the other trials that reached this round, of their
+    mean value up to it."""
+    import numpy as np
+
+    history.setdefault(number, []).append(value)
+    if rnd < grace_period:
+        return False
+    others = [np.mean(v[:rnd]) for n, v in history.items() if n != number and len(v) >= rnd]
+    if len(others) < min_samples:
+        return False
+    return max(history[number]) < float(np.median(others))
+
+
+def choose(table: Table, space, finished: list[tuple[int, int, str, float]], budget_rounds: int,
+           reeval_top: int) -> int | None:
+    """The config autofl would hand the user after `budget_rounds` rounds: the COMPLETE trial with
+    the best validation value (ties: the first), or, re-evaluating, the best mean validation value
+    on the table's other seeds among the top-k COMPLETE configs and the paper default (the rounds
+    of those runs come out of the budget first). When no trial completed within the budget, the
+    user keeps the paper default (the space's base config)."""
+    import numpy as np
+
+    from autofl.search.space import start_points
+
+    default = [table.index[table.key(p)] for p in start_points(space)]
+    reeval_cost = 0
+    if reeval_top:
+        reeval_cost = (reeval_top + len(default)) * (len(TABLE_SEEDS) - 1) * table.max_rounds
+    search_budget = budget_rounds - reeval_cost
+    complete: list[tuple[float, int]] = []
+    seen: set[int] = set()
+    for spent, config, state, value in finished:
+        if spent > search_budget:
+            break
+        if state == "COMPLETE" and config not in seen:
+            seen.add(config)
+            complete.append((value, config))
+    if not complete:
+        return default[0] if default else None
+    ranked = [c for _, c in sorted(complete, key=lambda vc: -vc[0])]  # stable: ties keep finishing order
+    if not reeval_top:
+        return ranked[0]
+    candidates = list(dict.fromkeys(default + ranked[:reeval_top]))
+    fresh = table.val[candidates, 1:, table.max_rounds - 1].mean(axis=1)
+    return candidates[int(np.nanargmax(fresh))]
+
+
+DEFAULT_METHOD = "tpe+asha"  # what a space that names no sampler or scheduler runs
+BUDGETS = (0.05, 0.1, 0.15, 0.25, 0.35, 0.5, 0.75, 1.0)  # fractions of the grid's compute
+
+
+def default_methods() -> list[Method]:
+    """The samplers x schedulers the replay compares. cmaes cannot search the tables' categorical
+    grids (refused by the space check); gp is left out of the default list for its time (minutes per
+    search at a few hundred trials): `--methods gp+asha` adds it."""
+    asha = {"kind": "asha", "grace_period": 1, "reduction_factor": 2}
+    methods = [
+        Method("grid", {"kind": "grid"}, {"kind": "none"}),
+        Method("random", {"kind": "random"}, {"kind": "none"}),
+        Method("random+asha", {"kind": "random"}, asha),
+        Method("qmc+asha", {"kind": "qmc", "scramble": True}, asha),
+        Method("tpe", {"kind": "tpe"}, {"kind": "none"}),
+        Method("tpe+asha", {"kind": "tpe"}, asha),
+        Method("tpe(univariate)+asha", {"kind": "tpe", "multivariate": False}, asha),
+        Method("tpe+asha(g2,rf3)", {"kind": "tpe"}, {"kind": "asha", "grace_period": 2, "reduction_factor": 3}),
+        Method("tpe+asha(g4,rf2)", {"kind": "tpe"}, {"kind": "asha", "grace_period": 4, "reduction_factor": 2}),
+        Method("tpe+hyperband", {"kind": "tpe"}, {"kind": "hyperband", "grace_period": 1, "reduction_factor": 2,
+                                                   "brackets": 3}),
+        Method("tpe+median", {"kind": "tpe"}, {"kind": "median", "grace_period": 2}),
+        Method("random+asha+reeval3", {"kind": "random"}, asha, reeval_top=3),
+        Method("tpe+asha+reeval3", {"kind": "tpe"}, asha, reeval_top=3),
+    ]
+    return methods
+
+
+EXTRA_METHODS = [Method("gp+asha", {"kind": "gp"}, {"kind": "asha", "grace_period": 1, "reduction_factor": 2})]
+
+
+def _replay_one(job: tuple[str, Method, int, int]) -> list[dict[str, Any]]:
+    import warnings
+
+    import optuna
+
+    warnings.filterwarnings("ignore")
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    task, method, seed, workers = job
+    table = Table(load_table(task))
+    space = task_space(task)
+    finished = replay_search(table, space, method, seed, workers, table.grid_rounds)
+    rows = []
+    for fraction in BUDGETS:
+        rounds = int(round(fraction * table.grid_rounds))
+        chosen = choose(table, space, finished, rounds, method.reeval_top)
+        rows.append({"task": task, "method": method.name, "seed": seed, "budget": fraction,
+                     "regret": None if chosen is None else round(table.regret(chosen), 4),
+                     "config": chosen})
+    return rows
+
+
+def cmd_replay(args: argparse.Namespace) -> None:
+    from multiprocessing import get_context
+
+    known = {m.name: m for m in default_methods() + EXTRA_METHODS}
+    unknown = [name for name in args.methods or [] if name not in known]
+    if unknown:
+        raise SystemExit(f"--methods: {unknown[0]!r} is not a method; allowed: {', '.join(known)}")
+    methods = [known[name] for name in args.methods] if args.methods else default_methods()
+    jobs = [(task, m, seed, args.workers) for task in args.task for m in methods for seed in range(args.seeds)]
+    started = time.time()
+    rows: list[dict[str, Any]] = []
+    # the workers import this script by its name (when it is imported rather than run, e.g. by a test)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).parent), os.environ.get("PYTHONPATH")) if p)
+    pool = get_context("spawn").Pool(args.jobs) if args.jobs > 1 else None
+    results = pool.imap_unordered(_replay_one, jobs, chunksize=1) if pool else map(_replay_one, jobs)
+    try:
+        for i, result in enumerate(results):
+            rows.extend(result)
+            if (i + 1) % 50 == 0:
+                print(f"replay: {i + 1}/{len(jobs)} searches ({time.time() - started:.0f} s)", flush=True)
+    finally:
+        if pool is not None:
+            pool.close()
+            pool.join()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    summary = {"command": "python scripts/search_benchmark.py " + " ".join(sys.argv[1:]),
+               "seeds": args.seeds, "workers": args.workers, "budgets": list(BUDGETS),
+               "methods": [vars(m) | {} for m in methods], "rows": rows,
+               "best_test": {t: Table(load_table(t)).best_test for t in args.task},
+               "seconds": round(time.time() - started, 1)}
+    out.write_text(json.dumps(summary, default=lambda o: o.__dict__))
+    print(f"replayed {len(jobs)} searches in {time.time() - started:.0f} s; wrote {out}")
+
+
+# ----------------------------------------------------------------------------------------- report
+def summarize(rows: list[dict[str, Any]]) -> dict[tuple[str, str, float], dict[str, float]]:
+    """Per (task, method, budget): median, quartiles and mean of the regret over search seeds."""
+    import numpy as np
+
+    groups: dict[tuple[str, str, float], list[float]] = {}
+    for row in rows:
+        groups.setdefault((row["task"], row["method"], row["budget"]), []).append(row["regret"])
+    out = {}
+    for key, values in groups.items():
+        arr = np.array(values, dtype=float)
+        q25, q50, q75 = np.percentile(arr, [25, 50, 75])
+        out[key] = {"median": float(q50), "q25": float(q25), "q75": float(q75), "mean": float(arr.mean()),
+                    "max": float(arr.max()), "min": float(arr.min()), "n": len(arr)}
+    return out
+
+
+def markdown_table(replay: dict[str, Any]) -> str:
+    stats = summarize(replay["rows"])
+    budgets = replay["budgets"]
+    tasks = sorted({r["task"] for r in replay["rows"]})
+    methods = list(dict.fromkeys(r["method"] for r in replay["rows"]))
+    lines = []
+    for task in tasks:
+        lines.append(f"**{task}** (best config: {100 * replay['best_test'][task]:.2f}% seed-mean test accuracy): "
+                     f"regret in points, median [25th-75th percentile] over {replay['seeds']} search seeds")
+        lines.append("")
+        lines.append("| method | " + " | ".join(f"{int(round(100 * b))}%" for b in budgets) + " |")
+        lines.append("|---|" + "---|" * len(budgets))
+        for method in methods:
+            cells = []
+            for b in budgets:
+                st = stats.get((task, method, b))
+                cells.append("" if st is None else f"{st['median']:.2f} [{st['q25']:.2f}-{st['q75']:.2f}]")
+            lines.append(f"| {method} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(replay: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    stats = summarize(replay["rows"])
+    tasks = sorted({r["task"] for r in replay["rows"]})
+    methods = list(dict.fromkeys(r["method"] for r in replay["rows"]))
+    fig, axes = plt.subplots(1, len(tasks), figsize=(6.5 * len(tasks), 4.6), squeeze=False)
+    cmap = plt.get_cmap("tab20")
+    for ax, task in zip(axes[0], tasks):
+        for i, method in enumerate(methods):
+            pts = [(b, stats[(task, method, b)]) for b in replay["budgets"] if (task, method, b) in stats]
+            xs = [100 * b for b, _ in pts]
+            ax.plot(xs, [st["median"] for _, st in pts], marker="o", ms=3, color=cmap(i), label=method)
+            ax.fill_between(xs, [st["q25"] for _, st in pts], [st["q75"] for _, st in pts], color=cmap(i), alpha=0.12)
+        ax.axhline(0.5, color="grey", lw=0.8, ls="--")
+        ax.axvline(25, color="grey", lw=0.8, ls=":")
+        ax.set_title(task)
+        ax.set_xlabel("compute, % of the grid's (rounds x clients)")
+        ax.set_ylabel("regret: points of test accuracy below the best config")
+        ax.set_yscale("symlog", linthresh=1.0)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def cmd_report(args: argparse.Namespace) -> None:
+    replay = json.loads(Path(args.replay).read_text())
+    table = markdown_table(replay)
+    md = Path(args.out_dir) / "report.md"
+    png = Path(args.out_dir) / "report.png"
+    md.write_text(f"<!-- {replay['command']} ({replay['seconds']} s); then python scripts/search_benchmark.py "
+                  f"report -->\n\n{table}")
+    plot(replay, png)
+    print(table)
+    print(f"wrote {md} and {png}")
+
+
+# ----------------------------------------------------------------------------------------- live
+def live_regret(table: Table, best_params: dict[str, Any]) -> float:
+    return table.regret(table.index[table.key({k.split(":", 1)[-1]: v for k, v in best_params.items()})])
+
+
+def check_live_against_table(table: Table, trials: list[Any]) -> list[str]:
+    """Differences between a live study's trials and the table: each trial's reported value at each
+    round must be the table's seed-0 value of its config (the replay's premise). [] when equal."""
+    import math
+
+    problems = []
+    for t in trials:
+        config = table.index[table.key({k.split(":", 1)[-1]: v for k, v in t.params.items()})]
+        for rnd, value in t.intermediate_values.items():
+            expected = float(table.val[config, 0, int(rnd) - 1])
+            if not math.isclose(value, expected, abs_tol=1e-4):
+                problems.append(f"trial {t.number} round {rnd}: live {value:.5f}, table {expected:.5f}")
+    return problems
+
+
+def inside(regret: float, replayed: list[float]) -> bool:
+    """Whether a live regret lies within the replay's range of regrets at that budget."""
+    return min(replayed) - 1e-9 <= regret <= max(replayed) + 1e-9
+
+
+def cmd_live(args: argparse.Namespace) -> int:
+    """One real `autofl search` on the task's space at a budget, checked against the replay."""
+    import subprocess
+    import tempfile
+
+    import optuna
+    import yaml
+
+    from autofl.search.space import start_points
+
+    table = Table(load_table(args.task))
+    space = task_space(args.task)
+    method = {m.name: m for m in default_methods()}[args.method]
+    budget_rounds = int(round(args.budget * table.grid_rounds))
+    with tempfile.TemporaryDirectory(prefix="autofl-live-") as tmp:
+        tree = yaml.safe_load((HERE / f"{args.task}.yaml").read_text())
+        tree.update(trials=10 * len(table.configs), budget_rounds=budget_rounds, seed=args.seed,
+                    sampler=method.sampler, scheduler=method.scheduler, checkpoint_every_s=600)
+        path = Path(tmp) / "space.yaml"
+        path.write_text(yaml.safe_dump(tree))
+        proc = subprocess.run([sys.executable, "-m", "autofl.cli", "search", "--space", str(path), "--dir", tmp],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            print(proc.stdout[-2000:], proc.stderr[-3000:])
+            return proc.returncode
+        study = optuna.load_study(study_name=space.study, storage=f"sqlite:///{Path(tmp) / space.study / 'optuna.db'}")
+        trials = study.get_trials(deepcopy=False)
+    complete = [t for t in trials if t.state.name == "COMPLETE"]
+    best = max(complete, key=lambda t: t.value) if complete else None
+    # no trial complete within the budget: the user keeps the paper default, as in the replay
+    regret = live_regret(table, best.params if best else start_points(space)[0])
+    mismatches = check_live_against_table(table, trials)
+    replayed = []
+    for s in range(args.seeds):
+        replayed += [r["regret"] for r in _replay_one((args.task, method, s, args.workers)) if r["budget"] == args.budget]
+    rounds = sum(len(t.intermediate_values) for t in trials)
+    print(f"live search on {args.task} at {100 * args.budget:.0f}% of the grid's compute ({budget_rounds} rounds; "
+          f"{rounds} trained): {len(trials)} trials, {len(complete)} complete, regret {regret:.2f} points")
+    print(f"replay of {method.name} at that budget over {args.seeds} seeds: regret min {min(replayed):.2f}, median "
+          f"{sorted(replayed)[len(replayed) // 2]:.2f}, max {max(replayed):.2f}")
+    for problem in mismatches[:5]:
+        print("mismatch:", problem)
+    ok = inside(regret, replayed) and not mismatches
+    print("inside the replay's distribution" if ok else "NOT inside the replay's distribution")
+    return 0 if ok else 1
+
+
+# ----------------------------------------------------------------------------------------- CLI
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    build = sub.add_parser("build", help="train every grid config of a task on the table's seeds")
+    build.add_argument("--task", choices=TASKS, required=True)
+    replay = sub.add_parser("replay", help="replay every search method against the shipped tables")
+    replay.add_argument("--task", nargs="+", choices=TASKS, default=list(TASKS))
+    replay.add_argument("--seeds", type=int, default=30, help="search seeds per method")
+    replay.add_argument("--workers", type=int, default=2, help="trials in flight at once (a 2-CPU machine's study)")
+    replay.add_argument("--jobs", type=int, default=2, help="processes")
+    replay.add_argument("--methods", nargs="*", help="only these methods (names as in the table)")
+    replay.add_argument("--out", default=str(HERE / "replay.json"))
+    report = sub.add_parser("report", help="markdown table and PNG from a replay")
+    report.add_argument("--replay", default=str(HERE / "replay.json"))
+    report.add_argument("--out-dir", default=str(HERE))
+    live = sub.add_parser("live", help="one real autofl search on a task, checked against the replay")
+    live.add_argument("--task", choices=TASKS, required=True)
+    live.add_argument("--budget", type=float, default=0.25, choices=BUDGETS)
+    live.add_argument("--method", default=DEFAULT_METHOD, help="the replayed method the live search runs "
+                      "(the task file's sampler and scheduler)")
+    live.add_argument("--seed", type=int, default=0, help="the live study's sampler seed")
+    live.add_argument("--seeds", type=int, default=30)
+    live.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args(argv)
+    result = {"build": cmd_build, "replay": cmd_replay, "report": cmd_report, "live": cmd_live}[args.command](args)
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

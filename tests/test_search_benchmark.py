@@ -1,0 +1,129 @@
+"""scripts/search_benchmark.py: the replay runs a study on a table as the live search runs it
+(Optuna's sampler through the define-by-run space, the ASHA rule, a round budget), chooses as
+autofl chooses, and the live check compares a real search with it."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "search_benchmark.py"
+TASK = "digits-fedprox"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("search_benchmark", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["search_benchmark"] = module  # the replay's worker processes import it by name
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture()
+def table(bench, tmp_path, monkeypatch):
+    """A synthetic table on the task's grid: config c plateaus at quality q[c] with seed noise."""
+    space = bench.task_space(TASK)
+    configs = bench.grid_configs(space)
+    rounds = space.max_rounds
+    rng = np.random.default_rng(0)
+    quality = rng.uniform(0.3, 0.95, len(configs))
+    runs = []
+    for q in quality:
+        per_seed = []
+        for _ in bench.TABLE_SEEDS:
+            curve = q * (1 - np.exp(-np.arange(1, rounds + 1) / 4)) + rng.normal(0, 0.02, rounds)
+            test = curve + rng.normal(0, 0.01, rounds)
+            per_seed.append({"rounds": list(range(1, rounds + 1)), "val": [round(float(v), 5) for v in curve],
+                             "test": [round(float(v), 5) for v in test], "diverged_at": None, "clients_per_round": 20})
+        runs.append(per_seed)
+    with gzip.open(tmp_path / f"{TASK}.json.gz", "wt") as fh:
+        json.dump({"task": TASK, "max_rounds": rounds, "configs": configs, "runs": runs}, fh)
+    monkeypatch.setenv("AUTOFL_BENCH_TABLES", str(tmp_path))
+    return bench.Table(bench.load_table(TASK))
+
+
+def test_a_smaller_budgets_study_is_a_prefix_and_spends_exactly_its_budget(bench, table):
+    space = bench.task_space(TASK)
+    method = bench.Method("tpe+asha", {"kind": "tpe"}, {"kind": "asha", "grace_period": 1, "reduction_factor": 2})
+    small = bench.replay_search(table, space, method, seed=3, workers=2, budget_rounds=200)
+    large = bench.replay_search(table, space, method, seed=3, workers=2, budget_rounds=400)
+    assert small and small == [row for row in large if row[0] <= 200]
+    assert small[-1][0] <= 200 and large[-1][0] <= 400
+    assert {state for _, _, state, _ in large} <= {"COMPLETE", "PRUNED", "FAIL"}
+    assert any(state == "PRUNED" for _, _, state, _ in large), "ASHA stopped no trial"
+    for spent, config, state, value in large:  # the value told is the table's seed-0 value at its round
+        assert value in table.val[config, 0]
+
+
+def test_the_grid_trains_every_config_once_and_chooses_the_best_validation(bench, table):
+    space = bench.task_space(TASK)
+    grid = bench.Method("grid", {"kind": "grid"}, {"kind": "none"})
+    finished = bench.replay_search(table, space, grid, seed=0, workers=2, budget_rounds=table.grid_rounds)
+    assert sorted(config for _, config, _, _ in finished) == list(range(len(table.configs)))
+    assert all(state == "COMPLETE" for _, _, state, _ in finished)
+    chosen = bench.choose(table, space, finished, table.grid_rounds, reeval_top=0)
+    assert chosen == int(np.argmax(table.val[:, 0, -1]))
+
+
+def test_reevaluation_picks_the_best_mean_on_the_other_seeds_and_pays_for_it(bench, table):
+    space = bench.task_space(TASK)
+    grid = bench.Method("grid", {"kind": "grid"}, {"kind": "none"})
+    finished = bench.replay_search(table, space, grid, seed=0, workers=1, budget_rounds=table.grid_rounds)
+    cost = (3 + 1) * 2 * table.max_rounds  # top 3 and the default, on 2 other seeds
+    budget = table.grid_rounds
+    chosen = bench.choose(table, space, finished, budget, reeval_top=3)
+    done = [(v, c) for spent, c, state, v in finished if spent <= budget - cost and state == "COMPLETE"]
+    top = [c for _, c in sorted(done, key=lambda vc: -vc[0])[:3]]
+    from autofl.search.space import start_points
+
+    default = table.index[table.key(start_points(space)[0])]  # the base config: lr 0.03, momentum 0.9, ...
+    candidates = list(dict.fromkeys([default] + top))
+    assert chosen == candidates[int(np.argmax(table.val[candidates, 1:, -1].mean(axis=1)))]
+    # with nothing complete inside the budget, the user keeps the paper default
+    assert bench.choose(table, space, finished, cost, reeval_top=3) == default
+    assert table.regret(int(np.argmax(table.test_mean))) == 0.0
+
+
+def test_replay_and_report_write_the_table_and_figure(bench, table, tmp_path):
+    out = tmp_path / "replay.json"
+    assert bench.main(["replay", "--task", TASK, "--seeds", "2", "--jobs", "1", "--methods", "random+asha",
+                       "tpe+asha", "--out", str(out)]) == 0
+    replay = json.loads(out.read_text())
+    assert len(replay["rows"]) == 2 * 2 * len(bench.BUDGETS)
+    assert all(r["regret"] >= 0 for r in replay["rows"])
+    assert bench.main(["report", "--replay", str(out), "--out-dir", str(tmp_path)]) == 0
+    md = (tmp_path / "report.md").read_text()
+    assert "| tpe+asha |" in md and "| random+asha |" in md and (tmp_path / "report.png").stat().st_size > 0
+
+
+def test_live_check_logic(bench, table):
+    class Trial:
+        def __init__(self, number, params, values):
+            self.number, self.params, self.intermediate_values = number, params, values
+
+    config = 5
+    params = table.configs[config]
+    same = Trial(0, params, {r: float(table.val[config, 0, r - 1]) for r in (1, 2, 3)})
+    assert bench.check_live_against_table(table, [same]) == []
+    off = Trial(1, params, {2: float(table.val[config, 0, 1]) + 0.01})
+    assert bench.check_live_against_table(table, [off]) == [
+        f"trial 1 round 2: live {table.val[config, 0, 1] + 0.01:.5f}, table {table.val[config, 0, 1]:.5f}"]
+    assert bench.live_regret(table, params) == table.regret(config)
+    assert bench.inside(1.0, [0.0, 2.0]) and bench.inside(0.0, [0.0, 2.0]) and not bench.inside(2.5, [0.0, 2.0])
+
+
+@pytest.mark.slow
+def test_a_live_search_lands_inside_the_replays_distribution():
+    """The shipped table, a real `autofl search` (Ray, 2 trials at once) at 10% of the grid's compute."""
+    proc = subprocess.run([sys.executable, str(SCRIPT), "live", "--task", TASK, "--budget", "0.1", "--seeds", "10"],
+                          capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "inside the replay's distribution" in proc.stdout
