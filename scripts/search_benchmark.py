@@ -67,9 +67,10 @@ def load_table(task: str) -> dict[str, Any]:
 def _train_one(space, values: dict[str, Any], seed: int, raw) -> dict[str, Any]:
     from autofl.engine.simulation import Simulation
     from autofl.experiment import build_experiment
+    from autofl.methods.registry import get_method_class
 
     exp = build_experiment(space.config({**values, "seed": seed}))
-    sim = Simulation(exp, raw=raw)
+    sim = Simulation(exp, get_method_class(exp.method.name), raw=raw)
     val, test, rounds = [], [], []
     diverged = None
     for m in sim.run():
