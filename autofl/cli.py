@@ -417,6 +417,19 @@ def _ray_options(parser: argparse.ArgumentParser) -> None:
                         help="also show Ray's and Tune's own log lines (always kept in the study's logs/ folder)")
 
 
+def cmd_list(args: argparse.Namespace) -> int:
+    from autofl.listing import listing
+
+    kinds = [args.kind] if args.kind else ["methods", "models", "datasets"]
+    for kind in kinds:
+        columns = ("name", "from", "about") + (("parameters: default, range",) if kind != "datasets" else ())
+        table = Table(*columns, title=kind, title_justify="left")
+        for row in listing([kind]):
+            table.add_row(row.name, row.source, row.facts, *(("\n".join(row.params) or "-",) if kind != "datasets" else ()))
+        console.print(table)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _OneLineParser(prog="autofl", description="Hyperparameter search for personalized FL.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -488,6 +501,11 @@ def build_parser() -> argparse.ArgumentParser:
     _reeval_options(reeval)
     reeval.add_argument("--dir", help=dir_help)
     reeval.set_defaults(func=cmd_reeval)
+
+    listed = sub.add_parser("list", help="show the registered methods, models and datasets (built-in and plugins) "
+                                         "with their parameters")
+    listed.add_argument("kind", nargs="?", choices=["methods", "models", "datasets"], help="only this kind")
+    listed.set_defaults(func=cmd_list)
     return parser
 
 

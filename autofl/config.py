@@ -15,39 +15,19 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from autofl.errors import ConfigError
 
 DATA_ROOT_ENV = "AUTOFL_DATA_ROOT"
-
-# number of classes and image side of each dataset (the side decides which archs fit)
-DATASET_INFO: dict[str, tuple[int, int]] = {
-    "digits": (10, 8),
-    "mnist": (10, 28),
-    "fmnist": (10, 28),
-    "cifar10": (10, 32),
-    "cifar100": (100, 32),
-}
-
-
-def dataset_input_shape(name: str) -> tuple[int, int, int]:
-    """(channels, side, side) of one image of dataset `name`: the CIFARs are colour, the rest grayscale."""
-    side = DATASET_INFO[name][1]
-    return (3 if name.startswith("cifar") else 1, side, side)
-# how many trailing Linear layers each arch's stack has (the allowed range of head_layers)
-ARCH_LINEAR_LAYERS: dict[str, int] = {"mlp": 2, "cnn": 2, "moon_cnn": 5, "resnet18": 1}
-LINEAR_ONLY_ARCHS = ("mlp",)  # archs whose every trainable layer is one of those Linear layers
-# smallest image side each arch accepts (two unpadded 5x5 convs with 2x2 pooling need 14)
-ARCH_MIN_SIDE: dict[str, int] = {"mlp": 1, "cnn": 14, "moon_cnn": 14, "resnet18": 8}
-
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class PartitionConfig(Strict):
-    kind: Literal["iid", "dirichlet", "pathological"] = "dirichlet"
+    kind: Literal["iid", "dirichlet", "pathological", "natural"] = Field(
+        "dirichlet", description="natural: the dataset's own client ids (e.g. the npz file's `client` array)")
     alpha: float = Field(0.5, gt=0, description="Dirichlet concentration (dirichlet only)")
     classes_per_client: int = Field(2, ge=1, description="k of pathological(k)")
     class_order: Literal["shuffled", "in_order"] = Field(
@@ -69,9 +49,20 @@ class SplitConfig(Strict):
         return self
 
 
+def _registered(registry_name: str, name: str) -> str:
+    """`name` if the registry holds it, else the one line listing what it holds."""
+    from autofl.registry import REGISTRIES
+
+    registry = REGISTRIES[registry_name]
+    if name not in registry:
+        raise ValueError(registry.unknown(name))
+    return name
+
+
 class DataConfig(Strict):
-    dataset: Literal["digits", "mnist", "fmnist", "cifar10", "cifar100"] = "digits"
+    dataset: str = Field("digits", description="a registered dataset (autofl list datasets)")
     root: str | None = Field(None, description=f"dataset folder; default ${DATA_ROOT_ENV} or ./data")
+    path: str | None = Field(None, description="the file a dataset reads (npz: the .npz archive)")
     download: bool = False
     pool: Literal["train", "train+test"] = "train"
     partition: PartitionConfig = Field(default_factory=PartitionConfig)
@@ -81,15 +72,33 @@ class DataConfig(Strict):
     seed: int | None = Field(None, ge=0, le=2**32 - 1, description="seed of the partition and split; None: the "
                              "experiment's seed (re-evaluation over fresh seeds keeps the partition by fixing it)")
 
+    @field_validator("dataset")
+    @classmethod
+    def _known_dataset(cls, name: str) -> str:
+        return _registered("datasets", name)
+
     def resolved_root(self) -> Path:
         return Path(self.root or os.environ.get(DATA_ROOT_ENV) or "data").expanduser()
 
 
-class ModelConfig(Strict):
-    arch: Literal["mlp", "cnn", "moon_cnn", "resnet18"] = "mlp"
+class ModelConfig(BaseModel):
+    """The arch plus its split; any other key is a parameter of the arch's own (validated by its
+    `ModelSpec.Params` in `Experiment`, like a method's)."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+    arch: str = Field("mlp", description="a registered model (autofl list models)")
     head_layers: int = Field(1, ge=1, description="trailing Linear layers that form the head")
     projector_depth: int | None = Field(None, ge=0, le=8, description="None: the method's default")
     projector_dim: int | None = Field(None, ge=1, description="projector hidden width; None: 256")
+
+    @field_validator("arch")
+    @classmethod
+    def _known_arch(cls, name: str) -> str:
+        return _registered("models", name)
+
+    def params(self) -> dict[str, Any]:
+        """The arch's own parameters (every key but the split's)."""
+        return dict(self.model_extra or {})
 
 
 class FLConfig(Strict):
@@ -147,18 +156,61 @@ class Experiment(Strict):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "Experiment":
-        num_classes, side = DATASET_INFO[self.data.dataset]
+        from autofl.registry import DATASETS
+
+        dataset = DATASETS.get(self.data.dataset)
+        if dataset.uses_path and not self.data.path:
+            raise ValueError(f"data.path: dataset {self.data.dataset} reads a file; set data.path to it")
+        if self.data.path and not dataset.uses_path:
+            users = ", ".join(n for n, d in DATASETS.as_dict().items() if d.uses_path)
+            raise ValueError(f"data.path: not used by dataset {self.data.dataset}; datasets that read a file: {users}")
+        facts = dataset.facts(self.data)  # a file's facts come from the file: a bad file fails here
+        self._check_model(facts.input_shape)
+        self._check_partition(facts)
+        return self
+
+    def _check_model(self, input_shape: tuple[int, ...]) -> None:
+        from pydantic import ValidationError
+
+        from autofl.errors import format_validation_error
+        from autofl.registry import MODELS
+
         arch = self.model.arch
-        limit = ARCH_LINEAR_LAYERS[arch]
+        spec = MODELS.get(arch)
+        try:
+            params = spec.Params(**self.model.params())
+        except ValidationError as err:
+            line = format_validation_error(err, spec.Params, prefix="model.", context=f" for arch {arch}")
+            raise ValueError(line.replace("allowed keys: ", f"allowed keys: {', '.join(ModelConfig.model_fields)}, ")
+                             if "unknown key" in line else line) from None
+        split = {k: getattr(self.model, k) for k in ModelConfig.model_fields}
+        self.model = ModelConfig(**split, **params.model_dump())
+        limit = spec.linear_layers
         if self.model.head_layers > limit:
             raise ValueError(
                 f"model.head_layers: {self.model.head_layers} is more than arch {arch} allows; allowed 1..{limit}"
             )
-        if side < ARCH_MIN_SIDE[arch]:
-            fits = ", ".join(a for a, s in ARCH_MIN_SIDE.items() if s <= side)
-            raise ValueError(f"model.arch: {arch} needs images of at least {ARCH_MIN_SIDE[arch]}px; "
+        side = min(input_shape[1:]) if len(input_shape) > 1 else 1
+        if side < spec.min_side:
+            fits = ", ".join(n for n, m in MODELS.as_dict().items() if m.min_side <= side)
+            raise ValueError(f"model.arch: {arch} needs images of at least {spec.min_side}px; "
                              f"for {self.data.dataset} allowed: {fits}")
-        part = self.data.partition
+
+    def _check_partition(self, facts: Any) -> None:
+        part, num_classes = self.data.partition, facts.num_classes
+        if part.kind == "natural":
+            if facts.natural_clients is None:
+                raise ValueError(f"data.partition.kind: natural needs a dataset with client ids (npz: a client "
+                                 f"array); {self.data.dataset} has none; allowed: iid, dirichlet, pathological")
+            if "num_clients" not in self.data.model_fields_set:
+                self.data.num_clients = facts.natural_clients
+            elif self.data.num_clients != facts.natural_clients:
+                raise ValueError(f"data.num_clients: the natural partition of {self.data.dataset} has "
+                                 f"{facts.natural_clients} clients (got {self.data.num_clients}); allowed: "
+                                 f"{facts.natural_clients}, or leave it out")
+            if self.data.pool == "train+test" and facts.natural_test is False:
+                raise ValueError(f"data.pool: train+test with the natural partition needs the test samples' client "
+                                 f"ids (npz: client_test); allowed here: train")
         if part.kind == "pathological":
             k = part.classes_per_client
             if k > num_classes:
@@ -167,11 +219,21 @@ class Experiment(Strict):
             if k * self.data.num_clients < num_classes:
                 raise ValueError(f"data.partition.classes_per_client: num_clients x classes_per_client must "
                                  f"cover all {num_classes} classes (got {self.data.num_clients} x {k})")
-        return self
 
     @property
     def num_classes(self) -> int:
-        return DATASET_INFO[self.data.dataset][0]
+        return self.dataset_facts().num_classes
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """(channels, height, width) of one sample of the dataset."""
+        return self.dataset_facts().input_shape
+
+    def dataset_facts(self) -> Any:
+        """The dataset's `DatasetFacts` (classes, input shape, natural clients)."""
+        from autofl.registry import DATASETS
+
+        return DATASETS.get(self.data.dataset).facts(self.data)
 
 
 def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from autofl.config import DATASET_INFO, dataset_input_shape
+from autofl.registry import DATASETS
 from autofl.data.datasets import RawDataset
 from autofl.device import resolve_device
 from autofl.engine.executor import batch_cuts
@@ -57,17 +57,15 @@ SCENARIOS: dict[str, list[str]] = {
 }
 
 
-# official train / test sizes, for --synthetic
-_OFFICIAL_SIZES = {"mnist": (60000, 10000), "fmnist": (60000, 10000), "cifar10": (50000, 10000),
-                   "cifar100": (50000, 10000), "digits": (1438, 359)}
-
-
 def synthetic_dataset(name: str, seed: int = 0) -> RawDataset:
-    """Random normal images and uniform labels with `name`'s shape, class count and official sizes."""
-    num_classes = DATASET_INFO[name][0]
-    n_train, n_test = _OFFICIAL_SIZES[name]
+    """Random normal images and uniform labels with `name`'s shape, class count and official sizes
+    (as its `DatasetSpec` declares them)."""
+    spec = DATASETS.get(name)
+    num_classes, n_train, n_test = spec.num_classes, spec.train_size, spec.test_size
+    if num_classes is None or spec.input_shape is None or n_train is None or n_test is None:
+        raise SystemExit(f"--synthetic: dataset {name} declares no fixed shape and sizes")
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n_train + n_test, *dataset_input_shape(name), generator=g)
+    x = torch.randn(n_train + n_test, *spec.input_shape, generator=g)
     y = torch.randint(0, num_classes, (n_train + n_test,), generator=g)
     return RawDataset(name, x[:n_train], y[:n_train], x[n_train:], y[n_train:], num_classes)
 

@@ -10,6 +10,7 @@ import torch
 from autofl.config import DataConfig
 from autofl.data.datasets import RawDataset
 from autofl.data.partition import partition_indices
+from autofl.errors import ConfigError
 from autofl.seeding import SeedPurpose
 
 
@@ -65,6 +66,15 @@ def split_client(indices: np.ndarray, fractions: tuple[float, float, float], rng
     )
 
 
+def natural_parts(raw: RawDataset, cfg: DataConfig) -> list[np.ndarray]:
+    """Client k holds the pool's samples whose client id is k (ids 0..num_clients-1)."""
+    if raw.train_client is None or (cfg.pool == "train+test" and raw.test_client is None):
+        raise ConfigError(f"data.partition.kind: natural needs client ids in dataset {cfg.dataset}")
+    ids = raw.train_client if cfg.pool == "train" else torch.cat([raw.train_client, raw.test_client])
+    ids_np = ids.numpy()
+    return [np.flatnonzero(ids_np == k) for k in range(cfg.num_clients)]
+
+
 def build_federated(raw: RawDataset, cfg: DataConfig, seed: int) -> FederatedData:
     """Partition and split exactly as spec §1; `seed` fixes both."""
     rng = np.random.default_rng([seed, int(SeedPurpose.PARTITION)])
@@ -73,7 +83,10 @@ def build_federated(raw: RawDataset, cfg: DataConfig, seed: int) -> FederatedDat
         y = torch.cat([raw.train_y, raw.test_y])
     else:
         x, y = raw.train_x, raw.train_y
-    parts = partition_indices(y.numpy(), cfg.num_clients, cfg.partition, cfg.min_size, rng)
+    if cfg.partition.kind == "natural":  # the dataset's own clients (validated against num_clients)
+        parts = natural_parts(raw, cfg)
+    else:
+        parts = partition_indices(y.numpy(), cfg.num_clients, cfg.partition, cfg.min_size, rng)
     fractions = (cfg.split.train, cfg.split.val, cfg.split.test)
     clients = [split_client(p, fractions, rng) for p in parts]
     if cfg.pool == "train+test":

@@ -182,10 +182,7 @@ def make_executor(choice: str, ws: Workspace, client_chunk: int | None,
 def describe_executor(exp: Any, method_cls: MethodClass, device: torch.device | None = None) -> str:
     """The executor line `exp` will run with, without loading its data (for the search's banner);
     `method_cls` is `exp.method.name`'s class, resolved by the caller."""
-    from autofl.config import DATASET_INFO, dataset_input_shape
-
-    method = method_cls(method_cls.Params(**exp.method.params()), exp, dataset_input_shape(exp.data.dataset),
-                        DATASET_INFO[exp.data.dataset][0])
+    method = method_cls(method_cls.Params(**exp.method.params()), exp, exp.input_shape, exp.num_classes)
     if device is None:
         device = resolve_device(exp.runtime.device)
     workspace = Workspace(method.build_model(), method_cls.copies)

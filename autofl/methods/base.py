@@ -53,7 +53,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import ValidationError
 
-from autofl.config import ARCH_LINEAR_LAYERS, LINEAR_ONLY_ARCHS, Strict
+from autofl.config import Strict
 from autofl.engine.plan import ClientStart, LossFn, Stage, TrainedClient, Update, Upload
 from autofl.engine.server import ServerContext, ServerState, ServerUpdate
 from autofl.engine.state import StateDict, weighted_average
@@ -113,11 +113,13 @@ class Method:
                 err, cls.Params, prefix="method.", context=f" for method {cls.name}")) from None
         exp.method = MethodConfig(name=cls.name, **params.model_dump())
         model = exp.model
-        if cls.trains_encoder_features and model.arch in LINEAR_ONLY_ARCHS and \
-                model.head_layers >= ARCH_LINEAR_LAYERS[model.arch]:
+        from autofl.registry import MODELS
+
+        arch = MODELS.get(model.arch)
+        if cls.trains_encoder_features and arch.linear_only and model.head_layers >= arch.linear_layers:
             raise ValueError(f"model.head_layers: {model.head_layers} leaves arch {model.arch} no trainable encoder, "
                              f"so method {cls.name}'s feature loss would be a constant; allowed: "
-                             f"1..{ARCH_LINEAR_LAYERS[model.arch] - 1}")
+                             f"1..{arch.linear_layers - 1}")
         if not cls.uses_projector:
             for key in ("projector_depth", "projector_dim"):
                 if getattr(model, key) is not None:

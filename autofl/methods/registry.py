@@ -1,50 +1,34 @@
-"""Method registry: every module in `autofl.methods` that defines a `Method` subclass registers it.
-
-Adding a method means adding one file in this package; nothing else changes.
+"""The method registry: `autofl.registry.METHODS` (built-ins from this package, plugins from the
+`autofl.methods` entry-point group). Adding a built-in method means adding one file in this package
+whose `Method` subclass is decorated with `@register`; nothing else changes.
 """
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
+from typing import TYPE_CHECKING
 
-from autofl.methods.base import Method
+from autofl.registry import METHODS
 
-_REGISTRY: dict[str, type[Method]] = {}
-_NOT_METHODS = {"base", "registry"}
-_discovered = False
+if TYPE_CHECKING:
+    from autofl.methods.base import Method
 
 
-def register(cls: type[Method]) -> type[Method]:
-    if not cls.name:
+def register(cls: type["Method"]) -> type["Method"]:
+    """Register a `Method` subclass under its `name` (a class decorator). Raises ValueError when
+    another method already has that name."""
+    if not getattr(cls, "name", ""):
         raise TypeError(f"{cls.__qualname__} has no name")
-    _REGISTRY[cls.name] = cls
-    return cls
-
-
-def _discover() -> None:
-    """Import every method module once (a module imported directly registers only itself)."""
-    global _discovered
-    if _discovered:
-        return
-    _discovered = True
-    import autofl.methods as package
-
-    for info in pkgutil.iter_modules(package.__path__):
-        if info.name not in _NOT_METHODS and not info.name.startswith("_"):
-            importlib.import_module(f"autofl.methods.{info.name}")
+    return METHODS.add(cls)
 
 
 def method_names() -> list[str]:
-    _discover()
-    return sorted(_REGISTRY)
+    return METHODS.names()
 
 
-def all_methods() -> dict[str, type[Method]]:
-    _discover()
-    return dict(_REGISTRY)
+def all_methods() -> dict[str, type["Method"]]:
+    return METHODS.as_dict()
 
 
-def get_method_class(name: str) -> type[Method]:
-    _discover()
-    return _REGISTRY[name]
+def get_method_class(name: str) -> type["Method"]:
+    """The method `name`; an unknown name is a ConfigError listing the registered ones."""
+    return METHODS.get(name)

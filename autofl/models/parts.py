@@ -1,25 +1,17 @@
 """Every model is encoder -> projector -> head (spec §1 'Model layout').
 
-An arch is a `body` (convolutions, flatten) followed by a stack of Linear layers; the last
-`head_layers` Linear layers of the stack form the head, the rest join the encoder.
+An arch (a registered `autofl.models.spec.ModelSpec`) is a `body` (convolutions, flatten) followed
+by a stack of Linear layers; the last `head_layers` Linear layers of the stack form the head, the
+rest join the encoder.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
-from autofl.config import ARCH_LINEAR_LAYERS, ModelConfig
-
-
-@dataclass(frozen=True)
-class LinearSpec:
-    in_features: int
-    out_features: int
-    relu_after: bool
+from autofl.config import ModelConfig
+from autofl.models.spec import LinearSpec
 
 
 class SplitModel(nn.Module):
@@ -38,45 +30,12 @@ class SplitModel(nn.Module):
         return self.head(self.projector(self.encoder(x)))
 
 
-def _flat_size(body: nn.Module, input_shape: tuple[int, ...]) -> int:
-    with torch.no_grad():
-        return int(body(torch.zeros(1, *input_shape)).shape[1])
+def arch_layers(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> tuple[nn.Module, list[LinearSpec]]:
+    """The body and Linear stack of `cfg.arch` (a registered `ModelSpec`) with its own params."""
+    from autofl.registry import MODELS
 
-
-def _conv_body(in_channels: int, widths: tuple[int, int]) -> nn.Sequential:
-    return nn.Sequential(
-        nn.Conv2d(in_channels, widths[0], 5), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(widths[0], widths[1], 5), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(),
-    )
-
-
-def _resnet18_body(in_channels: int) -> nn.Module:
-    from torchvision.models import resnet18
-
-    net = resnet18(weights=None)
-    net.conv1 = nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1, bias=False)  # CIFAR stem
-    net.maxpool = nn.Identity()
-    net.fc = nn.Identity()
-    return net
-
-
-def build_body_and_stack(arch: str, input_shape: tuple[int, ...], num_classes: int) -> tuple[nn.Module, list[LinearSpec]]:
-    channels = input_shape[0]
-    if arch == "mlp":
-        return nn.Flatten(), [LinearSpec(math.prod(input_shape), 100, True), LinearSpec(100, num_classes, False)]
-    if arch == "cnn":
-        body = _conv_body(channels, (32, 64))
-        flat = _flat_size(body, input_shape)
-        return body, [LinearSpec(flat, 512, True), LinearSpec(512, num_classes, False)]
-    if arch == "moon_cnn":
-        body = _conv_body(channels, (6, 16))
-        flat = _flat_size(body, input_shape)
-        dims = [(flat, 120, True), (120, 84, True), (84, 84, True), (84, 256, False), (256, num_classes, False)]
-        return body, [LinearSpec(*d) for d in dims]
-    if arch == "resnet18":
-        return _resnet18_body(channels), [LinearSpec(512, num_classes, False)]
-    raise ValueError(f"model.arch: unknown arch {arch!r}; allowed: {', '.join(ARCH_LINEAR_LAYERS)}")
+    spec = MODELS.get(cfg.arch)
+    return spec.layers(input_shape, num_classes, spec.Params(**cfg.params()))
 
 
 def _stack(specs: list[LinearSpec]) -> list[nn.Module]:
@@ -105,14 +64,14 @@ def build_projector(depth: int, dim: int, hidden: int, out: int | None = None) -
 
 def build_head(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """A fresh head of the arch's split (used by methods that keep a second head)."""
-    _, specs = build_body_and_stack(cfg.arch, input_shape, num_classes)
+    _, specs = arch_layers(cfg, input_shape, num_classes)
     return nn.Sequential(*_stack(specs[-cfg.head_layers :]))
 
 
 def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int,
                 projector_out: int | None = None) -> SplitModel:
     """`projector_out`: the projector's output width when a method fixes it (else the encoder's)."""
-    body, specs = build_body_and_stack(cfg.arch, input_shape, num_classes)
+    body, specs = arch_layers(cfg, input_shape, num_classes)
     h = cfg.head_layers
     if not 1 <= h <= len(specs):
         raise ValueError(f"model.head_layers: {h} is outside what arch {cfg.arch} allows; allowed 1..{len(specs)}")

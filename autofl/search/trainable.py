@@ -27,6 +27,7 @@ from autofl.engine.simulation import Simulation
 from autofl.device import resolve_device
 from autofl.features import ClassStats
 from autofl.methods.registry import get_method_class
+from autofl.registry import load_plugins
 from autofl.search.space import experiment_dict
 
 STATE_FILE = "simulation.pt"
@@ -44,6 +45,7 @@ class FLTrainable(tune.Trainable):
               threads: int = 1, checkpoint_every_s: float = 0.0,
               method_base: dict[str, dict[str, Any]] | None = None) -> None:
         torch.set_num_threads(max(1, threads))
+        load_plugins()  # this worker's process sees the methods, models, datasets of installed plugins
         self._base, self._raw, self._method_base = base or {}, raw_data, method_base or {}
         self._checkpoint_every_s = checkpoint_every_s
         self._unsaved_s = 0.0  # training time since the last checkpoint
