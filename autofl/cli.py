@@ -33,6 +33,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from autofl.experiment import load_experiment
     from autofl.train import run_training
 
+    if args.out is not None and not args.out.strip():
+        raise AutoFLError("--out: empty; give a folder, or leave --out out for autofl_runs/<method>-<time>")
     exp = load_experiment(args.config, args.set)
     out = Path(args.out) if args.out else Path("autofl_runs") / f"{exp.method.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     console.print(f"autofl train: {exp.method.name} on {exp.data.dataset} ({exp.data.num_clients} clients, "
@@ -91,8 +93,14 @@ def cmd_search(args: argparse.Namespace) -> int:
         raise AutoFLError("search: give --resume NAME or --join NAME, not both")
     if existing and args.storage_path:
         raise AutoFLError("--storage-path: applies to a new study; an existing one keeps the place it was made with")
-    from autofl.search.preflight import (check_cluster_fits, check_new_study, probe_address, rollback_if_unstarted,
-                                         sigterm_as_ctrl_c)
+    for flag, given in (("--space", args.space), ("--name", args.name)):
+        if existing and given is not None:
+            raise AutoFLError(f"{flag}: applies to a new study; --resume/--join {existing} continues the study "
+                              f"with its own space and name")
+    if args.name is not None and not args.name.strip():
+        raise AutoFLError("--name: empty; give a study name, or leave --name out for the space's `study`")
+    from autofl.search.preflight import (check_cluster_fits, check_home, check_new_study, probe_address,
+                                         rollback_if_unstarted, sigterm_as_ctrl_c)
 
     probe_address(args.address)  # an unreachable cluster: one line in seconds, before any folder exists
     if existing:
@@ -109,6 +117,7 @@ def cmd_search(args: argparse.Namespace) -> int:
 
             load_raw_dataset(data)
         args.storage_path = check_new_study(space, args.storage_path)
+        check_home(home)
         study = st.create_study(home, space_path, space, args.name, storage_path=args.storage_path)
     sqlite = is_sqlite(study.storage_url())
     if existing and not sqlite:  # a new study's storage was probed before its folder was made
@@ -139,6 +148,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     console.print(f"autofl search: study {study.name} in {study.root}; trials' "
                   f"{describe_executor(base, get_method_class(base.method.name), trial_device)}; Ray's logs: {logs}"
                   f"{' (also shown here)' if args.verbose else ''}", soft_wrap=True)
+    record_before = study.meta()  # unchanged after a --resume that found nothing to do
     try:
         if args.join:
             join(study, args.address)
@@ -147,6 +157,13 @@ def cmd_search(args: argparse.Namespace) -> int:
     finally:
         lock.release()
     _print_status(study)
+    if args.resume and not args.trials and study.meta() == record_before:
+        console.print(f"study {study.name} has run all its trials; add more with: autofl search --resume "
+                      f"{study.name} --trials N", soft_wrap=True)
+    if not any(r["state"] in ("COMPLETE", "PRUNED") for r in st.trial_rows(study)):
+        err_console.print(f"autofl: error: study {study.name} has no finished trial (every trial failed or none "
+                          f"ran); see autofl status {study.name} and {study.root / 'logs'}", soft_wrap=True)
+        return 1
     try:
         best = st.best_trial(study)
         console.print(f"best trial #{best.number}: {study.space().objective}={st.first_value(best):.4f} "
@@ -383,14 +400,16 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _at_least(low: int, what: str):
+def _at_least(low: int, what: str, high: int | None = None):
+    allowed = f"{low} or more" + ("" if high is None else f" and at most {high}")
+
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; allowed: {low} or more") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"{value} {what}; allowed: {low} or more")
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; allowed: {allowed}") from None
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"{value} {what}; allowed: {allowed}")
         return value
     return parse
 
@@ -449,7 +468,7 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--resume", metavar="NAME", help="continue an interrupted study")
     search.add_argument("--join", metavar="NAME", help="add a driver to a running study on PostgreSQL storage "
                         "(its own Tune experiment; the study's trial budget is shared)")
-    search.add_argument("--trials", type=_at_least(1, "trials"), help="trials to run (new study: overrides the space; "
+    search.add_argument("--trials", type=_at_least(1, "trials", 100_000), help="trials to run (new study: overrides the space; "
                         "with --resume: add this many to the study)")
     _ray_options(search)
     search.add_argument("--storage-path", help="new study: where Tune keeps experiments and checkpoints, a folder "
@@ -491,7 +510,7 @@ def build_parser() -> argparse.ArgumentParser:
     dashboard = sub.add_parser("dashboard", help="serve optuna-dashboard on a study's storage at 127.0.0.1 "
                                                  "(extra: pip install -e \".[dashboard]\")")
     dashboard.add_argument("name")
-    dashboard.add_argument("--port", type=_at_least(1, "as port"), default=8080, help="port (default 8080)")
+    dashboard.add_argument("--port", type=_at_least(1, "as port", 65535), default=8080, help="port (default 8080)")
     dashboard.add_argument("--dir", help=dir_help)
     dashboard.set_defaults(func=cmd_dashboard)
 
@@ -509,11 +528,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _stdout_lost(err: OSError) -> int:
+    """stdout full (ENOSPC) or closed by the reader (EPIPE): one line on stderr, exit 2, and no
+    second error when Python flushes stdout at exit."""
+    import os
+
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+    err_console.print(f"autofl: error: cannot write the output ({err.strerror or type(err).__name__}); "
+                      f"send it to a file or a reader that stays open", highlight=False, soft_wrap=True)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
+    import errno
+    import os
+
+    if sys.stdout is None:  # started with stdout closed (>&-): what would be shown is dropped
+        sys.stdout = open(os.devnull, "w")
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
+    except OSError as err:
+        if err.errno in (errno.EPIPE, errno.ENOSPC, errno.EBADF):
+            return _stdout_lost(err)
+        raise
     except AutoFLError as err:
         from autofl.search.storage import mask_url
 

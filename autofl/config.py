@@ -12,10 +12,10 @@ import copy
 import math
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from autofl.errors import ConfigError
 
@@ -23,6 +23,16 @@ DATA_ROOT_ENV = "AUTOFL_DATA_ROOT"
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_as_number(cls, value: Any, info: ValidationInfo) -> Any:
+        """`true`/`false` only where a field takes a boolean (pydantic read `fl.rounds=true` as 1)."""
+        if isinstance(value, bool) and info.field_name is not None:
+            annotation = cls.model_fields[info.field_name].annotation
+            if annotation is not bool and bool not in get_args(annotation) and annotation is not Any:
+                raise ValueError(f"{str(value).lower()} is a boolean; this field takes a number or a name")
+        return value
 
 
 class PartitionConfig(Strict):
@@ -126,7 +136,8 @@ class MethodConfig(BaseModel):
 
 class RuntimeConfig(Strict):
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="auto, cpu, cuda, cuda:N")
-    threads: int | None = Field(None, ge=1, description="torch threads; None: leave torch's default")
+    threads: int | None = Field(None, ge=1, le=1024, description="torch threads; None: leave torch's default "
+                                "(more than 1024 crashed torch)")
     dtype: Literal["float32", "float64"] = Field("float32", description="floating-point type of data and models; "
                                                  "float64 for exactness checks")
     executor: Literal["auto", "sequential", "vectorized"] = Field(

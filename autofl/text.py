@@ -38,4 +38,5 @@ def terminal_console(stderr: bool = False) -> Console:
     """A rich Console for autofl's output: no markup or emoji codes in printed strings; in a pipe or
     CI log, 200 columns instead of rich's 80 (tables would wrap)."""
     stream = sys.stderr if stderr else sys.stdout
-    return SafeConsole(stderr=stderr, width=None if stream.isatty() else 200, markup=False, emoji=False)
+    width = None if stream is not None and stream.isatty() else 200  # stdout may be closed (>&-)
+    return SafeConsole(stderr=stderr, width=width, markup=False, emoji=False)

@@ -40,11 +40,26 @@ def check_out_dir(out: Path, overwrite: bool) -> None:
         raise AutoFLError(f"--out {out}: {existing} is not writable")
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise AutoFLError(f"--out {out}: folder already holds files; choose another folder or pass --overwrite")
+    if out.is_dir() and any(out.iterdir()) and Path.cwd().resolve().is_relative_to(out.resolve()):
+        raise AutoFLError(f"--out {out}: --overwrite replaces the folder as a whole, and this one holds the current "
+                          f"folder; give a subfolder, e.g. --out runs/new")
     if out.is_dir():  # --overwrite replaces the folder as a whole: only an earlier run's folder
         others = sorted(p.name for p in out.iterdir() if p.name not in RUN_FILES)
         if others:
             raise AutoFLError(f"--out {out}: --overwrite replaces an earlier run's folder, but this one also holds "
                               f"{', '.join(others[:3])}{' ...' if len(others) > 3 else ''}; choose another folder")
+
+
+def check_device(name: str) -> None:
+    """`runtime.device: cuda[:N]` names a GPU torch sees (else a CUDA error deep in the first round)."""
+    if not name.startswith("cuda"):
+        return
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    index = int(name.split(":", 1)[1]) if ":" in name else 0
+    if index >= count:
+        seen = f"torch sees {count} GPU{'s' if count != 1 else ''}" + (f" (cuda:0..cuda:{count - 1})" if count else "")
+        raise AutoFLError(f"runtime.device: {name!r} but {seen}; allowed: auto or cpu"
+                          + (f", cuda:0..cuda:{count - 1}" if count else ""))
 
 
 def run_training(
@@ -59,6 +74,7 @@ def run_training(
     Overwriting a folder that holds an earlier run writes the new run into a hidden sibling folder
     and swaps it in at the end: an interrupted run leaves the earlier one whole, never a mix."""
     check_out_dir(out, overwrite)
+    check_device(exp.runtime.device)
     # loads the data first: a missing dataset fails before anything is written
     sim = Simulation(exp, get_method_class(exp.method.name))
     sim.clients_done = on_clients
@@ -68,7 +84,36 @@ def run_training(
     work = out.with_name(f".{out.name}.new-{os.getpid()}") if replacing else out
     if replacing and announce is not None:
         announce(f"--overwrite: the run is written to {work} and replaces {out} when it ends")
+    if replacing:
+        _remove_stale_work(out)
     work.mkdir(parents=True, exist_ok=True)  # check_out_dir above already refused what must not be written
+    try:
+        history = _train_into(sim, exp, work, on_round)
+    except BaseException as err:  # an interrupted or failed --overwrite leaves no hidden half-run folder
+        if replacing and not isinstance(err, RunDiverged):  # (a diverged run's message points at its rounds)
+            shutil.rmtree(work, ignore_errors=True)
+        raise
+    if replacing:
+        _swap_in(work, out)
+    return history
+
+
+def _remove_stale_work(out: Path) -> None:
+    """Hidden `.NAME.new-PID` folders that a killed `--overwrite` run left (its process is gone)."""
+    for stale in out.parent.glob(f".{out.name}.new-*"):
+        pid = stale.name.rsplit("-", 1)[-1]
+        if not pid.isdigit() or stale.is_symlink():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(stale, ignore_errors=True)
+        except OSError:  # alive, another user's
+            pass
+
+
+def _train_into(sim: Simulation, exp: Experiment, work: Path,
+                on_round: Callable[[dict[str, float], float], None] | None) -> list[dict[str, float]]:
     write_atomic(work / CONFIG_FILE, yaml.safe_dump(experiment_to_dict(exp), sort_keys=False))
     history: list[dict[str, float]] = []
     with open(work / METRICS_FILE, "w") as fh:
@@ -85,8 +130,6 @@ def run_training(
     tmp = work / (STATE_FILE + ".tmp")
     torch.save(plain_tree(sim.state_dict()), tmp)  # loadable with weights_only=True, without autofl
     os.replace(tmp, work / STATE_FILE)
-    if replacing:
-        _swap_in(work, out)
     return history
 
 

@@ -5,6 +5,7 @@ that must are in test_hostile_ray.py)."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 from pathlib import Path
@@ -52,11 +53,20 @@ def no_ray(monkeypatch):
     """Stop where Ray would start: record the runs the search would make instead."""
     from autofl.search import logs, preflight, runner
 
+    import optuna
+
     runs: list[tuple] = []
+
+    def run_experiment(study, trials, address, restore=None, join=False):
+        runs.append((study.name, trials, restore))
+        ot = optuna.create_study(study_name=study.name, storage=study.storage_url(), load_if_exists=True,
+                                 direction="maximize")
+        for _ in range(trials):
+            ot.tell(ot.ask(), 0.5)
+
     monkeypatch.setattr(logs, "start_ray", lambda root, address, verbose, meanwhile=None: Path(root) / "logs")
     monkeypatch.setattr(preflight, "check_cluster_fits", lambda cpu, gpu, address: None)
-    monkeypatch.setattr(runner, "run_experiment", lambda study, trials, address, restore=None, join=False:
-                        runs.append((study.name, trials, restore)))
+    monkeypatch.setattr(runner, "run_experiment", run_experiment)
     return runs
 
 
@@ -417,4 +427,108 @@ def test_dashboard_refuses_a_taken_or_impossible_port(tmp_path, capsys):
         code, out, err = cli(capsys, "dashboard", "dash", "--port", port, "--dir", tmp_path / "home")
         assert_one_line(code, err, f"--port {port}: cannot listen")
     code, out, err = cli(capsys, "dashboard", "dash", "--port", 70000, "--dir", tmp_path / "home")
-    assert_one_line(code, err, "allowed: 1..65535")
+    assert_one_line(code, err, "at most 65535")
+
+
+# ----- the Low paragraph ------------------------------------------------------------------------------
+
+def test_low_items_are_one_line_with_the_right_exit_code(tmp_path, capsys, monkeypatch):
+    (tmp_path / "afile").write_text("x")
+    space = fine_space(tmp_path)
+    readonly = tmp_path / "readonly"
+    readonly.mkdir()
+    readonly.chmod(0o500)
+    cases = [
+        (["train", "--set", "fl.rounds=true", "--out", tmp_path / "r1"], "fl.rounds: true is a boolean"),
+        (["train", "--set", "runtime.threads=100000", "--out", tmp_path / "r2"], "runtime.threads"),
+        (["train", "--out", ""], "--out: empty"),
+        (["search", "--space", space, "--name", "", "--dir", tmp_path / "home"], "--name: empty"),
+        (["search", "--resume", "fine", "--space", space, "--dir", tmp_path / "home"], "--space: applies to a new"),
+        (["search", "--resume", "fine", "--name", "x", "--dir", tmp_path / "home"], "--name: applies to a new"),
+        (["search", "--space", space, "--trials", "100000000000000000000", "--dir", tmp_path / "home"],
+         "at most 100000"),
+        (["search", "--space", space, "--dir", tmp_path / "afile" / "home"], "is a file"),
+        (["dashboard", "fine", "--port", "70000", "--dir", tmp_path / "home"], "at most 65535"),
+    ]
+    if os.geteuid() != 0:  # root writes anywhere
+        cases.append((["search", "--space", space, "--dir", readonly / "home"], "is not writable"))
+    import torch
+
+    if not torch.cuda.is_available():
+        cases.append((["train", "--set", "runtime.device=cuda", "--out", tmp_path / "r3"], "runtime.device: 'cuda'"))
+    before = files_under(tmp_path)
+    for args, expected in cases:
+        code, out, err = cli(capsys, *args)
+        assert_one_line(code, err, expected)
+    assert files_under(tmp_path) == before
+    path = tmp_path / "trials.yaml"
+    path.write_text("study: big\ntrials: 1.0e+20\n")
+    code, out, err = cli(capsys, "search", "--space", path, "--dir", tmp_path / "home")
+    assert_one_line(code, err, "trials")
+
+
+def test_train_over_the_current_folder_is_refused(tmp_path, capsys, monkeypatch):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"round": 1}\n')
+    monkeypatch.chdir(run)
+    code, out, err = cli(capsys, "train", "--out", ".", "--overwrite", "--set", "fl.rounds=1")
+    assert_one_line(code, err, "holds the current folder")
+    assert (run / "metrics.jsonl").read_text() == '{"round": 1}\n'
+
+
+def test_a_corrupt_mnist_label_file_is_one_line(tmp_path, capsys):
+    raw = tmp_path / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    source = Path(os.environ.get("AUTOFL_DATA_ROOT", "/nonexistent")) / "MNIST" / "raw"
+    if not source.is_dir():
+        pytest.skip("needs MNIST under AUTOFL_DATA_ROOT")
+    for f in source.iterdir():
+        if not f.name.endswith(".gz"):
+            (raw / f.name).write_bytes(f.read_bytes())
+    (raw / "train-labels-idx1-ubyte").write_bytes(b"\x00\x00\x08\x01" + b"\xff" * 64)  # header lies about length
+    code, out, err = cli(capsys, "train", "--set", f"data.root={tmp_path}", "--set", "data.dataset=mnist",
+                         "--out", tmp_path / "r")
+    assert_one_line(code, err, "corrupt")
+
+
+def test_a_full_or_closed_stdout_is_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    root = study_with_trials(tmp_path, "out", ["a"])
+    args = [sys.executable, "-m", "autofl.cli", "studies", "--dir", str(root.parent)]
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run(args, stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "cannot write the output" in proc.stderr
+    proc = subprocess.run(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=120,
+                          pass_fds=(), close_fds=True, preexec_fn=lambda: os.close(1))
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_a_search_whose_every_trial_failed_exits_nonzero(tmp_path, capsys, no_ray, monkeypatch):
+    import optuna
+
+    from autofl.search import runner
+
+    def all_fail(study, trials, address, restore=None, join=False):
+        ot = optuna.create_study(study_name=study.name, storage=study.storage_url())
+        for _ in range(trials):
+            ot.tell(ot.ask(), state=optuna.trial.TrialState.FAIL)
+
+    monkeypatch.setattr(runner, "run_experiment", all_fail)
+    code, out, err = cli(capsys, "search", "--space", fine_space(tmp_path, name="failing"), "--dir", tmp_path / "home")
+    assert code == 1 and "has no finished trial" in err and len(err.splitlines()) == 1, err
+
+
+def test_resuming_a_finished_study_says_how_to_add_trials(tmp_path, capsys, no_ray, monkeypatch):
+    from autofl.search import runner
+
+    study_with_trials(tmp_path, "done", ["a"])
+    root = tmp_path / "home" / "done"
+    (root / "study.json").write_text('{"runs": [{"name": "run-1", "trials": 3}], "trials_requested": 3}')
+    monkeypatch.setattr(runner, "interrupted_run", lambda study: None)
+    monkeypatch.setattr(runner, "_flag_exists", lambda location: True)
+    code, out, err = cli(capsys, "search", "--resume", "done", "--dir", tmp_path / "home")
+    assert code == 0, err
+    assert "add more with: autofl search --resume done --trials N" in out

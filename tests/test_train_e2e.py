@@ -122,7 +122,7 @@ def test_overwrite_killed_midway_leaves_the_earlier_run_whole(run_cli, tmp_path)
 
     assert run_cli("train", "--out", out, "--overwrite", "--set", "fl.rounds=3") == 0
     assert [m["round"] for m in read_metrics(out)] == [1, 2, 3] and set(_files(out)) == set(earlier)
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".run.old-")]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".run.")]  # the killed run's .new-PID too
 
 
 def test_overwrite_refuses_a_folder_that_is_not_a_run(run_cli, tmp_path, capsys):

@@ -79,7 +79,7 @@ def load_torchvision(name: str, cls_name: str, layout: str, mean: tuple[float, .
     except OSError as err:  # no network, refused connection, unreadable file
         what = "download" if download else "read"
         raise DataError(f"data.dataset: could not {what} {name} under {root} ({_one_line(err)})") from None
-    except (ValueError, EOFError, IndexError, pickle.UnpicklingError) as err:
+    except (ValueError, EOFError, IndexError, AssertionError, pickle.UnpicklingError) as err:  # torchvision asserts on bad headers
         raise _corrupt(name, root, layout, err) from None
     mean_t, std_t = (torch.tensor(v).view(1, -1, 1, 1) for v in (mean, std))
     tx = (_to_tensor_images(train.data) - mean_t) / std_t

@@ -157,6 +157,19 @@ def sigterm_as_ctrl_c() -> None:
     signal.signal(signal.SIGTERM, forward)
 
 
+def check_home(home: Path) -> None:
+    """The studies folder ($AUTOFL_HOME or --dir) can hold a new study: a folder (or one that can be
+    made) this user may write."""
+    ancestor = home
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise ConfigError(f"studies folder {home}: {ancestor} is a file; set AUTOFL_HOME or --dir to a folder")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ConfigError(f"studies folder {home}: {ancestor} is not writable; set AUTOFL_HOME or --dir to a "
+                          f"folder you may write")
+
+
 def check_new_study(space: Any, storage_path: str | None) -> str | None:
     """What a new study's start can check before its folder exists: the `--storage-path` (returned
     absolute) and the space's `storage_path`."""

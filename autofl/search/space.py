@@ -79,7 +79,7 @@ class SearchSpace(Strict):
                                          "study (Optuna's multi-objective TPE, a Pareto front; scheduler none)")
     modes: list[Literal["max", "min"]] | None = Field(None, description="one per objective; default max, and min "
                                                       "for a spread (*_std)")
-    trials: int = Field(20, ge=1)
+    trials: int = Field(20, ge=1, le=100_000)
     time_budget_s: float | None = Field(None, gt=0, description="wall seconds per driver run; then its trials "
                                         "in flight are stopped (recorded PRUNED) and no new one starts")
     budget_rounds: int | None = Field(None, ge=1, description="FL rounds trained by all the study's trials "
