@@ -144,6 +144,15 @@ class RuntimeConfig(Strict):
         "auto", description="how a round's clients train: auto = vectorized where the method and model support it")
     client_chunk: int | None = Field(None, ge=1, description="vectorized: most clients stacked at once; "
                                      "None: all sampled clients")
+    compile: Literal["auto", "off", "on"] = Field(
+        "auto", description="the executor's per-step function compiled with torch.compile (CUDA graphs on a GPU): "
+        "auto = where it pays for its compile time (never on CPU), on, off")
+
+    @field_validator("compile", mode="before")
+    @classmethod
+    def _yaml_switch_words(cls, value: Any) -> Any:
+        """YAML reads a bare on / off as true / false: take them as the words they were."""
+        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
 
 
 class Experiment(Strict):

@@ -51,12 +51,14 @@ def small_raw(side: int, n_train: int) -> RawDataset:
                       raw.test_y[:100], 10)
 
 
-def run(method: str, arch: str, executor: str, dtype: str) -> tuple[list[dict[str, float]], Simulation]:
+def run(method: str, arch: str, executor: str, dtype: str, compile_steps: str = "off"
+        ) -> tuple[list[dict[str, float]], Simulation]:
     dataset, side, n_train = ("digits", 8, 600) if arch in ("mlp", "resnet18") else ("mnist", 28, 400)
     if arch == "resnet18":
         n_train = 150
     exp = load_experiment(None, [*SCENARIO, *SMALL.get(method, []), f"method.name={method}", f"model.arch={arch}",
-                                 f"data.dataset={dataset}", f"runtime.executor={executor}", f"runtime.dtype={dtype}"])
+                                 f"data.dataset={dataset}", f"runtime.executor={executor}", f"runtime.dtype={dtype}",
+                                 f"runtime.compile={compile_steps}"])
     sim = Simulation(exp, get_method_class(method), raw=small_raw(side, n_train))
     return list(sim.run()), sim
 
@@ -82,10 +84,8 @@ def assert_close_tree(a: Any, b: Any, where: str) -> None:
         assert a == b, where
 
 
-def check_equivalent(method: str, arch: str, dtype: str) -> None:
-    seq_history, seq = run(method, arch, "sequential", dtype)
-    vec_history, vec = run(method, arch, "vectorized", dtype)
-    assert type(vec.executor).__name__ == "VectorizedExecutor"
+def assert_same_run(seq_history: list[dict[str, float]], seq: Simulation, vec_history: list[dict[str, float]],
+                    vec: Simulation) -> None:
     assert len(seq_history) == len(vec_history) == 3
     for a, b in zip(seq_history, vec_history):
         assert set(a) == set(b)
@@ -94,6 +94,13 @@ def check_equivalent(method: str, arch: str, dtype: str) -> None:
     assert_close_tree(seq.global_state, vec.global_state, "global_state")
     assert_close_tree(seq.client_states, vec.client_states, "client_states")
     assert_close_tree(seq.server_state, vec.server_state, "server_state")
+
+
+def check_equivalent(method: str, arch: str, dtype: str) -> None:
+    seq_history, seq = run(method, arch, "sequential", dtype)
+    vec_history, vec = run(method, arch, "vectorized", dtype)
+    assert type(vec.executor).__name__ == "VectorizedExecutor"
+    assert_same_run(seq_history, seq, vec_history, vec)
     # the scenario really is uneven: some client ran out of batches before another
     sizes = {len(vec.data.clients[c].train) for c in vec.client_states}
     assert len(sizes) > 1
@@ -108,6 +115,28 @@ def test_vectorized_equals_sequential(method, arch):
 @pytest.mark.parametrize("method", ["fedavg", "fedprox", "fedper", "moon", "fdcl", "fedeccr", "fedfcd"])
 def test_vectorized_equals_sequential_in_float32_without_batchnorm(method):
     check_equivalent(method, "mlp", "float32")
+
+
+# runtime.compile=on against eager, under the same executor. Compiling costs CPU time (some 10-40 s a
+# step function on 2 cores), so a representative subset runs rather than every method x arch:
+# - fedfcd (vectorized, float64): two alternating updates, loss closures over server tensors (GFRs),
+#   a no_grad forward inside a loss;
+# - fedsiam_da (vectorized, float64): BatchNorm projectors (running statistics written through the
+#   compiled step, kept only for clients with a full batch), frozen statistics, three model copies;
+# - dualfed (sequential, float64): two stages, SupCon, BatchNorm, compiled forward + backward on modules;
+# - fedavg (vectorized, float32): the plain case in the precision runs use.
+# Every scenario is uneven (clients run out of batches at different steps, last batches are smaller),
+# so both the compiled whole-stack step and the eager remainder run.
+@pytest.mark.parametrize("method,executor,dtype", [("fedfcd", "vectorized", "float64"),
+                                                   ("fedsiam_da", "vectorized", "float64"),
+                                                   ("dualfed", "sequential", "float64"),
+                                                   ("fedavg", "vectorized", "float32")])
+def test_compiled_steps_equal_eager(method, executor, dtype):
+    eager_history, eager = run(method, "mlp", executor, dtype, "off")
+    compiled_history, comp = run(method, "mlp", executor, dtype, "on")
+    assert comp.executor.compile_steps and not eager.executor.compile_steps
+    assert "steps: compiled (runtime.compile=on" in comp.executor_line
+    assert_same_run(eager_history, eager, compiled_history, comp)
 
 
 @pytest.mark.parametrize("executor,chunk", [("sequential", None), ("vectorized", None), ("vectorized", 2)])

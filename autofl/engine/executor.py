@@ -159,13 +159,18 @@ def slower_vectorized(ws: Workspace, device: torch.device) -> str | None:
 
 
 def make_executor(choice: str, ws: Workspace, client_chunk: int | None,
-                  device: torch.device = torch.device("cpu")) -> tuple[Executor, str]:
-    """The executor for runtime.executor = `choice` on `device`, and a line saying which and why."""
+                  device: torch.device = torch.device("cpu"), compile_choice: str = "off",
+                  rounds: int = 1) -> tuple[Executor, str]:
+    """The executor for runtime.executor = `choice` and runtime.compile = `compile_choice` on
+    `device` for a trial of `rounds` rounds, and a line saying which and why."""
+    from autofl.engine.compiled import choose_compile
     from autofl.engine.sequential import SequentialExecutor
     from autofl.engine.vectorized import VectorizedExecutor
 
+    compile_steps, compile_why = choose_compile(compile_choice, device, rounds)
+    steps = f"; steps: {'compiled' if compile_steps else 'eager'} ({compile_why})"
     if choice == "sequential":
-        return SequentialExecutor(ws), "executor: sequential (runtime.executor=sequential)"
+        return SequentialExecutor(ws, compile_steps), f"executor: sequential (runtime.executor=sequential){steps}"
     unsupported = vectorizable(ws)
     if unsupported is not None and choice == "vectorized":
         from autofl.errors import ConfigError
@@ -175,8 +180,9 @@ def make_executor(choice: str, ws: Workspace, client_chunk: int | None,
     blocker = unsupported or (slower_vectorized(ws, device) if choice == "auto" else None)
     if blocker is None:
         chunk = f", {client_chunk} clients per chunk" if client_chunk else ""
-        return VectorizedExecutor(ws, client_chunk), f"executor: vectorized (runtime.executor={choice}{chunk})"
-    return SequentialExecutor(ws), f"executor: sequential (runtime.executor=auto: {blocker})"
+        return (VectorizedExecutor(ws, client_chunk, compile_steps),
+                f"executor: vectorized (runtime.executor={choice}{chunk}){steps}")
+    return SequentialExecutor(ws, compile_steps), f"executor: sequential (runtime.executor=auto: {blocker}){steps}"
 
 
 def describe_executor(exp: Any, method_cls: MethodClass, device: torch.device | None = None) -> str:
@@ -186,4 +192,5 @@ def describe_executor(exp: Any, method_cls: MethodClass, device: torch.device | 
     if device is None:
         device = resolve_device(exp.runtime.device)
     workspace = Workspace(method.build_model(), method_cls.copies)
-    return make_executor(exp.runtime.executor, workspace, exp.runtime.client_chunk, device)[1]
+    return make_executor(exp.runtime.executor, workspace, exp.runtime.client_chunk, device, exp.runtime.compile,
+                         exp.fl.rounds)[1]

@@ -6,18 +6,23 @@ each update steps its own `torch.optim.SGD` over the module parameters it trains
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
+from autofl.engine import compiled
 from autofl.engine.executor import (ClientJob, ClientOutcome, RoundPlan, Workspace, batch_cuts, epoch_orders,
                                     stage_models)
+from autofl.engine.plan import Update
 from autofl.engine.state import clone_state
 
 
 class SequentialExecutor:
     name = "sequential"
 
-    def __init__(self, ws: Workspace):
+    def __init__(self, ws: Workspace, compile_steps: bool = False):
         self.ws = ws
+        self.compile_steps = compile_steps  # runtime.compile: forward + loss (+ its backward) run compiled
 
     def train(self, plan: RoundPlan, jobs: list[ClientJob], x: torch.Tensor, y: torch.Tensor) -> list[ClientOutcome]:
         outcomes = []
@@ -33,7 +38,8 @@ class SequentialExecutor:
         flags = {k: torch.tensor(v, dtype=x.dtype, device=x.device) for k, v in job.start.flags.items()}
         totals: dict[str, torch.Tensor] = {}
         counts: dict[str, int] = {}
-        for stage, orders in zip(plan.stages, epoch_orders(job, plan)):
+        for s, (stage, orders) in enumerate(zip(plan.stages, epoch_orders(job, plan))):
+            losses = [self._loss_fn(update, (s, u), plan.batch_size) for u, update in enumerate(stage.updates)]
             trained = stage_models(stage)
             trainable = set(ws.param_names(tuple(p for u in stage.updates for p in u.trains)))
             for name, p in ws.named_parameters():
@@ -50,10 +56,10 @@ class SequentialExecutor:
                 for a, b in batch_cuts(len(order), plan.batch_size):
                     idx = order[a:b]
                     xb, yb = x[idx], y[idx]
-                    for update, ps, opt in zip(stage.updates, params, opts):
+                    for update, loss_fn, ps, opt in zip(stage.updates, losses, params, opts):
                         if alternating:
                             ws.enter(trained, update)
-                        loss = update.loss(ws, xb, yb, flags)
+                        loss = loss_fn(xb, yb, flags)
                         opt.zero_grad(set_to_none=True)
                         loss.backward(inputs=ps if alternating else None)
                         opt.step()
@@ -68,6 +74,23 @@ class SequentialExecutor:
         for p in ws.parameters():
             p.grad = None
         ws.leave()
-        losses = {key: float(totals[key]) / max(counts.get(key, 0), 1) for key in totals}
-        losses.setdefault("loss", 0.0)
-        return ClientOutcome(clone_state(ws.model), losses)
+        mean_losses = {key: float(totals[key]) / max(counts.get(key, 0), 1) for key in totals}
+        mean_losses.setdefault("loss", 0.0)
+        return ClientOutcome(clone_state(ws.model), mean_losses)
+
+    def _loss_fn(self, update: Update, where: tuple[int, int], batch_size: int) -> Callable[..., torch.Tensor]:
+        """loss(x, y, flags) of one update on the workspace: eager, or (runtime.compile) compiled for
+        full batches of `batch_size` (one static shape); a smaller last batch runs eager."""
+        ws = self.ws
+        if not self.compile_steps:
+            return lambda xb, yb, flags: update.loss(ws, xb, yb, flags)
+        step = compiled.compiled(compiled.client_loss, compiled.step_key(update.loss, *where),
+                                 next(ws.parameters()).device)
+
+        def run(xb: torch.Tensor, yb: torch.Tensor, flags: dict[str, torch.Tensor]) -> torch.Tensor:
+            if len(xb) != batch_size:
+                return update.loss(ws, xb, yb, flags)
+            compiled.before_call(xb.device)
+            return step(ws, update.loss, xb, yb, flags)
+
+        return run

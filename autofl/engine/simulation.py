@@ -47,7 +47,8 @@ class Simulation:
         self.global_state: StateDict = clone_state(self.model)
         self.workspace = Workspace(self.model, self.method.copies)
         self.executor, self.executor_line = make_executor(exp.runtime.executor, self.workspace,
-                                                          exp.runtime.client_chunk, self.device)
+                                                          exp.runtime.client_chunk, self.device,
+                                                          exp.runtime.compile, exp.fl.rounds)
         self.client_states: dict[int, dict[str, Any]] = {}
         self.round = 0  # rounds completed
         self.history: list[dict[str, float]] = []

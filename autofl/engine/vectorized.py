@@ -32,8 +32,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
-from torch.func import functional_call, grad, vmap
-
+from autofl.engine import compiled
 from autofl.engine.executor import ClientJob, ClientOutcome, RoundPlan, Workspace, batch_cuts, epoch_orders, stage_models
 from autofl.engine.plan import Stage, Update
 
@@ -41,9 +40,10 @@ from autofl.engine.plan import Stage, Update
 class VectorizedExecutor:
     name = "vectorized"
 
-    def __init__(self, ws: Workspace, client_chunk: int | None = None):
+    def __init__(self, ws: Workspace, client_chunk: int | None = None, compile_steps: bool = False):
         self.ws = ws
         self.client_chunk = client_chunk
+        self.compile_steps = compile_steps  # runtime.compile: the batched step runs compiled (engine/compiled.py)
 
     def train(self, plan: RoundPlan, jobs: list[ClientJob], x: torch.Tensor, y: torch.Tensor) -> list[ClientOutcome]:
         sizes = [[b - a for a, b in batch_cuts(len(job.train_idx), plan.batch_size)] for job in jobs]
@@ -52,7 +52,8 @@ class VectorizedExecutor:
         outcomes: dict[int, ClientOutcome] = {}
         for start in range(0, len(order), chunk):
             members = order[start : start + chunk]
-            for i, outcome in zip(members, _ChunkRun(self.ws, plan, [jobs[i] for i in members], x, y).run()):
+            for i, outcome in zip(members, _ChunkRun(self.ws, plan, [jobs[i] for i in members], x, y,
+                                                        self.compile_steps).run()):
                 outcomes[i] = outcome
             plan.finished(len(members))
         return [outcomes[i] for i in range(len(jobs))]
@@ -61,8 +62,10 @@ class VectorizedExecutor:
 class _ChunkRun:
     """One chunk of clients, already sorted by (batches, last batch size) descending."""
 
-    def __init__(self, ws: Workspace, plan: RoundPlan, jobs: list[ClientJob], x: torch.Tensor, y: torch.Tensor):
+    def __init__(self, ws: Workspace, plan: RoundPlan, jobs: list[ClientJob], x: torch.Tensor, y: torch.Tensor,
+                 compile_steps: bool = False):
         self.ws, self.plan, self.jobs, self.x, self.y = ws, plan, jobs, x, y
+        self.compile_steps = compile_steps
         self.k = len(jobs)
         self.device = x.device
         self.orders = [epoch_orders(job, plan) for job in jobs]  # [client][stage][epoch] -> rows
@@ -116,7 +119,7 @@ class _ChunkRun:
                 if not self.batched[n]:
                     raise RuntimeError(f"{n}: a trained tensor must be stacked")
         opts = [self.plan.optimizer([self.state[n] for n in names]) for names in param_names]
-        steps = [self._make_step(u, names) for u, names in zip(stage.updates, param_names)]
+        steps = [self._make_step(u, names, (s, i)) for i, (u, names) in enumerate(zip(stage.updates, param_names))]
         n_steps = [len(c) for c in self.cuts]
         max_steps = max(n_steps, default=0)
         for e in range(self.plan.epochs(stage)):
@@ -170,38 +173,26 @@ class _ChunkRun:
                 runs.append((i, i + 1, b - a))
         return runs
 
-    def _make_step(self, update: Update, trained: list[str]) -> Callable[..., Any]:
-        trained_set = set(trained)
-        rest_names = [n for n in self.state if n not in trained_set]
-        rest_dims = {n: 0 if self.batched[n] else None for n in rest_names}
-        ws = self.ws
+    def _make_step(self, update: Update, trained: list[str], where: tuple[int, int]) -> "_Step":
+        return _Step(self, update, trained, where)
 
-        def client_loss(tr: dict[str, torch.Tensor], rest: dict[str, torch.Tensor], x: torch.Tensor,
-                        y: torch.Tensor, flags: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-            loss = functional_call(ws, (tr, rest), (x, y, flags, update.loss), strict=True)
-            return loss, loss.detach()
-
-        batched_step = vmap(grad(client_loss, has_aux=True), in_dims=(0, rest_dims, 0, 0, 0))
-
-        def step(lo: int, hi: int) -> Callable[..., Any]:
-            whole = lo == 0 and hi == self.k
-            tr = {n: self.state[n] if whole else self.state[n][lo:hi] for n in trained}
-            rest = {n: (self.state[n] if whole else self.state[n][lo:hi]) if self.batched[n] else self.state[n]
-                    for n in rest_names}
-            flags = {n: f if whole else f[lo:hi] for n, f in self.flags.items()}
-            return lambda xb, yb: batched_step(tr, rest, xb, yb, flags)
-
-        return step
-
-    def _update(self, update: Update, names: list[str], step_fn: Callable[..., Any], opt: torch.optim.Optimizer,
+    def _update(self, update: Update, names: list[str], step: "_Step", opt: torch.optim.Optimizer,
                 runs: list[tuple[int, int, int]], rows: torch.Tensor, active: int) -> None:
         single = len(runs) == 1 and runs[0][0] == 0 and runs[0][1] == self.k
         if not single:
             for n in names:
                 self.state[n].grad = torch.zeros_like(self.state[n])
-        for lo, hi, size in runs:
+        for j, (lo, hi, size) in enumerate(runs):
             idx = rows[lo:hi, :size]
-            grads, loss = step_fn(lo, hi)(self.x[idx], self.y[idx])
+            # runtime.compile: the first run is a prefix of the stack; when its batches are full-size it
+            # runs compiled on the whole stack (one static shape), its rows kept (see _Step.prefix)
+            if j == 0 and step.compiled is not None and size == self.plan.batch_size:
+                full = rows[:, :size]
+                grads, loss = step.prefix(hi, self.x[full], self.y[full])
+                if hi < self.k:
+                    grads, loss = {n: g[:hi] for n, g in grads.items()}, loss[:hi]
+            else:
+                grads, loss = step(lo, hi)(self.x[idx], self.y[idx])
             for n in names:
                 if single:
                     self.state[n].grad = grads[n]
@@ -243,3 +234,47 @@ class _ChunkRun:
             for key, mom in self._momentum(opts, param_names):
                 if key in saved_momentum:
                     mom[lo:] = saved_momentum[key][lo:]
+
+
+class _Step:
+    """One update's batched step on a chunk: eager on a slice of clients, or (runtime.compile)
+    compiled on the whole stack."""
+
+    def __init__(self, run: _ChunkRun, update: Update, trained: list[str], where: tuple[int, int]):
+        self.run, self.update, self.trained = run, update, trained
+        trained_set = set(trained)
+        self.rest_names = [n for n in run.state if n not in trained_set]
+        self.rest_dims = {n: 0 if run.batched[n] else None for n in self.rest_names}
+        # stacked buffers a forward may write (BatchNorm running statistics)
+        self.buffers = [n for n, _ in run.ws.named_buffers() if n in self.rest_dims and run.batched[n]]
+        self.compiled = None
+        if run.compile_steps:
+            self.compiled = compiled.compiled(compiled.batched_grads, compiled.step_key(update.loss, *where),
+                                              run.device)
+
+    def __call__(self, lo: int, hi: int) -> Callable[..., Any]:
+        """The eager step of clients lo:hi (views of their rows)."""
+        run = self.run
+        whole = lo == 0 and hi == run.k
+        tr = {n: run.state[n] if whole else run.state[n][lo:hi] for n in self.trained}
+        rest = {n: (run.state[n] if whole else run.state[n][lo:hi]) if run.batched[n] else run.state[n]
+                for n in self.rest_names}
+        flags = {n: f if whole else f[lo:hi] for n, f in run.flags.items()}
+        return lambda xb, yb: compiled.batched_grads(run.ws, self.update.loss, self.rest_dims, tr, rest, xb, yb, flags)
+
+    def prefix(self, hi: int, xb: torch.Tensor, yb: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """The compiled step of the whole stack on (K, batch) rows, for clients 0:hi: the caller keeps
+        the gradients and losses of rows 0:hi; rows from hi on (clients past their last full batch,
+        fed padding rows) leave their buffers unchanged, since their forward writes into copies."""
+        run = self.run
+        assert self.compiled is not None
+        tr = {n: run.state[n] for n in self.trained}
+        rest = {n: run.state[n] for n in self.rest_names}
+        copies = {n: run.state[n].clone() for n in self.buffers} if hi < run.k else {}
+        rest.update(copies)
+        compiled.before_call(run.device)
+        grads, loss = self.compiled(run.ws, self.update.loss, self.rest_dims, tr, rest, xb, yb, run.flags)
+        with torch.no_grad():
+            for n, copy in copies.items():
+                run.state[n][:hi] = copy[:hi]
+        return grads, loss

@@ -1,0 +1,105 @@
+"""`runtime.compile`: the executors' per-step functions compiled with `torch.compile` and replayed.
+
+What is compiled (the executors keep their own loops, optimizers and bookkeeping):
+- vectorized: the batched step, `vmap(grad(loss))` over a run of clients: forward, the method's loss
+  and backward of every client at once (`batched_grads`);
+- sequential: one client's forward and the method's loss (`client_loss`); AOTAutograd compiles its
+  backward with it, so `loss.backward()` replays the compiled backward.
+The SGD update stays `torch.optim.SGD` (a few fused foreach kernels per step).
+
+Nothing recompiles across rounds: the compiled functions take the workspace, the loss and every
+tensor (parameters, per-client flags, the method's closure tensors such as FedFCD's GFRs) as inputs,
+and the learning rate never enters them. Shapes that change (the number of clients still training,
+a smaller last batch) are compiled once more with that dimension symbolic (torch's automatic dynamic
+shapes), so uneven clients keep the executors' exact semantics: every client still sees exactly its
+own batch.
+
+Caching: one compiled function per (executor, method's loss, stage, update, device, mode), held in
+a module-level dict, so the trials a worker process runs one after another reuse what the first
+traced; each key gets its own code object, so torch's per-function recompile limit counts one
+key's variants (train/eval modes, static then dynamic shapes) and never another key's. Inductor's
+generated kernels are cached on disk (`TORCHINDUCTOR_CACHE_DIR`, torch's default
+`/tmp/torchinductor_<user>`), so a new process compiles the same step from cache.
+
+On CUDA the mode is "reduce-overhead" (CUDA graphs: one launch per step); on CPU inductor's
+default mode. `auto` decides with `choose_compile`.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any, Callable, Hashable
+
+import torch
+from torch.func import functional_call, grad, vmap
+
+# rounds a trial must run before `auto` compiles on CUDA: compiling a step costs tens of seconds once
+# (less from inductor's disk cache); the issue measured 1.11 s for an eager fedfcd-t1 round on an
+# H100 against a 50 ms target, so compiling pays after some 30-60 rounds. Provisional until measured.
+AUTO_MIN_ROUNDS_CUDA = 50
+
+
+def batched_grads(ws: torch.nn.Module, loss: Callable[..., torch.Tensor], rest_dims: dict[str, int | None],
+                  tr: dict[str, torch.Tensor], rest: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
+                  flags: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Per-client gradients of `loss` w.r.t. the trained tensors `tr`, and each client's loss:
+    `vmap(grad(functional_call(ws, ...)))` over the leading client dimension."""
+
+    def one_client(tr: dict[str, torch.Tensor], rest: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
+                   flags: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        value = functional_call(ws, (tr, rest), (x, y, flags, loss), strict=True)
+        return value, value.detach()
+
+    return vmap(grad(one_client, has_aux=True), in_dims=(0, rest_dims, 0, 0, 0))(tr, rest, x, y, flags)
+
+
+def client_loss(ws: torch.nn.Module, loss: Callable[..., torch.Tensor], x: torch.Tensor, y: torch.Tensor,
+                flags: dict[str, torch.Tensor]) -> torch.Tensor:
+    """One client's loss on one batch (the sequential executor's step before backward)."""
+    return loss(ws, x, y, flags)
+
+
+def compile_mode(device: torch.device) -> str:
+    return "reduce-overhead" if device.type == "cuda" else "default"
+
+
+_COMPILED: dict[Hashable, Callable[..., Any]] = {}
+
+
+def compiled(fn: Callable[..., Any], key: Hashable, device: torch.device) -> Callable[..., Any]:
+    """`fn` compiled for `key` on `device`, made once per process and reused (see the module doc)."""
+    full_key = (fn.__qualname__, key, device.type, compile_mode(device))
+    if full_key not in _COMPILED:
+        # a copy of fn with its own code object: torch caches compiled frames (and counts recompiles) per code object
+        code = fn.__code__.replace(co_name=f"{fn.__name__}_{len(_COMPILED)}")
+        copy = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
+        _COMPILED[full_key] = torch.compile(copy, mode=compile_mode(device), dynamic=False)
+    return _COMPILED[full_key]
+
+
+def step_key(loss: Callable[..., Any], stage: int, update: int) -> Hashable:
+    """What identifies one update's step across rounds and trials: the loss's definition (not the
+    closure made this round) and its place in the method's declaration."""
+    return (getattr(loss, "__module__", None), getattr(loss, "__qualname__", repr(loss)), stage, update)
+
+
+def before_call(device: torch.device) -> None:
+    """CUDA graphs reuse their output memory on the next replay: mark each step as a new one (the
+    executors consume a step's outputs before calling the next)."""
+    if device.type == "cuda":
+        torch.compiler.cudagraph_mark_step_begin()
+
+
+def choose_compile(choice: str, device: torch.device, rounds: int) -> tuple[bool, str]:
+    """Whether to compile under runtime.compile = `choice`, and the reason for the log line."""
+    if choice == "on":
+        return True, f"runtime.compile=on, {compile_mode(device)} mode"
+    if choice == "off":
+        return False, "runtime.compile=off"
+    if device.type != "cuda":
+        return False, ("runtime.compile=auto: eager on CPU (compiled steps measured no faster there; "
+                       "see README Benchmarks)")
+    if rounds < AUTO_MIN_ROUNDS_CUDA:
+        return False, (f"runtime.compile=auto: eager, {rounds} rounds are too few to pay the compile time "
+                       f"(compiles from {AUTO_MIN_ROUNDS_CUDA})")
+    return True, f"runtime.compile=auto: compiled with CUDA graphs ({rounds} rounds pay the compile time)"

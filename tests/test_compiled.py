@@ -1,0 +1,65 @@
+"""runtime.compile: the config word, what `auto` chooses and says, and the per-process cache of compiled steps.
+
+Exactness of compiled steps against eager is in test_executor_equivalence.py (test_compiled_steps_equal_eager).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autofl.engine import compiled
+from autofl.engine.executor import Workspace, make_executor
+from autofl.errors import ConfigError
+from autofl.experiment import load_experiment
+
+
+@pytest.mark.parametrize("text,word", [("on", "on"), ("off", "off"), ("true", "on"), ("false", "off"),
+                                       ("auto", "auto")])
+def test_yaml_on_off_are_the_words_not_booleans(text, word):
+    assert load_experiment(None, [f"runtime.compile={text}"]).runtime.compile == word
+
+
+def test_unknown_compile_value_is_one_line_naming_the_field():
+    with pytest.raises(ConfigError) as err:
+        load_experiment(None, ["runtime.compile=always"])
+    line = str(err.value)
+    assert "\n" not in line and "runtime.compile" in line and "auto" in line and "off" in line
+
+
+def test_auto_is_eager_on_cpu_and_compiles_long_cuda_trials_only():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert compiled.choose_compile("auto", cpu, 10_000)[0] is False
+    assert "CPU" in compiled.choose_compile("auto", cpu, 10_000)[1]
+    short, why = compiled.choose_compile("auto", cuda, compiled.AUTO_MIN_ROUNDS_CUDA - 1)
+    assert short is False and "too few" in why
+    assert compiled.choose_compile("auto", cuda, compiled.AUTO_MIN_ROUNDS_CUDA)[0] is True
+    assert compiled.choose_compile("on", cpu, 1) == (True, "runtime.compile=on, default mode")
+    assert compiled.choose_compile("on", cuda, 1)[1].endswith("reduce-overhead mode")
+    assert compiled.choose_compile("off", cuda, 10_000)[0] is False
+
+
+@pytest.mark.parametrize("executor", ["sequential", "vectorized"])
+@pytest.mark.parametrize("choice", ["auto", "on", "off"])
+def test_executor_line_says_what_compile_chose_and_why(executor, choice):
+    ws = Workspace(torch.nn.Sequential(torch.nn.Linear(4, 2)), ())
+    ex, line = make_executor(executor, ws, None, torch.device("cpu"), choice, rounds=20)
+    assert ex.compile_steps is (choice == "on")
+    assert f"steps: {'compiled' if choice == 'on' else 'eager'} (runtime.compile={choice}" in line
+
+
+def test_a_step_is_compiled_once_per_key_and_reused_across_trials():
+    def loss_a(ws, x, y, flags):
+        return x.sum()
+
+    def loss_b(ws, x, y, flags):
+        return x.sum()
+
+    cpu = torch.device("cpu")
+    first = compiled.compiled(compiled.client_loss, compiled.step_key(loss_a, 0, 0), cpu)
+    # a later trial's round makes a new closure of the same loss: the same compiled function serves it
+    again = compiled.compiled(compiled.client_loss, compiled.step_key(loss_a, 0, 0), cpu)
+    other_update = compiled.compiled(compiled.client_loss, compiled.step_key(loss_a, 0, 1), cpu)
+    other_loss = compiled.compiled(compiled.client_loss, compiled.step_key(loss_b, 0, 0), cpu)
+    assert first is again
+    assert len({id(first), id(other_update), id(other_loss)}) == 3
