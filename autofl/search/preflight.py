@@ -7,6 +7,7 @@ nothing here waits longer than PROBE_TIMEOUT_S.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 from pathlib import Path
@@ -37,7 +38,8 @@ def address_endpoint(address: str) -> tuple[str, int] | None:
     if not sep:
         host, port_text = text, str(DEFAULT_GCS_PORT)
     host = host.strip("[]")
-    if not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+    hostname = re.fullmatch(r"[A-Za-z0-9](?:[A-Za-z0-9.\-]*[A-Za-z0-9])?|[0-9A-Fa-f:.]+", host)
+    if not hostname or not port_text.isdigit() or not 0 < int(port_text) < 65536:
         raise ConfigError(f"--address {address!r}: not a Ray address; allowed: HOST:PORT (e.g. 10.0.0.5:6379), "
                           f"ray://HOST:PORT, or auto")
     return host, int(port_text)
@@ -93,9 +95,11 @@ def check_storage_path(path: str | None, field: str = "--storage-path") -> str |
 
 
 def node_resources() -> list[dict[str, float]]:
-    """Each live Ray node's resources (after Ray started)."""
+    """Each live Ray node's resources (after Ray started; none before)."""
     import ray
 
+    if not ray.is_initialized():
+        return []
     return [dict(n.get("Resources", {})) for n in ray.nodes() if n.get("Alive")]
 
 
