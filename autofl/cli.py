@@ -77,7 +77,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def _import_trial_stack() -> None:
     import optuna  # noqa: F401
 
-    import autofl.search.searcher  # noqa: F401
+    import autofl.search.searcher  # noqa: F401  (ray.tune's search package)
     import autofl.search.trainable  # noqa: F401  (torch, ray.tune, the engine)
 
 
@@ -129,8 +129,8 @@ def cmd_search(args: argparse.Namespace) -> int:
                                f"with PostgreSQL storage (space `storage:` or AUTOFL_STORAGE) to run several")
     else:
         lock.acquire(sqlite=sqlite)
-    from autofl.search.logs import start_ray
-    from autofl.search.runner import join, search
+    from autofl.search.ray_start import start_ray
+    from autofl.search.runner import run_study
 
     # Ray's processes start while this thread waits on them: import the trial stack meanwhile
     # (measured on 2 cores: the quickstart's start-up overlaps by about 1.5 s)
@@ -150,10 +150,7 @@ def cmd_search(args: argparse.Namespace) -> int:
                   f"{' (also shown here)' if args.verbose else ''}", soft_wrap=True)
     record_before = study.meta()  # unchanged after a --resume that found nothing to do
     try:
-        if args.join:
-            join(study, args.address)
-        else:
-            search(study, args.trials, args.address, resume=bool(args.resume))
+        run_study(study, args.trials, args.address, resume=bool(args.resume), join_shared=bool(args.join))
     finally:
         lock.release()
     _print_status(study)
@@ -179,14 +176,10 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 
 def display_state(row: dict, live_driver: bool) -> str:
-    """Optuna's state, except INTERRUPTED for a trial a killed or stopped driver left: FAIL marked
-    interrupted, or RUNNING with no live main driver (a --join driver's trials stay RUNNING)."""
-    if row["state"] == "FAIL" and row["user_attrs"].get("interrupted"):
-        return "INTERRUPTED"
-    joined = str(row["user_attrs"].get("tune_run", "")).startswith("join-")
-    if row["state"] in ("RUNNING", "WAITING") and not live_driver and not joined:
-        return "INTERRUPTED"
-    return row["state"]
+    """The state the ledger shows for a trial row (INTERRUPTED for one a killed driver left)."""
+    from autofl.search.ledger import shown_state
+
+    return shown_state(row["state"], row["user_attrs"], live_driver)
 
 
 def display_counts(rows: list[dict], live_driver: bool) -> dict[str, int]:
@@ -294,7 +287,7 @@ def _reevaluate(study, seeds: int, top: int, vary_partition: bool, address: str 
         show.print(f"re-evaluation of study {study.name}: {total} runs (configs x seeds), "
                    f"{total - missing} already done, {missing} to run", soft_wrap=True)
         if missing:  # Ray starts only when there is something to run
-            from autofl.search.logs import start_ray
+            from autofl.search.ray_start import start_ray
 
             start_ray(study.root, address, verbose)
 

@@ -256,7 +256,9 @@ class Experiment(Strict):
         return DATASETS.get(self.data.dataset).facts(self.data)
 
 
-def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+def set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set `a.b.c` in a nested dict, making missing (or null) sections; a key through a value is
+    a ConfigError. The one dotted-key setter: `--set` overrides and a trial's searched values."""
     parts = dotted.split(".")
     node = tree
     for part in parts[:-1]:
@@ -284,7 +286,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
             raise ConfigError(f"--set {key.strip()}: value refused: {err}") from None
         except yaml.YAMLError:
             value = text
-        _set_dotted(tree, key.strip(), value)
+        set_dotted(tree, key.strip(), value)
     return tree
 
 

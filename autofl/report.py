@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from autofl.files import write_atomic
+from autofl.search.objectives import better, sign
 from autofl.search.study import Study
 
 
@@ -87,14 +88,13 @@ def _best_so_far(space, ot, trials: list, compute: dict[int, float]) -> list[Fig
     import matplotlib.pyplot as plt
     import optuna.visualization.matplotlib as ovm
 
-    better = max if space.mode == "max" else min
     xs, ys, best, spent = [], [], None, 0.0
     for t in sorted(trials, key=lambda t: t.datetime_complete or t.datetime_start):
         if not t.state.is_finished():
             continue
         spent += compute[t.number]
         if t.state.name == "COMPLETE" and t.values:
-            best = t.values[0] if best is None else better(best, t.values[0])
+            best = t.values[0] if better(t.values[0], best, space.mode) else best
         if best is not None:
             xs.append(spent)
             ys.append(best)
@@ -200,7 +200,6 @@ def leaderboard(space, trials: list, compute: dict[int, float],
                 summary: dict[str, Any] | None) -> list[dict[str, Any]]:
     """Cross-method studies: per method, its best trial, re-evaluated mean (if one of its configs
     was re-evaluated), trials run and compute spent."""
-    better = max if space.mode == "max" else min
     methods: dict[str, dict[str, Any]] = {}
     for t in trials:
         if "method.name" not in t.params or not t.state.is_finished():
@@ -212,16 +211,15 @@ def leaderboard(space, trials: list, compute: dict[int, float],
         row["compute"] += compute[t.number]
         value = t.values[0] if t.values else None
         if t.state.name == "COMPLETE" and value is not None and (row["best"] is None or
-                                                                better(row["best"], value) == value):
+                                                                not better(row["best"], value, space.mode)):  # ties: the later trial
             row["best"], row["best_trial"] = value, t.number
     for r in (summary or {}).get("rows", []):
         method = r["params"].get("method.name")
         if method in methods and space.objective in r:
             current = methods[method]["reeval_mean"]
             mean = r[space.objective]["mean"]
-            methods[method]["reeval_mean"] = mean if current is None else better(current, mean)
-    return sorted(methods.values(), key=lambda r: (r["best"] is None, -(r["best"] or 0) if space.mode == "max"
-                                                   else (r["best"] or 0)))
+            methods[method]["reeval_mean"] = mean if better(mean, current, space.mode) else current
+    return sorted(methods.values(), key=lambda r: (r["best"] is None, -sign(space.mode) * (r["best"] or 0)))
 
 
 def _table(header: list[str], rows: list[list[Any]]) -> str:
@@ -236,11 +234,9 @@ def _table(header: list[str], rows: list[list[Any]]) -> str:
 
 
 def _interval(stat: dict[str, float] | None) -> str:
-    if not stat:
-        return "-"
-    if math.isnan(stat.get("ci_low", math.nan)):
-        return f"{stat['mean']:.4f}"
-    return f"{stat['mean']:.4f} [{stat['ci_low']:.4f}, {stat['ci_high']:.4f}]"
+    from autofl.views import format_interval
+
+    return format_interval(stat, bounds=True)
 
 
 WIDE = ("round_curves", "parallel_coordinates")  # figures given the page's full width

@@ -8,13 +8,21 @@ from typing import Any
 from rich.table import Table
 
 
-def _interval(stat: dict[str, float] | None, signed: bool = False) -> str:
-    """`mean ± h`: the 95% CI is [mean - h, mean + h] (Student t); the mean alone for one seed."""
+def format_interval(stat: dict[str, float] | None, signed: bool = False, bounds: bool = False) -> str:
+    """A mean with its 95% CI (Student t): `mean ± h` (the CI is [mean - h, mean + h]), or with
+    `bounds` `mean [low, high]`; the mean alone for one seed, `-` for none. The one format of an
+    interval: terminal tables and the HTML report."""
     if not stat:
         return "-"
     text = f"{stat['mean']:+.4f}" if signed else f"{stat['mean']:.4f}"
-    half = stat["ci_high"] - stat["mean"]
-    return text if math.isnan(half) else f"{text} ± {half:.4f}"
+    if math.isnan(stat.get("ci_low", math.nan)) or math.isnan(stat.get("ci_high", math.nan)):
+        return text
+    if bounds:
+        return f"{text} [{stat['ci_low']:.4f}, {stat['ci_high']:.4f}]"
+    return f"{text} ± {stat['ci_high'] - stat['mean']:.4f}"
+
+
+_interval = format_interval
 
 
 def format_params(params: dict[str, Any], short: bool = True) -> str:

@@ -130,7 +130,7 @@ import pytest  # noqa: E402
 @pytest.fixture(scope="module")
 def monkeypatch_module():
     """A valid space would start Ray: stop at the point where the search would begin."""
-    from autofl.search import runner
+    from autofl.search import ray_start, runner
 
     import optuna
 
@@ -139,7 +139,7 @@ def monkeypatch_module():
         ot.tell(ot.ask(), 0.5)
 
     mp = pytest.MonkeyPatch()
-    mp.setattr(runner, "init_ray", lambda address: None)
+    mp.setattr(ray_start, "init_ray", lambda address, **kwargs: None)
     mp.setattr(runner, "search", one_finished_trial)
     yield mp
     mp.undo()

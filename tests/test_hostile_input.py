@@ -51,7 +51,7 @@ def fine_space(tmp_path: Path, name: str = "fine", **extra) -> Path:
 @pytest.fixture
 def no_ray(monkeypatch):
     """Stop where Ray would start: record the runs the search would make instead."""
-    from autofl.search import logs, preflight, runner
+    from autofl.search import preflight, ray_start, runner
 
     import optuna
 
@@ -64,7 +64,7 @@ def no_ray(monkeypatch):
         for _ in range(trials):
             ot.tell(ot.ask(), 0.5)
 
-    monkeypatch.setattr(logs, "start_ray", lambda root, address, verbose, meanwhile=None: Path(root) / "logs")
+    monkeypatch.setattr(ray_start, "start_ray", lambda root, address, verbose, meanwhile=None: Path(root) / "logs")
     monkeypatch.setattr(preflight, "check_cluster_fits", lambda cpu, gpu, address: None)
     monkeypatch.setattr(runner, "run_experiment", run_experiment)
     return runs
@@ -132,14 +132,15 @@ def test_start_points_never_exceed_the_runs_budget(tmp_path):
     import optuna
 
     from autofl.search import study as st
-    from autofl.search.runner import _searcher
+    from autofl.search.ledger import Ledger
     from autofl.search.space import load_space
+    from autofl.search.tune_run import make_searcher
 
     path = tmp_path / "cross.yaml"
     path.write_text(yaml.safe_dump({"study": "cross", "trials": 1, "params": {
         "method.name": {"type": "categorical", "choices": ["fedavg", "fedprox", "fdcl"]}}}))
     study = st.create_study(tmp_path / "home", path, load_space(path), None)
-    _searcher(study.space(), study, "run-1", 1, with_start_point=True)
+    make_searcher(study.space(), Ledger(study.root), "run-1", 1, with_start_point=True)
     waiting = optuna.load_study(study_name="cross", storage=study.storage_url()).get_trials(
         states=(optuna.trial.TrialState.WAITING,))
     assert len(waiting) == 1  # main: 3, two of them never run
@@ -172,13 +173,13 @@ def test_resume_of_a_study_whose_start_failed_runs_its_trials(tmp_path, capsys, 
 
 
 def test_a_start_that_fails_after_the_folder_exists_leaves_no_study(tmp_path, capsys, no_ray, monkeypatch):
-    from autofl.search import logs
+    from autofl.search import ray_start
 
     def ray_fails(root, address, verbose, meanwhile=None):
         (Path(root) / "logs").mkdir()
         raise RuntimeError("Failed to start the GCS\nsecond line")
 
-    monkeypatch.setattr(logs, "start_ray", ray_fails)
+    monkeypatch.setattr(ray_start, "start_ray", ray_fails)
     home = tmp_path / "home"
     (home / "mine").mkdir(parents=True)
     (home / "mine" / "notes.txt").write_text("keep me")

@@ -86,8 +86,9 @@ def test_a_postgres_study_runs_its_paper_default_within_its_budget(pg, tmp_path,
     the study's shared budget before any driver took it; likewise a cross-method study with as many
     trials as methods."""
     from autofl.search import study as st
-    from autofl.search.runner import _searcher
+    from autofl.search.ledger import Ledger
     from autofl.search.space import load_space
+    from autofl.search.tune_run import make_searcher
 
     monkeypatch.setenv("PGPASSWORD", pg.password)
     name = f"pgbudget{trials}"
@@ -96,8 +97,9 @@ def test_a_postgres_study_runs_its_paper_default_within_its_budget(pg, tmp_path,
         {"fl.lr": {"type": "float", "low": 0.01, "high": 0.1, "log": True}}
     path.write_text(yaml.safe_dump({"study": name, "trials": trials, "storage": pg.url, "params": params}))
     study = st.create_study(tmp_path / "home", path, load_space(path), None)
-    searcher = _searcher(study.space(), study, "run-1", trials, with_start_point=True)
-    searcher._ot_study.set_user_attr("trials_requested", trials)  # as run_experiment does
+    ledger = Ledger(study.root)
+    searcher = make_searcher(study.space(), ledger, "run-1", trials, with_start_point=True)
+    ledger.set_requested(trials)  # as run_experiment does
     suggested = [searcher.suggest(f"t{i}") for i in range(trials)]
     assert all(isinstance(s, dict) for s in suggested), suggested
     if trials == 3:

@@ -11,6 +11,7 @@ import yaml
 from optuna.distributions import FloatDistribution
 from ray.tune.schedulers import TrialScheduler
 
+from autofl.search.ledger import Ledger
 from autofl.search.scheduler import StudyASHA
 
 
@@ -31,9 +32,14 @@ def _study(tmp_path, curves: dict[str, dict[int, float]], mode: str = "max"):
 
 
 def _asha(root, mode: str = "max") -> StudyASHA:
-    asha = StudyASHA(root, time_attr="round", max_t=8, grace_period=2, reduction_factor=2)
+    asha = StudyASHA(Ledger(root), time_attr="round", max_t=8, grace_period=2, reduction_factor=2)
     asha.set_search_properties(metric="acc", mode=mode, config={})
     return asha
+
+
+def _judge(asha: StudyASHA, trial_id: str, rnd: int, value: float) -> str:
+    """Tune hands the scheduler a result (its public hook)."""
+    return asha.on_trial_result(None, SimpleNamespace(trial_id=trial_id), {"round": rnd, "acc": value})
 
 
 def test_rungs_hold_the_studys_values_at_each_milestone(tmp_path):
@@ -41,21 +47,22 @@ def test_rungs_hold_the_studys_values_at_each_milestone(tmp_path):
                              None: {2: 0.98}})
     asha = _asha(root)
     assert asha.seed_from_study() == 3 and asha.seed_from_study() == 0  # once per driver
-    rungs = {int(m): r for m, r in asha._brackets[0]._rungs}
+    rungs = {int(m): r for m, r in asha.rungs.items()}
     assert rungs[2] == {"a": 0.5, "b": 0.3} and rungs[4] == {"a": 0.7}  # interrupted and untagged left out
     # a new trial at round 2 below the rung's cutoff (its median here) is stopped, above it continues
-    bracket = asha._brackets[0]
-    assert bracket.on_result(SimpleNamespace(trial_id="new1"), 2, 0.2) == TrialScheduler.STOP
-    assert bracket.on_result(SimpleNamespace(trial_id="new2"), 2, 0.6) == TrialScheduler.CONTINUE
+    assert _judge(asha, "new1", 2, 0.2) == TrialScheduler.STOP
+    assert _judge(asha, "new2", 2, 0.6) == TrialScheduler.CONTINUE
     # a resumed trial already judged at rung 2 is not judged there again
-    assert bracket.on_result(SimpleNamespace(trial_id="b"), 2, 0.0) == TrialScheduler.CONTINUE
+    assert _judge(asha, "b", 2, 0.0) == TrialScheduler.CONTINUE
 
 
-def test_minimized_objectives_are_recorded_negated_as_asha_does(tmp_path):
+def test_minimized_objectives_are_recorded_and_judged_as_asha_does(tmp_path):
     root = _study(tmp_path, {"a": {2: 0.5}}, mode="min")
     asha = _asha(root, mode="min")
     asha.seed_from_study()
-    assert {int(m): r for m, r in asha._brackets[0]._rungs}[2] == {"a": -0.5}
+    assert {int(m): r for m, r in asha.rungs.items()}[2] == {"a": 0.5}  # in the objective's units
+    assert _judge(asha, "worse", 2, 0.6) == TrialScheduler.STOP  # higher is worse when minimizing
+    assert _judge(asha, "better", 2, 0.4) == TrialScheduler.CONTINUE
 
 
 def test_a_restored_scheduler_seeds_again(tmp_path):
@@ -65,5 +72,5 @@ def test_a_restored_scheduler_seeds_again(tmp_path):
     asha = _asha(root)
     asha.seed_from_study()
     restored = pickle.loads(pickle.dumps(asha))
-    assert restored._seeded is False  # looks at the study again, without recording a value twice
-    assert restored.seed_from_study() == 0 and {int(m): r for m, r in restored._brackets[0]._rungs}[2] == {"a": 0.5}
+    assert restored.seed_from_study() == 1  # looks at the study again, without recording a value twice
+    assert restored.seed_from_study() == 0 and {int(m): r for m, r in restored.rungs.items()}[2] == {"a": 0.5}

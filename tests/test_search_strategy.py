@@ -10,9 +10,11 @@ import sys
 import optuna
 import pytest
 import yaml
-from ray.tune.schedulers import AsyncHyperBandScheduler, MedianStoppingRule
+from ray.tune.schedulers import MedianStoppingRule
 
 from autofl.errors import ConfigError
+from autofl.search.ledger import Ledger
+from autofl.search.scheduler import StudyASHA
 from autofl.search.space import SearchSpace, load_space
 from autofl.search.strategy import grid_size, make_sampler, make_scheduler
 
@@ -38,8 +40,8 @@ def test_default_is_seeded_tpe_with_autofl_options_and_asha(tmp_path):
         study.optimize(lambda t: -(t.suggest_float("x", 0, 1) - 0.3) ** 2, n_trials=14)
         values.append([t.params["x"] for t in study.trials])
     assert values[0] == values[1]
-    scheduler = make_scheduler(space, tmp_path)
-    assert isinstance(scheduler, AsyncHyperBandScheduler) and len(scheduler._brackets) == 1
+    scheduler = make_scheduler(space, Ledger(tmp_path))
+    assert isinstance(scheduler, StudyASHA) and scheduler.brackets == 1
 
 
 @pytest.mark.parametrize("sampler,cls", [
@@ -77,11 +79,11 @@ def test_grid_visits_every_config_once_and_survives_ask_and_tell(tmp_path):
 
 def test_schedulers_are_tunes(tmp_path):
     hyperband = make_scheduler(load_space(_write(tmp_path, scheduler={"kind": "hyperband", "brackets": 2,
-                                                                      "grace_period": 1})), tmp_path)
-    assert isinstance(hyperband, AsyncHyperBandScheduler) and len(hyperband._brackets) == 2
-    median = make_scheduler(load_space(_write(tmp_path, scheduler={"kind": "median", "grace_period": 2})), tmp_path)
+                                                                      "grace_period": 1})), Ledger(tmp_path))
+    assert isinstance(hyperband, StudyASHA) and hyperband.brackets == 2
+    median = make_scheduler(load_space(_write(tmp_path, scheduler={"kind": "median", "grace_period": 2})), Ledger(tmp_path))
     assert isinstance(median, MedianStoppingRule)
-    assert make_scheduler(load_space(_write(tmp_path, scheduler={"kind": "none"})), tmp_path) is None
+    assert make_scheduler(load_space(_write(tmp_path, scheduler={"kind": "none"})), Ledger(tmp_path)) is None
 
 
 MULTI = {"objectives": ["personal_val_acc", "personal_val_acc_p10"]}

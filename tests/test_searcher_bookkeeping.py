@@ -5,12 +5,17 @@ import pickle
 from pathlib import Path
 
 import optuna
-from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
 from ray.tune.search import Searcher
 
-from autofl.search.searcher import RoundAwareOptunaSearch
+from autofl.search.ledger import Ledger
+from autofl.search.searcher import StudySearcher
 from autofl.search.stopper import AlreadyRecordedStopper
+
+
+def define_x(trial) -> None:
+    """The test's space: one float `x` (module level: the searcher pickles it)."""
+    trial.suggest_float("x", 0.0, 1.0)
 
 
 def study_url(tmp_path: Path) -> str:
@@ -21,11 +26,10 @@ def study_url(tmp_path: Path) -> str:
     return f"sqlite:///{root / 'optuna.db'}"
 
 
-def make_searcher(url: str, budget: int = 6) -> RoundAwareOptunaSearch:
+def make_searcher(url: str, budget: int = 6) -> StudySearcher:
     root = Path(url.removeprefix("sqlite:///")).parent
-    return RoundAwareOptunaSearch(space={"x": FloatDistribution(0.0, 1.0)}, metric="personal_val_acc", mode="max",
-                                  storage=optuna.storages.RDBStorage(url), study_name="s", max_t=4,
-                                  run_name="run-1", budget=budget, study_root=root)
+    return StudySearcher(Ledger(root), define_x, optuna.samplers.TPESampler(seed=0), metric="personal_val_acc",
+                         mode="max", max_t=4, run_name="run-1", budget=budget)
 
 
 def test_stopped_early_is_pruned_full_length_is_complete_errors_fail(tmp_path):
@@ -69,13 +73,13 @@ def test_searcher_budget_counts_finished_trials_its_restored_state_never_saw(tmp
     url = study_url(tmp_path)
     snapshot = make_searcher(url, budget=4)
     assert snapshot.suggest("a") is not None
-    snapshot.save(str(tmp_path / "searcher.pkl"))  # what Tune's last snapshot holds
+    snapshot.save(str(tmp_path / "searcher.json"))  # what Tune's last snapshot holds
     assert snapshot.suggest("b") is not None and snapshot.suggest("c") is not None  # after the snapshot
     study = optuna.load_study(study_name="s", storage=url)
     study.tell(1, 0.8)  # "b" finished before the kill, "c" was still running (an orphan to replace)
 
     restored = make_searcher(url, budget=4)
-    restored.restore(str(tmp_path / "searcher.pkl"))
+    restored.restore(str(tmp_path / "searcher.json"))
     assert restored.suggest("d") is not None and restored.suggest("e") is not None  # a, b, d, e
     assert restored.suggest("f") == Searcher.FINISHED
 
@@ -90,7 +94,7 @@ def test_stopper_stops_only_trials_already_finished_in_the_study_and_rechecks_af
     study.tell(0, 0.9)
     study.tell(2, 0.5)
 
-    stopper = AlreadyRecordedStopper(tmp_path / "s", "run-2")
+    stopper = AlreadyRecordedStopper(Ledger(tmp_path / "s"), "run-2")
     assert stopper("done", {"round": 3}) is True
     assert stopper("other_run", {"round": 1}) is False  # an id of another experiment is not this one
     assert stopper("running", {"round": 3}) is False
@@ -141,7 +145,7 @@ def test_pickled_searcher_and_stopper_carry_the_study_folder_not_the_storage(tmp
     restored.on_trial_complete("a", {"personal_val_acc": 0.5, "round": 4})
     (trial,) = optuna.load_study(study_name="s", storage=url).get_trials()
     assert trial.state == TrialState.COMPLETE and trial.value == 0.5
-    stopper = pickle.dumps(AlreadyRecordedStopper(tmp_path / "s", "run-1"))
+    stopper = pickle.dumps(AlreadyRecordedStopper(Ledger(tmp_path / "s"), "run-1"))
     assert b"optuna.db" not in stopper and b"sqlite" not in stopper
 
 

@@ -32,17 +32,17 @@ def test_nan_training_loss_ends_the_trial_with_its_reason_and_the_searcher_recor
     assert result["diverged"] == f"diverged at round {result['round']}: train_loss is nan"
 
     import optuna
-    from optuna.distributions import FloatDistribution
 
-    from autofl.search.searcher import RoundAwareOptunaSearch
+    from autofl.search.ledger import Ledger
+    from autofl.search.searcher import StudySearcher
 
     root = tmp_path / "s"
     root.mkdir()
     (root / "space.yaml").write_text("study: s\n")
     url = f"sqlite:///{root / 'optuna.db'}"
-    searcher = RoundAwareOptunaSearch(space={"x": FloatDistribution(0.0, 1.0)}, metric="personal_val_acc",
-                                      mode="max", storage=optuna.storages.RDBStorage(url), study_name="s", max_t=4,
-                                      run_name="run-1", budget=1, study_root=root)
+    searcher = StudySearcher(Ledger(root), lambda trial: trial.suggest_float("x", 0.0, 1.0),
+                             optuna.samplers.TPESampler(seed=0), metric="personal_val_acc", mode="max", max_t=4,
+                             run_name="run-1", budget=1)
     searcher.suggest("t")
     searcher.on_trial_complete("t", result)
     (trial,) = optuna.load_study(study_name="s", storage=url).get_trials()

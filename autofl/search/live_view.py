@@ -7,10 +7,8 @@ best). Elsewhere (CI, a pipe) it prints one line per trial event instead of redr
 
 from __future__ import annotations
 
-import math
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from ray.tune import Callback
@@ -19,7 +17,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from autofl.search.study import Study
+from autofl.search.ledger import FINISHED_STATES, Ledger, counted, outcome
+from autofl.search.objectives import better
 from autofl.views import format_params
 
 MAX_ROWS = 15  # running trials first, then the most recently finished
@@ -39,19 +38,18 @@ def _clock(seconds: float) -> str:
 
 
 class LiveView(Callback):
-    def __init__(self, study_root: str, console: Console | None = None):
-        self._study_root = study_root
+    def __init__(self, ledger: Ledger, console: Console | None = None):
+        self._ledger = ledger
         self._start(console)
 
     def _start(self, console: Console | None) -> None:
-        study = Study(Path(self._study_root))
+        study = self._ledger.folder()
         space = study.space()
         self.objective, self.mode, self.max_rounds = space.objective, space.mode, space.max_rounds
         self.requested = study.meta().get("trials_requested") or space.trials
         # in a pipe or CI log rich would wrap at 80 columns: give the event lines room instead
         self.console = console or Console(width=None if sys.stdout.isatty() else 200, markup=False, emoji=False)
         self._study = study
-        self._ot = None
         self.rows: dict[str, dict[str, Any]] = {}
         self.best: tuple[float, int | str] | None = None
         self.finished_before = 0
@@ -62,17 +60,17 @@ class LiveView(Callback):
 
     # Tune pickles its callbacks with the experiment; a restored view starts afresh on this terminal
     def __getstate__(self) -> dict:
-        return {"study_root": self._study_root}
+        return {"ledger": self._ledger}
 
     def __setstate__(self, state: dict) -> None:
-        self._study_root = state["study_root"]
+        self._ledger = state["ledger"]
         self._start(None)
 
     # ---- Tune hooks --------------------------------------------------------------------------
     def setup(self, **info: Any) -> None:
         self.began = time.time()
-        for t in self._optuna_trials():
-            if t.state.is_finished() and not t.user_attrs.get("interrupted"):
+        for t in self._ledger.trials():
+            if t.state.is_finished() and counted(t):
                 self.finished_before += 1
                 if t.state.name == "COMPLETE" and t.values:
                     self._offer(t.values[0], t.number)
@@ -103,19 +101,20 @@ class LiveView(Callback):
             return
         result = trial.last_result or {}
         row["round"], row["value"] = result.get("round", row["round"]), result.get(self.objective, row["value"])
-        if result.get("diverged"):
-            row["state"] = "FAIL"
-        elif row["round"] < self.max_rounds:
-            row["state"] = "PRUNED"
-        else:
-            row["state"] = "COMPLETE"
+        # the ledger closed the trial just before (Tune tells the searcher first); a trial it does
+        # not hold (none of this driver's) shows what the ledger's rule would make of its result
+        state = self._ledger.state_of(trial.trial_id)
+        if state not in FINISHED_STATES:
+            state = outcome(result, False, [self.objective], self.max_rounds)[0]
+        row["state"] = state
+        if state == "COMPLETE":
             self._offer(row["value"], row["trial"])
         self._finish(row, f" ({result['diverged']})" if result.get("diverged") else "")
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         row = self.rows.get(trial.trial_id)
         if row is not None:
-            row["state"] = "ERROR"
+            row["state"] = self._ledger.state_of(trial.trial_id) or "FAIL"  # the searcher recorded the error
             self._finish(row, " (see the study's logs/ folder)")
 
     def on_experiment_end(self, trials: list, **info: Any) -> None:
@@ -129,23 +128,13 @@ class LiveView(Callback):
         _OPEN.discard(self)
 
     # ---- helpers -----------------------------------------------------------------------------
-    def _optuna_trials(self) -> list:
-        if self._ot is None:
-            self._ot = self._study.load_optuna()
-        return self._ot.get_trials(deepcopy=False) if self._ot is not None else []
-
     def _number(self, tune_trial_id: str) -> int | str:
-        """The Optuna trial number (as `autofl status` shows it); Tune's id if Optuna has no such trial."""
-        for t in reversed(self._optuna_trials()):
-            if t.user_attrs.get("tune_trial_id") == tune_trial_id:
-                return t.number
-        return tune_trial_id
+        """The Optuna trial number (as `autofl status` shows it); Tune's id if the ledger has no such trial."""
+        number = self._ledger.number_of(tune_trial_id)
+        return tune_trial_id if number is None else number
 
     def _offer(self, value: float | None, number: int | str) -> None:
-        if value is None or not math.isfinite(value):
-            return
-        better = self.best is None or (value > self.best[0] if self.mode == "max" else value < self.best[0])
-        if better:
+        if value is not None and better(value, self.best[0] if self.best else None, self.mode):
             self.best = (value, number)
 
     def _progress(self) -> str:

@@ -1,15 +1,14 @@
 """Where Ray's, Tune's and Optuna's own output goes during a study command: into the study folder
 (`<study>/logs/driver.log` for the driver's log records and Python warnings, `workers.log` for
-what trial processes print, e.g. Tune's checkpoint notices), not the terminal, which shows
-autofl's own view. `-v` streams them to the terminal as well."""
+what trial processes log, e.g. Tune's checkpoint notices), not the terminal, which shows
+autofl's own view. `-v` streams them to the terminal as well (autofl/search/ray_start.py)."""
 
 from __future__ import annotations
 
 import logging
 import sys
-import threading
 from pathlib import Path
-from typing import IO, Callable
+from typing import Callable
 
 LOG_DIR = "logs"
 _LOGGERS = ("ray", "optuna", "py.warnings")
@@ -44,38 +43,26 @@ def route_driver_logs(study_root: Path, verbose: bool) -> Path:
     return folder
 
 
-def route_worker_output(folder: Path, verbose: bool) -> None:
-    """After Ray starts: what its worker processes print (forwarded to this driver by Ray's log
-    monitor) is appended to `<folder>/workers.log`; it reaches the terminal only with `verbose`.
-    Uses Ray's stdstream dispatcher (a private hook); if it moved, worker output stays on the terminal."""
-    try:
-        from ray._private.ray_logging import global_worker_stdstream_dispatcher
-        from ray._private.worker import print_worker_logs
-    except ImportError:  # pragma: no cover - a Ray without the hook
-        return
-    sink: IO[str] = open(folder / "workers.log", "a", buffering=1)
+def worker_log_hook(path: str) -> Callable[[], None]:
+    """A Ray `worker_process_setup_hook` (public runtime-env API): each worker process appends its
+    log records (Ray's, Tune's, Optuna's, any library's) and Python warnings to `path`, the study's
+    `logs/workers.log`. A node where the study folder cannot be written keeps Ray's own handling."""
 
-    def to_file(data: dict) -> None:
-        print_worker_logs(data, sink)
+    def autofl_worker_logs() -> None:
+        import logging as log
 
-    if not verbose:
-        global_worker_stdstream_dispatcher.remove_handler("ray_print_logs")
-    global_worker_stdstream_dispatcher.remove_handler("autofl_logs")
-    global_worker_stdstream_dispatcher.add_handler("autofl_logs", to_file)
+        try:
+            handler = log.FileHandler(path, mode="a")
+        except OSError:
+            return
+        handler.setFormatter(log.Formatter("%(asctime)s %(levelname)s %(name)s [pid %(process)d]: %(message)s"))
+        root = log.getLogger()
+        root.addHandler(handler)
+        if root.level > log.INFO or root.level == log.NOTSET:
+            root.setLevel(log.INFO)
+        log.captureWarnings(True)
+        ray_logger = log.getLogger("ray")  # Ray's records do not propagate to the root logger
+        if not ray_logger.propagate:
+            ray_logger.addHandler(handler)
 
-
-def start_ray(study_root: Path, address: str | None, verbose: bool,
-              meanwhile: Callable[[], None] | None = None) -> Path:
-    """Start (or connect to) Ray with its output routed into `<study>/logs/` (returned); `meanwhile`
-    runs in a thread while Ray's processes start."""
-    from autofl.search.runner import init_ray
-
-    folder = route_driver_logs(study_root, verbose)
-    side = threading.Thread(target=meanwhile, daemon=True) if meanwhile is not None else None
-    if side is not None:
-        side.start()
-    init_ray(address)
-    route_worker_output(folder, verbose)
-    if side is not None:
-        side.join()
-    return folder
+    return autofl_worker_logs

@@ -24,11 +24,11 @@ from typing import Any, Callable
 
 from autofl.errors import AutoFLError
 from autofl.files import write_atomic
+from autofl.search.objectives import TEST_METRICS, best, best_first, gain
 from autofl.search.study import Study
 
 REEVAL_DIR = "reeval"
 SEED_OFFSET = 1000  # fresh seeds start here, above any seed a study is likely to have searched with
-TEST_METRICS = ("personal_test_acc", "personal_test_acc_std", "personal_test_acc_p10", "global_test_acc")
 DEFAULT_LABEL = "default"
 
 
@@ -78,7 +78,7 @@ def candidates(study: Study, top: int) -> list[Candidate]:
                 if t.state.name == "COMPLETE" and t.value is not None and math.isfinite(t.value)]
     if not complete:
         raise AutoFLError(f"study {study.name!r} has no completed trial to re-evaluate; see autofl status {study.name}")
-    complete.sort(key=lambda t: t.value, reverse=space.mode == "max")
+    complete = best_first(complete, key=lambda t: t.value, mode=space.mode)
     # the paper default; in a cross-method study, that of the best trial's method
     method = complete[0].params.get("method.name")
     default_params = {} if method is None else {"method.name": method}
@@ -122,7 +122,7 @@ def plan(study: Study, seeds: int, top: int, vary_partition: bool) -> tuple[list
 
 
 def record_run(study: Study, run: Run, result: dict[str, Any]) -> None:
-    from autofl.search.searcher import REPORTED_KEYS
+    from autofl.search.objectives import REPORTED_KEYS
 
     _write_json(runs_dir(study) / f"{run.key}.json", {
         "candidate": run.candidate.label, "trial": run.candidate.trial, "params": run.candidate.params,
@@ -172,11 +172,10 @@ def summarize(study: Study, chosen: list[Candidate], runs: list[Run]) -> dict[st
                     row[f"diff_{metric}"] = t_interval([per_seed[s][metric] - default[s][metric] for s in common])
         rows.append(row)
     complete = [r for r in rows if space.objective in r]
-    sign = 1 if space.mode == "max" else -1
-    best = max(complete, key=lambda r: sign * r[space.objective]["mean"]) if complete else None
+    top = best(complete, key=lambda r: r[space.objective]["mean"], mode=space.mode)
     return {"objective": space.objective, "mode": space.mode, "seeds": sorted({r.seed for r in runs}),
             "vary_partition": any(r.vary_partition for r in runs), "rows": rows,
-            "best": best["candidate"] if best else None, "verdict": verdict(best, space.objective, space.mode)}
+            "best": top["candidate"] if top else None, "verdict": verdict(top, space.objective, space.mode)}
 
 
 def verdict(best: dict[str, Any] | None, objective: str, mode: str) -> str:
@@ -189,9 +188,8 @@ def verdict(best: dict[str, Any] | None, objective: str, mode: str) -> str:
     if diff is None or diff["n"] < 2:
         return f"{best['candidate']} has the best mean {objective}, but too few paired seeds to test it against " \
                f"the default"
-    gain = diff["mean"] if mode == "max" else -diff["mean"]
-    low, high = (diff["ci_low"], diff["ci_high"]) if mode == "max" else (-diff["ci_high"], -diff["ci_low"])
-    span = f"{gain:+.4f}, 95% CI [{low:+.4f}, {high:+.4f}] over {diff['n']} paired seeds"
+    better_by, low, high = gain(diff, mode)
+    span = f"{better_by:+.4f}, 95% CI [{low:+.4f}, {high:+.4f}] over {diff['n']} paired seeds"
     if low > 0:
         return f"significant: {best['candidate']} beats the paper default on {objective} by {span}"
     return f"not significant: {best['candidate']} vs the paper default on {objective} is {span}; the CI " \
@@ -222,9 +220,16 @@ def reevaluate(study: Study, seeds: int, top: int, vary_partition: bool, address
     missing = [r for r in runs if r.key not in done]
     on_plan(len(missing), len(runs))
     if missing:
-        from autofl.search.reeval_runner import execute
+        from autofl.search.run_list import run_configs
 
-        errored = execute(study, missing, address, on_done)
+        data_seed = study.space().base_experiment().data_seed()
+
+        def recorded(index: int, result: dict[str, Any]) -> None:
+            record_run(study, missing[index], result)
+            on_done(missing[index], result)
+
+        errored = [missing[i].key for i in
+                   run_configs(study, [r.values(data_seed) for r in missing], address, recorded, name="reeval")]
     else:
         errored = []
     summary = summarize(study, chosen, runs)

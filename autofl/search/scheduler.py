@@ -1,54 +1,83 @@
-"""ASHA whose rung records start from the study, so that a resumed (or extended) study prunes as
-an uninterrupted one would.
+"""ASHA on Tune's public scheduler hooks, its rungs rebuilt from the study ledger, so that a
+resumed (or extended) study prunes as an uninterrupted one would.
 
 Tune does not save a scheduler's state with the experiment: after a kill and `--resume`, a fresh
-ASHA has empty rungs, and a trial that the clean run would have stopped at its first rung (its
-value below the rung's cutoff) runs to the end. Before it places its first trial, this scheduler
-records every finished or running trial's value at each rung milestone from the Optuna study (the
-per-round values the searcher reports), keyed by the Tune trial id it ran under. A trial already
-recorded at a rung is not judged there again, exactly as in one uninterrupted run.
+scheduler would have empty rungs, and a trial that the clean run would have stopped at its first
+rung runs to the end. Before it judges its first trial, this scheduler takes the rungs from the
+ledger (every tagged trial's per-round values replayed through the same rule), keyed by Tune
+trial id; a trial already recorded at a rung is not judged there again, exactly as in one
+uninterrupted run. The rule itself is autofl/search/asha.py (one bracket, as Tune's default).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-from ray.tune.schedulers import AsyncHyperBandScheduler
+from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
-from autofl.search.study import Study
+from autofl.search import asha
+from autofl.search.ledger import Ledger
 
 
-class StudyASHA(AsyncHyperBandScheduler):
-    def __init__(self, study_root: Path, **kwargs: Any):
-        super().__init__(**kwargs)
-        self._study_root = str(study_root)  # the storage URL is read from the study, never pickled
-        self._seeded = False
+class StudyASHA(FIFOScheduler):
+    def __init__(self, ledger: Ledger, max_t: int, grace_period: float = 1, reduction_factor: float = 2,
+                 time_attr: str = "round", metric: str | None = None, mode: str | None = None):
+        super().__init__()
+        self._ledger = ledger
+        self._time_attr, self._max_t, self._rf = time_attr, max_t, reduction_factor
+        self._milestones = asha.milestones(grace_period, max_t, reduction_factor)
+        self._metric, self._mode = metric, mode
+        self._rungs: dict[float, dict[str, float]] | None = None  # from the ledger, once per driver
 
     def __getstate__(self) -> dict[str, Any]:  # a restored driver rebuilds the rungs from the study
-        return {**self.__dict__, "_seeded": False}
+        return {**self.__dict__, "_rungs": None}
 
-    def on_trial_add(self, tune_controller: Any, trial: Any) -> None:
+    def set_search_properties(self, metric: str | None, mode: str | None, **spec: Any) -> bool:
+        if (self._metric and metric) or (self._mode and mode):
+            return False
+        self._metric = metric or self._metric
+        self._mode = mode or self._mode
+        return True
+
+    @property
+    def rungs(self) -> dict[float, dict[str, float]]:
+        """Milestone -> {Tune trial id: value at that rung} (objective units)."""
         self.seed_from_study()
-        super().on_trial_add(tune_controller, trial)
+        return self._rungs
 
     def seed_from_study(self) -> int:
-        """Record the study's trials in the rungs (once per driver); returns how many values."""
-        if self._seeded:
+        """Take the rungs from the ledger (once per driver); returns how many values it held."""
+        if self._rungs is not None:
             return 0
-        self._seeded = True
-        ot = Study(Path(self._study_root)).load_optuna()
-        if ot is None:
-            return 0
-        added = 0
-        for t in ot.get_trials(deepcopy=False):
-            trial_id = t.user_attrs.get("tune_trial_id")
-            if trial_id is None or t.user_attrs.get("interrupted"):
-                continue
-            for bracket in self._brackets:
-                for milestone, recorded in bracket._rungs:
-                    value = t.intermediate_values.get(int(milestone)) if milestone == int(milestone) else None
-                    if value is not None and trial_id not in recorded:
-                        recorded[trial_id] = self._metric_op * value
-                        added += 1
-        return added
+        self._rungs = self._ledger.rung_history(self._milestones, self._max_t)
+        return sum(len(recorded) for recorded in self._rungs.values())
+
+    def on_trial_add(self, tune_controller: Any, trial: Any) -> None:
+        if not self._metric or self._mode not in ("max", "min"):
+            raise ValueError("StudyASHA needs a metric and a mode (max or min): pass them to tune.TuneConfig")
+        self.seed_from_study()
+
+    def _record(self, trial_id: str, reached: float, value: float) -> str:
+        """Judge and record a result at its rung (autofl.search.asha's rule)."""
+        rungs = self.rungs
+        judged = [m for m, recorded in rungs.items() if trial_id in recorded]
+        milestone = asha.rung_to_judge(self._milestones, reached, judged)
+        if milestone is None:
+            return TrialScheduler.CONTINUE
+        others = list(rungs[milestone].values())
+        rungs[milestone][trial_id] = value
+        return TrialScheduler.STOP if asha.decide(others, value, self._mode, self._rf) else TrialScheduler.CONTINUE
+
+    def on_trial_result(self, tune_controller: Any, trial: Any, result: dict) -> str:
+        if self._time_attr not in result or self._metric not in result:
+            return TrialScheduler.CONTINUE
+        if result[self._time_attr] >= self._max_t:
+            return TrialScheduler.STOP  # finished; recorded when Tune reports it complete
+        return self._record(trial.trial_id, result[self._time_attr], result[self._metric])
+
+    def on_trial_complete(self, tune_controller: Any, trial: Any, result: dict) -> None:
+        if self._time_attr in result and self._metric in result:
+            self._record(trial.trial_id, result[self._time_attr], result[self._metric])
+
+    def debug_string(self) -> str:
+        return "StudyASHA: " + " | ".join(f"round {m:g}: {len(r)} trials" for m, r in (self._rungs or {}).items())

@@ -1,84 +1,50 @@
-"""Tune's OptunaSearch, with the per-round bookkeeping a study needs.
+"""The study's Tune searcher, on Tune's public `Searcher` interface: Optuna proposes through the
+ledger's ask (any Optuna sampler: TPE, random, CMA-ES, ...), and every trial event goes to the
+ledger, which alone decides the trial's state (autofl/search/ledger.py).
 
-Stock OptunaSearch reports intermediate values by training iteration and records an ASHA-stopped
-trial as COMPLETE with its early-round score. Here intermediate values are keyed by FL round, a
-trial stopped before `max_t` rounds is recorded as PRUNED, and each Optuna trial carries the Tune
-trial id, the round of its value and its (reported, never optimized) test metrics.
+Per-round values are recorded by FL round (not training iteration), a trial stopped before
+`max_t` rounds is PRUNED, and each trial carries its Tune trial id and run. The searcher's own
+state (Tune id -> Optuna number, the trials it finished) is saved as JSON in Tune's experiment
+folder; everything else lives in the Optuna storage.
 """
 
 from __future__ import annotations
 
+import json
 import math
-import pickle
-import zlib
-from contextlib import contextmanager
-from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable
 
-from optuna.exceptions import UpdateFinishedTrialError
-from optuna.trial import FrozenTrial, TrialState
 from ray.tune.search import Searcher
-from ray.tune.search.optuna import OptunaSearch
 
-from autofl.engine.metrics import METRIC_KEYS
+from autofl.search.ledger import Ledger
 
-REPORTED_KEYS = (*METRIC_KEYS, "node_id")  # a round's metrics and the Ray node that trained it
-
-
-def finished_in_run(trials: Iterable[FrozenTrial], run_name: str) -> set[str]:
-    """Tune trial ids of the Optuna trials that `run_name` suggested and the study has finished."""
-    return {t.user_attrs.get("tune_trial_id") for t in trials
-            if t.state.is_finished() and t.user_attrs.get("tune_run") == run_name}
+# re-exported: where the reported keys were defined before autofl/search/objectives.py
+from autofl.search.objectives import REPORTED_KEYS  # noqa: F401
 
 
-def fail_interrupted(study: Any, trial: FrozenTrial) -> None:
-    """Record `trial` FAIL and `interrupted`: no driver will train it; counts and budgets replace it."""
-    study._storage.set_trial_user_attr(trial._trial_id, "interrupted", True)
-    study.tell(trial.number, state=TrialState.FAIL)
+class StudySearcher(Searcher):
+    CKPT_FILE_TMPL = "searcher-state-{}.json"
 
-
-def _shared(storage: Any) -> bool:
-    """Whether several drivers may share this storage (PostgreSQL)."""
-    return storage is not None and storage.engine.dialect.name == "postgresql"
-
-
-@contextmanager
-def shared_suggest_lock(storage: Any, study_name: str) -> Iterator[None]:
-    """On PostgreSQL, a session advisory lock per study around count-then-create, so that drivers
-    joined to one study never create more trials than it requested. SQLite has one driver."""
-    if not _shared(storage):
-        yield
-        return
-    from sqlalchemy import text
-
-    key = zlib.crc32(f"autofl-study:{study_name}".encode())
-    with storage.engine.connect() as conn:
-        conn.execute(text("SELECT pg_advisory_lock(:key)"), {"key": key})
-        conn.commit()
-        try:
-            yield
-        finally:
-            conn.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": key})
-            conn.commit()
-
-
-def study_storage(study_root: str | Path):
-    """Open the storage of the study in `study_root`: pickled searchers and stoppers carry the
-    folder, never the storage URL (which may hold a password taken from the environment)."""
-    from autofl.search.storage import open_storage
-    from autofl.search.study import Study
-
-    return open_storage(Study(Path(study_root)).storage_url())
-
-
-class RoundAwareOptunaSearch(OptunaSearch):
-    def __init__(self, *args: Any, max_t: int, run_name: str, budget: int, study_root: Path, **kwargs: Any):
-        super().__init__(*args, **kwargs)
+    def __init__(self, ledger: Ledger, define: Callable[[Any], dict[str, Any] | None], sampler: Any,
+                 metric: str | list[str], mode: str | list[str], max_t: int, run_name: str, budget: int,
+                 points_to_evaluate: list[dict[str, Any]] | None = None):
+        super().__init__(metric=metric, mode=mode)
+        self._ledger = ledger
+        self._define = define  # Optuna define-by-run: suggests the trial's params
+        self._sampler = sampler
+        self._metrics = list(metric) if isinstance(metric, list) else [metric]
         self._max_t = max_t
         self._run_name = run_name
         self._budget = budget
-        self._study_root = str(study_root)
+        self._trials: dict[str, int] = {}  # Tune trial id -> Optuna trial number
+        self._finished: set[str] = set()  # Tune trial ids this searcher saw finish
         self._max_concurrent = 0  # no limit until Tune sets one
+        from autofl.search.objectives import direction
+
+        modes = list(mode) if isinstance(mode, list) else [mode]
+        ledger.study(sampler=sampler, create_directions=[direction(m) for m in modes])
+        if points_to_evaluate:
+            ledger.enqueue(points_to_evaluate)
 
     def set_max_concurrency(self, max_concurrent: int) -> bool:
         """Tune's `max_concurrent_trials`, applied here: Tune's ConcurrencyLimiter would forget its
@@ -86,125 +52,55 @@ class RoundAwareOptunaSearch(OptunaSearch):
         self._max_concurrent = max_concurrent
         return True
 
-    # ----- pickling without the storage (Tune pickles searchers into tuner.pkl and its state files)
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_storage"] = None
-        state["_ot_study"] = None
-        state["_ot_trials"] = {tid: t._trial_id for tid, t in self._ot_trials.items()}
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._attach()
-
-    def _attach(self) -> None:
-        """Reopen the study's storage and the Optuna trials after unpickling."""
-        import optuna
-
-        if self._ot_study is not None:
-            return
-        self._storage = study_storage(self._study_root)
-        self._ot_study = optuna.load_study(study_name=self._study_name, storage=self._storage,
-                                           sampler=self._sampler, pruner=optuna.pruners.NopPruner())
-        self._ot_trials = {tid: t if isinstance(t, optuna.Trial) else optuna.Trial(self._ot_study, t)
-                           for tid, t in self._ot_trials.items()}
-
-    def save(self, checkpoint_path: str) -> None:
-        with open(checkpoint_path, "wb") as f:
-            pickle.dump(self.__getstate__(), f)
-
-    def restore(self, checkpoint_path: str) -> None:
-        with open(checkpoint_path, "rb") as f:
-            state = pickle.load(f)
-        self.__dict__.update(state)
-        self._ot_study = None
-        self._attach()
-        self._fail_orphans_unknown_to_the_snapshot()
-
-    def _fail_orphans_unknown_to_the_snapshot(self) -> None:
-        """Trials this run's dead driver created after Tune's last snapshot: no one will train them
-        (Tune does not know them), so they are recorded FAIL, interrupted, and replaced by new ones.
-        Without this, every driver's count of the study's trials would include them."""
-        known = set(self._ot_trials)
-        with shared_suggest_lock(self._storage, self._study_name):  # no other driver is between ask and tag
-            for t in self._ot_study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING)):
-                run = t.user_attrs.get("tune_run")
-                mine = run == self._run_name or run is None  # untagged: killed between ask and tag
-                if mine and t.user_attrs.get("tune_trial_id") not in known:
-                    fail_interrupted(self._ot_study, t)
-
-    def _budget_used(self, trials: list[FrozenTrial]) -> int:
-        """Trials this searcher suggested, plus the run's trials finished by a driver that died
-        before Tune saved them (still RUNNING ones are orphans to replace, not counted)."""
-        interrupted = {t.user_attrs.get("tune_trial_id") for t in trials if t.user_attrs.get("interrupted")}
-        finished = finished_in_run(trials, self._run_name) - interrupted
-        return len(set(self._ot_trials) - interrupted) + len(finished - set(self._ot_trials))
-
-    def _study_budget_reached(self, trials: list[FrozenTrial]) -> bool:
-        """Every driver's trials together (interrupted ones are replaced, so not counted) against
-        the study's `trials_requested` user attribute."""
-        if not _shared(self._storage):  # SQLite: one driver, whose own budget is the rule
-            return False
-        requested = self._ot_study.user_attrs.get("trials_requested")
-        if requested is None:
-            return False
-        # issue 18: a WAITING trial is an enqueued start point (the paper default) no driver has
-        # taken yet; counting it spent the budget before it ran (trials: 1 on PostgreSQL ran nothing)
-        counted = sum(1 for t in trials if not t.user_attrs.get("interrupted") and t.state != TrialState.WAITING)
-        return counted >= int(requested)
-
     def suggest(self, trial_id: str) -> dict | str | None:
-        if self._ot_study is None:
-            return super().suggest(trial_id)
-        live = len(set(self._ot_trials) - self._completed_trials)
+        live = len(set(self._trials) - self._finished)
         if self._max_concurrent and live >= self._max_concurrent:
             return None  # asked again when a trial completes
-        with shared_suggest_lock(self._storage, self._study_name):
-            trials = self._ot_study.get_trials(deepcopy=False)
-            if self._budget_used(trials) >= self._budget or self._study_budget_reached(trials):
-                return Searcher.FINISHED
-            params = super().suggest(trial_id)  # creates the Optuna trial inside the lock
-            if params is not None:  # tagged inside it too: an untagged RUNNING trial is an orphan
-                self._ot_trials[trial_id].set_user_attr("tune_trial_id", trial_id)
-                self._ot_trials[trial_id].set_user_attr("tune_run", self._run_name)
+        asked = self._ledger.ask(self._run_name, trial_id, set(self._trials), self._budget, self._sampler,
+                                 self._define)
+        if asked is None:
+            return Searcher.FINISHED
+        number, params = asked
+        self._trials[trial_id] = number
         return params
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
-        if isinstance(self.metric, list):  # Optuna records no per-round values in multi-objective studies
+        if len(self._metrics) > 1:  # Optuna records no per-round values in multi-objective studies
             return
-        value = result.get(self.metric)
-        if trial_id in self._completed_trials or value is None or not math.isfinite(value):
+        value = result.get(self._metrics[0])
+        if trial_id in self._finished or trial_id not in self._trials or value is None or not math.isfinite(value):
             return
-        try:
-            self._ot_trials[trial_id].report(float(value), int(result["round"]))
-        except UpdateFinishedTrialError:  # finished before an interrupted driver could save its state
-            self._completed_trials.add(trial_id)
+        if not self._ledger.report(self._trials[trial_id], value, int(result["round"])):
+            self._finished.add(trial_id)  # finished before an interrupted driver could save its state
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
-        if trial_id in self._completed_trials or trial_id not in self._ot_trials:
+        if trial_id in self._finished or trial_id not in self._trials:
             return
-        self._completed_trials.add(trial_id)
-        ot_trial = self._ot_trials[trial_id]
-        stored = self._ot_study._storage.get_trial(ot_trial._trial_id)
-        if stored.state.is_finished():  # recorded before an interrupted driver could save its state
-            return
-        metrics = self.metric if isinstance(self.metric, list) else [self.metric]
-        values = [(result or {}).get(m) for m in metrics]
-        value = None if any(v is None or not math.isfinite(v) for v in values) else values[0]
-        rnd = int((result or {}).get("round", 0))
-        fresh = rnd and rnd not in stored.intermediate_values  # Tune may hand the last result only here
-        if value is not None and fresh and len(metrics) == 1:
-            ot_trial.report(float(value), rnd)
-        for key in REPORTED_KEYS:
-            if result and result.get(key) is not None:
-                ot_trial.set_user_attr(key, result[key])
-        if result and result.get("diverged"):
-            ot_trial.set_user_attr("fail_reason", str(result["diverged"]))
-        if error or value is None or (result and result.get("diverged")):
-            self._ot_study.tell(ot_trial, state=TrialState.FAIL)
-        elif rnd < self._max_t:
-            self._ot_study.tell(ot_trial, state=TrialState.PRUNED)
-        else:
-            self._ot_study.tell(ot_trial, [float(v) for v in values] if len(values) > 1 else float(value),
-                                state=TrialState.COMPLETE)
+        self._finished.add(trial_id)
+        self._ledger.close(self._trials[trial_id], result, error, self._metrics, self._max_t)
+
+    # ---- Tune's experiment snapshot: JSON, the rest is in the Optuna storage -------------------
+    def get_state(self) -> dict[str, Any]:
+        return {"trials": self._trials, "finished": sorted(self._finished), "run": self._run_name,
+                "budget": self._budget}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self._trials = {str(k): int(v) for k, v in state["trials"].items()}
+        self._finished = set(state["finished"])
+        self._run_name, self._budget = state["run"], int(state["budget"])
+
+    def save(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "w") as f:
+            json.dump(self.get_state(), f)
+
+    def restore(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path) as f:
+            self.set_state(json.load(f))
+        # trials this run's dead driver created after Tune's last snapshot: Tune does not know
+        # them, no one will train them; interrupted, so that counts and budgets replace them
+        self._ledger.fail_unknown_orphans(self._run_name, set(self._trials))
+        # the sampler was unpickled as it was at the run's start: draw afresh rather than repeat
+        # the suggestions the run made before its snapshot
+        reseed = getattr(self._sampler, "reseed_rng", None)
+        if reseed is not None:
+            reseed()

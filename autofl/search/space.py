@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from autofl.config import Experiment, Strict, read_yaml
+from autofl.config import Experiment, Strict, read_yaml, set_dotted
 from autofl.experiment import build_experiment
 from autofl.errors import ConfigError, format_validation_error
 from autofl.search.strategy import SamplerSpec, SchedulerSpec, check_strategy
@@ -151,14 +151,6 @@ class SearchSpace(Strict):
     @property
     def max_rounds(self) -> int:
         return self.base_experiment().fl.rounds
-
-
-def set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
-    node = tree
-    parts = key.split(".")
-    for part in parts[:-1]:
-        node = node.setdefault(part, {})
-    node[parts[-1]] = value
 
 
 def experiment_dict(base: dict[str, Any], values: dict[str, Any],

@@ -91,11 +91,12 @@ def check_storage_url(url: str, where: str | None, allow_password: bool = False)
 
 def without_password(url: str) -> str:
     """`url` with neither a user:pw@ password nor a password query parameter (what a study records)."""
-    from sqlalchemy.engine import make_url
+    from sqlalchemy.engine import URL, make_url
 
-    parsed = make_url(url)
-    parsed = parsed.difference_update_query([k for k in parsed.query if is_secret_key(k)])
-    return parsed._replace(password=None).render_as_string(hide_password=False)  # .set(password=None) keeps it
+    parsed = make_url(url)  # URL.set(password=None) keeps the password: build the URL again without it
+    query = {k: v for k, v in parsed.query.items() if not is_secret_key(k)}
+    return URL.create(parsed.drivername, username=parsed.username, host=parsed.host, port=parsed.port,
+                      database=parsed.database, query=query).render_as_string(hide_password=False)
 
 
 def connect_url(url: str) -> str:

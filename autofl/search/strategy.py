@@ -11,7 +11,6 @@ validated, before Ray starts.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
@@ -19,6 +18,7 @@ from pydantic import Field
 from autofl.config import Strict
 
 if TYPE_CHECKING:
+    from autofl.search.ledger import Ledger
     from autofl.search.space import ParamSpec, SearchSpace
 
 # the options each sampler kind takes (named as in Optuna's sampler classes)
@@ -176,7 +176,7 @@ def make_sampler(space: "SearchSpace"):
     return optuna.samplers.QMCSampler(seed=space.seed, **options)
 
 
-def make_scheduler(space: "SearchSpace", study_root: Path):
+def make_scheduler(space: "SearchSpace", ledger: "Ledger"):
     """The Tune scheduler of `space.scheduler` over FL rounds (None: every trial runs to the end)."""
     spec = space.scheduler
     if spec.kind == "none":
@@ -188,5 +188,5 @@ def make_scheduler(space: "SearchSpace", study_root: Path):
                                   min_samples_required=spec.min_samples_required)
     from autofl.search.scheduler import StudyASHA
 
-    return StudyASHA(study_root, time_attr="round", max_t=space.max_rounds, grace_period=spec.grace_period,
+    return StudyASHA(ledger, time_attr="round", max_t=space.max_rounds, grace_period=spec.grace_period,
                      reduction_factor=spec.reduction_factor, brackets=spec.brackets if spec.kind == "hyperband" else 1)

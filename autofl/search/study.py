@@ -216,7 +216,9 @@ def pareto_trials(study: Study) -> list:
     ot = study.load_optuna()
     front = list(ot.best_trials) if ot is not None else []
     space = study.space()
-    return sorted(front, key=lambda t: t.values[0], reverse=space.mode == "max")
+    from autofl.search.objectives import best_first
+
+    return best_first(front, key=lambda t: t.values[0], mode=space.mode)
 
 
 def best_trial(study: Study):
@@ -231,9 +233,10 @@ def best_trial(study: Study):
 
 def best_of(trials: list, mode: str):
     """The COMPLETE trial with the best (first) objective value, or None."""
+    from autofl.search.objectives import best
+
     complete = [t for t in trials if t.state.name == "COMPLETE" and t.values]
-    pick = max if mode == "max" else min
-    return pick(complete, key=first_value) if complete else None  # multi-objective: on the first objective
+    return best(complete, key=first_value, mode=mode)  # multi-objective: on the first objective
 
 
 def export_best_config(study: Study, reeval: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -279,6 +282,7 @@ def trial_config(study: Study, params: dict[str, Any], number: int | None, value
 
     import autofl
     from autofl.config import experiment_to_dict
+    from autofl.search.objectives import TEST_METRICS
     from autofl.experiment import build_experiment
 
     space = study.space()
@@ -295,9 +299,7 @@ def trial_config(study: Study, params: dict[str, Any], number: int | None, value
         "objective": space.objective,
         "objective_value": value,
         "objective_round": attrs.get("round"),
-        "test_metrics_reported_not_optimized": {k: attrs[k] for k in
-                                                ("personal_test_acc", "personal_test_acc_std",
-                                                 "personal_test_acc_p10", "global_test_acc") if k in attrs},
+        "test_metrics_reported_not_optimized": {k: attrs[k] for k in TEST_METRICS if k in attrs},
         "seed": exp.seed,
         "versions": {"autofl": autofl.__version__, "torch": str(torch.__version__), "ray": ray.__version__,
                      "optuna": optuna.__version__},

@@ -1,0 +1,346 @@
+"""The study ledger: the one owner of a study's trials.
+
+Every change of a trial's state goes through this module, as every change of an Optuna trial goes
+through Optuna's `study/_tell.py`: a trial is created (`ask`), gets per-round values (`report`),
+and is closed once (`close`, `interrupt`, `settle_run`, `fail_orphans`), each through Optuna's
+public ask / tell (`skip_if_finished`: a trial another driver or a killed driver already closed
+stays as it is). The rule of which state a finished trial takes is `outcome()`:
+
+- FAIL: the trainable raised, diverged, or reported no finite value for every objective;
+- PRUNED: it stopped before `max_t` rounds (ASHA, a budget, a stopper): its last value stands;
+- COMPLETE: it trained all `max_t` rounds, with its final value(s).
+
+A trial no driver will finish (its driver was killed or a budget ended the run before it
+trained) is FAIL with the user attr `interrupted`, shown as INTERRUPTED (`shown_state`), and is
+replaced, not counted, when trials are added. A trial carries the Tune trial id (`tune_trial_id`)
+and the Tune experiment (`tune_run`) it ran under: the map between Tune's ids and Optuna's numbers.
+
+The live view, `status`, `report`, re-evaluation, the stoppers and the scheduler only read from
+it (`trials`, `number_of`, `state_of`, `finished_in_run`, `rounds_used`, `rung_history`).
+
+A Ledger pickles as its study folder only: Tune pickles the searcher, scheduler, stoppers and
+callbacks that hold one, and each reopens the storage when first used (a storage URL may carry a
+password taken from the environment; a connection does not pickle).
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+from autofl.search.objectives import REPORTED_KEYS
+
+FINISHED_STATES = ("COMPLETE", "PRUNED", "FAIL")
+OPEN_STATES = ("RUNNING", "WAITING")
+INTERRUPTED = "INTERRUPTED"  # shown for FAIL + interrupted, and for trials no live driver runs
+
+
+def outcome(result: dict[str, Any] | None, error: bool, metrics: Sequence[str],
+            max_t: int) -> tuple[str, list[float] | None]:
+    """The state a trial takes when Tune reports it finished, and its value(s) for COMPLETE."""
+    result = result or {}
+    values = [result.get(m) for m in metrics]
+    finite = all(v is not None and math.isfinite(v) for v in values)
+    if error or not finite or result.get("diverged"):
+        return "FAIL", None
+    if int(result.get("round", 0)) < max_t:
+        return "PRUNED", None
+    return "COMPLETE", [float(v) for v in values]
+
+
+def shown_state(state: str, user_attrs: dict[str, Any], live_driver: bool) -> str:
+    """The state `status`, `studies` and the report show: Optuna's, except INTERRUPTED for a trial
+    a killed or stopped driver left (FAIL marked interrupted, or RUNNING with no live main driver;
+    a --join driver's trials stay RUNNING)."""
+    if state == "FAIL" and user_attrs.get("interrupted"):
+        return INTERRUPTED
+    joined = str(user_attrs.get("tune_run", "")).startswith("join-")
+    if state in OPEN_STATES and not live_driver and not joined:
+        return INTERRUPTED
+    return state
+
+
+def counted(trial: Any) -> bool:
+    """Whether a trial counts against the study's requested trials (interrupted ones are replaced)."""
+    return not trial.user_attrs.get("interrupted")
+
+
+def rounds_used(trials: Iterable[Any]) -> dict[str, int]:
+    """Rounds each trial reached (its last reported round), keyed by Tune trial id."""
+    return {str(t.user_attrs.get("tune_trial_id", f"#{t.number}")): max(t.intermediate_values, default=0)
+            for t in trials}
+
+
+class Ledger:
+    """The study in `study_root`, opened lazily; pickles as the folder name only."""
+
+    def __init__(self, study_root: str | Path):
+        self.root = str(study_root)
+        self._study: Any = None  # optuna.Study, opened at first use in each process
+        self._storage: Any = None  # the RDBStorage it was opened on
+        self._sampler: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"root": self.root}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["root"])
+
+    def __repr__(self) -> str:
+        return f"Ledger({self.root!r})"
+
+    # ---- opening --------------------------------------------------------------------------------
+    def folder(self):
+        from autofl.search.study import Study
+
+        return Study(Path(self.root))
+
+    def study(self, sampler: Any = None, create_directions: list[str] | None = None):
+        """The Optuna study (None if it does not exist yet and no `create_directions` are given).
+        `sampler` is the one `ask` uses (the searcher's); readers need none."""
+        import optuna
+
+        if self._study is not None and (sampler is None or sampler is self._sampler):
+            return self._study
+        from autofl.search.storage import open_storage
+
+        folder = self.folder()
+        if self._storage is None:
+            self._storage = open_storage(folder.storage_url())
+        storage = self._storage
+        name = folder.optuna_name(storage)  # a copied study folder keeps its trials' old name
+        try:
+            if create_directions is not None:
+                self._study = optuna.create_study(study_name=name, storage=storage, sampler=sampler,
+                                                  pruner=optuna.pruners.NopPruner(), directions=create_directions,
+                                                  load_if_exists=True)
+            else:
+                self._study = optuna.load_study(study_name=name, storage=storage, sampler=sampler,
+                                                pruner=optuna.pruners.NopPruner())
+        except KeyError:
+            return None
+        self._sampler = sampler
+        return self._study
+
+    # ---- reading --------------------------------------------------------------------------------
+    def trials(self, states: tuple[str, ...] | None = None) -> list[Any]:
+        """The study's trials (FrozenTrial), optionally only those in `states` (names)."""
+        study = self.study()
+        if study is None:
+            return []
+        trials = study.get_trials(deepcopy=False)
+        return trials if states is None else [t for t in trials if t.state.name in states]
+
+    def number_of(self, tune_trial_id: str) -> int | None:
+        """The Optuna trial number of a Tune trial id (the latest, if several runs used the id)."""
+        for t in reversed(self.trials()):
+            if t.user_attrs.get("tune_trial_id") == tune_trial_id:
+                return t.number
+        return None
+
+    def state_of(self, tune_trial_id: str) -> str | None:
+        for t in reversed(self.trials()):
+            if t.user_attrs.get("tune_trial_id") == tune_trial_id:
+                return t.state.name
+        return None
+
+    def finished_in_run(self, run_name: str) -> set[str]:
+        """Tune trial ids of the trials that `run_name` ran and the study has finished."""
+        return {t.user_attrs.get("tune_trial_id") for t in self.trials()
+                if t.state.is_finished() and t.user_attrs.get("tune_run") == run_name}
+
+    def rounds_used(self) -> dict[str, int]:
+        return rounds_used(self.trials())
+
+    def rung_history(self, rungs: Sequence[float], max_t: float) -> dict[float, dict[str, float]]:
+        """ASHA's rungs as the study's trials left them, by Tune trial id (objective units): each
+        tagged, not interrupted trial's per-round values replayed through autofl.search.asha."""
+        from autofl.search.asha import recorded_values
+
+        history: dict[float, dict[str, float]] = {m: {} for m in rungs}
+        for t in self.trials():
+            trial_id = t.user_attrs.get("tune_trial_id")
+            if trial_id is None or not counted(t) or not t.intermediate_values:
+                continue
+            for milestone, value in recorded_values(dict(t.intermediate_values), rungs, max_t,
+                                                    t.state.is_finished()).items():
+                history[milestone][trial_id] = value
+        return history
+
+    def requested(self) -> int | None:
+        study = self.study()
+        value = study.user_attrs.get("trials_requested") if study is not None else None
+        return None if value is None else int(value)
+
+    # ---- writing: the only place trial states change ------------------------------------------
+    def _trial(self, number: int):
+        """A live handle on trial `number` (Optuna's public Trial over the storage)."""
+        import optuna
+
+        return optuna.trial.Trial(self.study(), self._trial_id(number))
+
+    def _trial_id(self, number: int) -> int:
+        """The storage's id of trial `number` (public storage API; Optuna's trial objects keep it private)."""
+        study = self.study()  # opens the storage
+        return self._storage.get_trial_id_from_study_id_trial_number(
+            self._storage.get_study_id_from_name(study.study_name), number)
+
+    def set_requested(self, total: int) -> None:
+        """The study's requested total, what every driver counts against (PostgreSQL: several)."""
+        self.study().set_user_attr("trials_requested", total)
+
+    def enqueue(self, points: Iterable[dict[str, Any]]) -> None:
+        for point in points:
+            self.study().enqueue_trial(point)
+
+    @contextmanager
+    def suggest_lock(self) -> Iterator[None]:
+        """On PostgreSQL, a session advisory lock per study around count-then-create, so that
+        drivers joined to one study never create more trials than it requested. SQLite has one driver."""
+        if not self.shared():
+            yield
+            return
+        from sqlalchemy import text
+
+        engine = self._storage.engine
+        key = zlib.crc32(f"autofl-study:{self.folder().name}".encode())
+        with engine.connect() as conn:
+            conn.execute(text("SELECT pg_advisory_lock(:key)"), {"key": key})
+            conn.commit()
+            try:
+                yield
+            finally:
+                conn.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": key})
+                conn.commit()
+
+    def shared(self) -> bool:
+        """Whether several drivers may share this storage (PostgreSQL)."""
+        self.study()
+        engine = getattr(self._storage, "engine", None)
+        return engine is not None and engine.dialect.name == "postgresql"
+
+    def ask(self, run_name: str, tune_trial_id: str, known: set[str], budget: int, sampler: Any,
+            define: Callable[[Any], dict[str, Any] | None]) -> tuple[int, dict[str, Any]] | None:
+        """A new trial for Tune trial `tune_trial_id` of `run_name`, tagged with both: its number
+        and params; None when the run's `budget` (counting the `known` Tune ids its searcher
+        handed out) or the study's requested total is reached. Count and create happen under
+        the suggest lock, so no other driver is between them."""
+        study = self.study(sampler=sampler)
+        with self.suggest_lock():
+            trials = study.get_trials(deepcopy=False)
+            if self._run_budget_used(trials, run_name, known) >= budget or self._study_budget_reached(trials):
+                return None
+            trial = study.ask()
+            returned = define(trial) or {}
+            trial.set_user_attr("tune_trial_id", tune_trial_id)  # inside the lock: untagged RUNNING = orphan
+            trial.set_user_attr("tune_run", run_name)
+        return trial.number, {**trial.params, **returned}
+
+    def _run_budget_used(self, trials: list[Any], run_name: str, known: set[str]) -> int:
+        """Trials the run's searcher handed out, plus the run's trials finished by a driver that
+        died before Tune saved them (still RUNNING ones are orphans to replace, not counted)."""
+        interrupted = {t.user_attrs.get("tune_trial_id") for t in trials if not counted(t)}
+        finished = {t.user_attrs.get("tune_trial_id") for t in trials
+                    if t.state.is_finished() and t.user_attrs.get("tune_run") == run_name} - interrupted
+        return len(known - interrupted) + len(finished - known)
+
+    def _study_budget_reached(self, trials: list[Any]) -> bool:
+        """Every driver's trials together against the study's requested total (PostgreSQL only:
+        on SQLite one driver's own budget is the rule)."""
+        if not self.shared():
+            return False
+        requested = self.requested()
+        # a WAITING trial is an enqueued start point (the paper default) no driver has taken yet;
+        # counting it spent the budget before it ran (issue 18: trials: 1 on PostgreSQL ran nothing)
+        return requested is not None and sum(1 for t in trials if counted(t) and t.state.name != "WAITING") >= requested
+
+    def report(self, number: int, value: float, rnd: int) -> bool:
+        """Record a round's value; False if the trial is already finished (closed by a driver that
+        was killed before Tune saved its state)."""
+        from optuna.exceptions import UpdateFinishedTrialError
+
+        try:
+            self._trial(number).report(float(value), int(rnd))
+        except UpdateFinishedTrialError:
+            return False
+        return True
+
+    def close(self, number: int, result: dict[str, Any] | None, error: bool, metrics: Sequence[str],
+              max_t: int) -> str:
+        """Tune reports the trial finished: record its last result and close it as `outcome()`
+        says; a trial already finished keeps its state. Returns the trial's state."""
+        stored = self._frozen(number)
+        if stored.state.is_finished():
+            return stored.state.name
+        result = result or {}
+        state, values = outcome(result, error, metrics, max_t)
+        trial = self._trial(number)
+        rnd = int(result.get("round", 0))
+        value = result.get(metrics[0])
+        fresh = rnd and rnd not in stored.intermediate_values  # Tune may hand the last result only here
+        if len(metrics) == 1 and fresh and value is not None and math.isfinite(value):
+            trial.report(float(value), rnd)
+        for key in REPORTED_KEYS:
+            if result.get(key) is not None:
+                trial.set_user_attr(key, result[key])
+        if result.get("diverged"):
+            trial.set_user_attr("fail_reason", str(result["diverged"]))
+        self._tell(number, state, values)
+        return state
+
+    def interrupt(self, number: int) -> None:
+        """No driver will train this trial: FAIL + interrupted (counts and budgets replace it)."""
+        self._trial(number).set_user_attr("interrupted", True)
+        self._tell(number, "FAIL", None)
+
+    def _tell(self, number: int, state: str, values: list[float] | None) -> None:
+        from optuna.trial import TrialState
+
+        study = self.study()
+        value = None if values is None else (values if len(values) > 1 else values[0])
+        study.tell(number, value, state=TrialState[state], skip_if_finished=True)
+
+    def _frozen(self, number: int):
+        trial_id = self._trial_id(number)  # opens the storage first
+        return self._storage.get_trial(trial_id)
+
+    def fail_unknown_orphans(self, run_name: str, known: set[str]) -> int:
+        """Trials of `run_name` (or untagged: killed between ask and tag) still open that the
+        restored searcher does not know: created after Tune's last snapshot, no one will train
+        them, so they are interrupted and replaced. Returns how many."""
+        failed = 0
+        with self.suggest_lock():  # no other driver is between ask and tag
+            for t in self.trials(OPEN_STATES):
+                run = t.user_attrs.get("tune_run")
+                mine = run == run_name or run is None
+                if mine and t.user_attrs.get("tune_trial_id") not in known:
+                    self.interrupt(t.number)
+                    failed += 1
+        return failed
+
+    def fail_orphans(self) -> int:
+        """Trials left open by a killed main driver that no Tune experiment will finish (a --join
+        driver's trials are left alone: it may be running them now). Returns how many."""
+        orphans = [t for t in self.trials(OPEN_STATES)
+                   if not str(t.user_attrs.get("tune_run", "")).startswith("join-")]
+        for t in orphans:
+            self.interrupt(t.number)
+        return len(orphans)
+
+    def open_in_run(self, run_name: str) -> list[Any]:
+        return [t for t in self.trials(OPEN_STATES) if t.user_attrs.get("tune_run") == run_name]
+
+    def settle_run(self, run_name: str) -> int:
+        """A budget ended `run_name`: its trials still open are PRUNED if they trained (their last
+        value stands), else interrupted (replaced if trials are added). Returns how many."""
+        still_open = self.open_in_run(run_name)
+        for t in still_open:
+            if t.intermediate_values:
+                self._tell(t.number, "PRUNED", None)
+            else:
+                self.interrupt(t.number)
+        return len(still_open)
+

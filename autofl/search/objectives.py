@@ -1,0 +1,55 @@
+"""Metrics and objectives on the search side, defined once: which metrics a trial reports, which
+are test metrics (reported, never optimized), Optuna's direction of a mode, and which of two
+values is better in a mode. The search, the live view, status, re-evaluation and the report use
+these instead of writing `max if mode == "max" else min` again."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Iterable, TypeVar
+
+from autofl.engine.metrics import METRIC_KEYS
+
+T = TypeVar("T")
+
+REPORTED_KEYS = (*METRIC_KEYS, "node_id")  # a round's metrics and the Ray node that trained it
+TEST_METRICS = ("personal_test_acc", "personal_test_acc_std", "personal_test_acc_p10", "global_test_acc")
+MODES = ("max", "min")
+
+
+def direction(mode: str) -> str:
+    """Optuna's name of a mode: maximize / minimize."""
+    return {"max": "maximize", "min": "minimize"}[mode]
+
+
+def sign(mode: str) -> float:
+    """+1 for max, -1 for min: `sign(mode) * value` is larger when better."""
+    return {"max": 1.0, "min": -1.0}[mode]
+
+
+def better(value: float, than: float | None, mode: str) -> bool:
+    """Whether `value` is strictly better than `than` (None: nothing yet, so any finite value is)."""
+    if value is None or not math.isfinite(value):
+        return False
+    return than is None or sign(mode) * value > sign(mode) * than
+
+
+def best(items: Iterable[T], key: Callable[[T], float], mode: str) -> T | None:
+    """The item with the best `key` in `mode` (the first of equals), or None if there is none."""
+    pick = max if mode == "max" else min
+    items = list(items)
+    return pick(items, key=key) if items else None
+
+
+def best_first(items: Iterable[T], key: Callable[[T], float], mode: str) -> list[T]:
+    """`items` sorted best first in `mode` (stable among equals)."""
+    return sorted(items, key=key, reverse=mode == "max")
+
+
+def gain(diff: dict[str, Any], mode: str) -> tuple[float, float, float]:
+    """A paired difference (candidate - reference: mean, ci_low, ci_high) as a gain in `mode`:
+    (gain, low, high), positive when the candidate is better."""
+    if mode == "max":
+        return diff["mean"], diff["ci_low"], diff["ci_high"]
+    return -diff["mean"], -diff["ci_high"], -diff["ci_low"]
+

@@ -1,0 +1,168 @@
+"""One Tune experiment of a study: the trainable with the study's data and resources, the
+searcher, scheduler and stoppers on the study ledger, the live view, and what happens when Tune
+returns (the ledger settles a run a budget ended; an interrupted run stays resumable).
+
+Each invocation is one Tune experiment under `<study>/tune/<run>`; autofl/search/runner.py
+decides which (new, restored, added, joined).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from autofl.errors import AutoFLError
+from autofl.search.ledger import Ledger
+from autofl.search.space import DefineByRun, SearchSpace
+from autofl.search.study import Study
+
+
+class StudyInterrupted(AutoFLError):
+    """Ctrl-C during a run: Tune saved its state; the study resumes with --resume."""
+
+    exit_code = 130
+
+
+def make_searcher(space: SearchSpace, ledger: Ledger, run_name: str, trials: int, with_start_point: bool,
+                  sampler: Any = None):
+    from autofl.search.searcher import StudySearcher
+    from autofl.search.strategy import make_sampler, study_start_points
+
+    return StudySearcher(
+        ledger, DefineByRun(space), sampler if sampler is not None else make_sampler(space),
+        metric=space.metrics if space.multi_objective else space.objective,
+        mode=space.modes if space.multi_objective else space.mode,
+        max_t=space.max_rounds, run_name=run_name, budget=trials,
+        # issue 18: never more start points than the run's budget (a cross-method study with fewer
+        # trials than methods left the rest WAITING forever)
+        points_to_evaluate=study_start_points(space)[:trials] if with_start_point else None)
+
+
+def make_scheduler(space: SearchSpace, ledger: Ledger):
+    """The space's scheduler (autofl/search/strategy.py), ASHA's rungs read from the ledger."""
+    from autofl.search.strategy import make_scheduler as from_space
+
+    return from_space(space, ledger)
+
+
+def make_stopper(space: SearchSpace, ledger: Ledger, run_name: str):
+    from ray.tune.stopper import CombinedStopper
+
+    from autofl.search.stopper import AlreadyRecordedStopper, RoundBudgetStopper
+
+    recorded = AlreadyRecordedStopper(ledger, run_name)
+    if space.budget_rounds is None:
+        return recorded
+    return CombinedStopper(recorded, RoundBudgetStopper(ledger, space.budget_rounds))
+
+
+def study_trainable(space: SearchSpace, trainable: type | None = None, checkpoint_every_s: float | None = None,
+                    **extra: Any):
+    """`trainable` (default FLTrainable) with the study's base config, dataset, threads and
+    resources; `extra` goes to its setup too (e.g. a re-evaluation's run list)."""
+    from ray import tune
+
+    from autofl.data.datasets import load_raw_dataset
+    from autofl.search.trainable import FLTrainable
+
+    raw = load_raw_dataset(space.base_experiment().data)  # once; tune.with_parameters shares it via the object store
+    wrapped = tune.with_parameters(trainable or FLTrainable, base=space.base, method_base=space.method_base,
+                                   raw_data=raw, threads=max(1, int(space.resources.cpu)),
+                                   checkpoint_every_s=space.checkpoint_every_s if checkpoint_every_s is None
+                                   else checkpoint_every_s, **extra)
+    return tune.with_resources(wrapped, {"cpu": space.resources.cpu, "gpu": space.resources.gpu})
+
+
+def new_run(study: Study, trials: int, join: bool) -> tuple[str, bool]:
+    """Record a new run of `trials` in the study's meta: its name, and whether it starts with the
+    space's start points (the study's first main run)."""
+    import os
+    import socket
+
+    meta = study.meta()
+    if join:  # its own Tune experiment; the study's requested total is unchanged
+        run_name = f"join-{socket.gethostname()}-{os.getpid()}-{len(meta['runs']) + 1}"
+    else:
+        run_name = f"run-{len(meta['runs']) + 1}"
+        meta["trials_requested"] = meta.get("trials_requested", 0) + trials
+    meta["runs"].append({"name": run_name, "trials": trials})
+    study.write_meta(meta)
+    return run_name, len(meta["runs"]) == 1 and not join
+
+
+def run_experiment(study: Study, trials: int, address: str | None, restore: str | None = None,
+                   join: bool = False) -> None:
+    """Run `trials` new trials (or restore the interrupted experiment at `restore`). A joined
+    driver (`join`) runs its own experiment and takes trials from the study's shared budget."""
+    from ray import tune
+
+    from autofl.search.checkpoints import checkpoints_to_keep
+    from autofl.search.live_view import LiveView, close_all
+    from autofl.search.ray_start import init_ray, max_concurrent
+
+    space = study.space()
+    ledger = Ledger(study.root)
+    init_ray(address)
+    trainable = study_trainable(space)
+    if restore is not None:
+        tuner = tune.Tuner.restore(restore, trainable=trainable, resume_unfinished=True,
+                                   resume_errored=False, restart_errored=False)
+        run_name = restore.rstrip("/").rsplit("/", 1)[-1]
+    else:
+        run_name, with_start = new_run(study, trials, join)
+        searcher = make_searcher(space, ledger, run_name, trials, with_start_point=with_start)
+        if not join:  # what every driver of the study counts against (PostgreSQL: several drivers)
+            ledger.set_requested(study.meta()["trials_requested"])
+        tuner = tune.Tuner(
+            trainable,
+            tune_config=tune.TuneConfig(
+                search_alg=searcher,
+                scheduler=make_scheduler(space, ledger), metric=space.objective, mode=space.mode,
+                num_samples=trials, time_budget_s=space.time_budget_s, reuse_actors=True,
+                max_concurrent_trials=max_concurrent(space),
+            ),
+            run_config=tune.RunConfig(
+                name=run_name, storage_path=study.tune_root(),
+                # the trainable asks for a checkpoint (should_checkpoint) once checkpoint_every_s of
+                # training is unsaved; plus one at the end
+                checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=0, num_to_keep=checkpoints_to_keep(space),
+                                                        checkpoint_at_end=True),
+                failure_config=tune.FailureConfig(max_failures=space.max_failures),
+                stop=make_stopper(space, ledger, run_name),
+                callbacks=[LiveView(ledger)], verbose=0,  # the live view replaces Tune's reporter
+            ),
+        )
+    started = time.time()
+    try:
+        tuner.fit()
+    finally:
+        close_all()
+    record_wall(study, run_name, time.time() - started)
+    settle_run(study, space, ledger, run_name)
+
+
+def settle_run(study: Study, space: SearchSpace, ledger: Ledger, run: str) -> None:
+    """After Tune returns: if trials of this run are still open, either a budget ended the run (the
+    ledger records the trials it cut PRUNED, those it never started interrupted) or the driver was
+    interrupted (Ctrl-C: Tune saved its state; the run stays resumable)."""
+    if not ledger.open_in_run(run):
+        return
+    walls = [r.get("tune_wall_s", 0.0) for r in study.meta()["runs"] if r["name"] == run]
+    budget_spent = (
+        (space.budget_rounds is not None and sum(ledger.rounds_used().values()) >= space.budget_rounds)
+        or (space.time_budget_s is not None and walls and walls[-1] >= 0.95 * space.time_budget_s))
+    if not budget_spent:
+        raise StudyInterrupted(f"interrupted; study {study.name!r} is saved: resume it with "
+                               f"autofl search --resume {study.name!r}")
+    ledger.settle_run(run)
+
+
+def record_wall(study: Study, run_name: str, seconds: float) -> None:
+    """Add this invocation's Tune wall time (Tuner.fit, from actor start to the last trial's end)
+    to its run's entry in the study's meta: what `scripts/search_overhead.py` compares with the
+    trials' own training time."""
+    meta = study.meta()
+    for run in meta["runs"]:
+        if run["name"] == run_name:
+            run["tune_wall_s"] = round(run.get("tune_wall_s", 0.0) + seconds, 3)
+    study.write_meta(meta)

@@ -1,0 +1,123 @@
+"""autofl's modules import each other one way: no circle in the import graph, counting imports at
+module level and inside functions (a function-level import hides a circle from Python, not from
+a reader). The graph is read from the source with `ast`, nothing is imported."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import autofl
+
+PACKAGE = Path(autofl.__file__).parent
+
+# the engine side of issue 16 (the method class passed in by the composition root, one device
+# resolution, executors built without importing back) removes the circles inside autofl.engine
+# (executor -> simulation.resolve_device, executor.make_executor <-> sequential / vectorized);
+# until that is on main, only circles within the engine and the methods are tolerated, as xfail
+KNOWN_UNTIL_ENGINE_SPLIT = {"autofl.engine", "autofl.methods"}
+
+
+def module_names() -> dict[str, Path]:
+    names = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        names[".".join(parts)] = path
+    return names
+
+
+def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
+    """The autofl modules `module` imports anywhere in its file."""
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    found = set()
+    tree = ast.parse(path.read_text())
+    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If) and _is_type_checking(block.test)
+                   for stmt in block.body for n in ast.walk(stmt)}
+    for node in ast.walk(tree):
+        if id(node) in typing_only:  # `if TYPE_CHECKING:` imports never run
+            continue
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            targets = [f"{base}.{alias.name}" for alias in node.names] + [base]
+        else:
+            continue
+        for target in targets:
+            while target and target not in known:  # `from autofl.x import name`: the module autofl.x
+                target = target.rpartition(".")[0]
+            if target and target != module and target != "autofl":
+                found.add(target)
+    return found
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
+        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def import_graph() -> dict[str, set[str]]:
+    names = module_names()
+    return {module: imports_of(module, path, set(names)) for module, path in names.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for succ in sorted(graph.get(node, ())):
+            if succ not in index:
+                visit(succ)
+                low[node] = min(low[node], low[succ])
+            elif succ in on_stack:
+                low[node] = min(low[node], index[succ])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def top_packages(component: list[str]) -> set[str]:
+    return {".".join(m.split(".")[:2]) for m in component}
+
+
+def test_the_graph_reader_finds_a_circle_and_resolves_imports():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]]
+    graph = import_graph()
+    assert "autofl.search.ledger" in graph["autofl.search.searcher"]  # module level
+    assert "autofl.search.searcher" in graph["autofl.search.tune_run"]  # inside a function
+
+
+def test_autofl_has_no_import_circle():
+    found = cycles(import_graph())
+    unexpected = [c for c in found if not top_packages(c) <= KNOWN_UNTIL_ENGINE_SPLIT]
+    assert not unexpected, unexpected
+    if found:
+        pytest.xfail(f"circles inside the engine, removed by the engine-side change of issue 16: {found}")
