@@ -77,11 +77,10 @@ def asha_rungs(space) -> list[int]:
     (hyperband: those of its first bracket)."""
     if space.scheduler.kind not in ("asha", "hyperband"):
         return []
-    rungs, rung = [], float(space.scheduler.grace_period)
-    while rung < space.max_rounds:
-        rungs.append(int(rung))
-        rung *= space.scheduler.reduction_factor
-    return rungs
+    from autofl.search.asha import milestones
+
+    return [int(m) for m in milestones(space.scheduler.grace_period, space.max_rounds,
+                                       space.scheduler.reduction_factor) if m < space.max_rounds]
 
 
 def _best_so_far(space, ot, trials: list, compute: dict[int, float]) -> list[Figure]:

@@ -94,3 +94,20 @@ def test_milestones_cutoff_and_decide_on_fixed_values():
     assert asha.rung_to_judge([2, 4, 8], 5, judged=[4]) == 2 and asha.rung_to_judge([2, 4, 8], 1, []) is None
     with pytest.raises(ValueError, match="mode"):
         asha.decide(values, 0.1, "maximize", 2)
+
+
+def test_hyperband_brackets_have_tunes_rungs_and_a_stable_draw():
+    tune_hb = AsyncHyperBandScheduler(time_attr="round", metric="acc", mode="max", max_t=27, grace_period=1,
+                                      reduction_factor=3, brackets=3)
+    # Tune's brackets (public: its debug string lists each bracket's rung rounds)
+    listed = [[float(part.split(":")[0].split()[-1]) for part in line.removeprefix("Bracket: ").split(" | ")]
+              for line in tune_hb.debug_string().splitlines()[1:]]
+    ours = [sorted(asha.milestones(1, 27, 3, s), reverse=True) for s in range(3)]
+    assert listed == ours == [[27, 9, 3, 1], [27, 9, 3], [27, 9]]
+    weights = asha.bracket_weights(1, 27, 3, 3)
+    assert weights == pytest.approx([np.e ** (n - 4) / sum(np.e ** (m - 4) for m in (4, 3, 2)) for n in (4, 3, 2)])
+    draws = [asha.bracket_of(f"trial_{i:05d}", weights) for i in range(3000)]
+    assert draws == [asha.bracket_of(f"trial_{i:05d}", weights) for i in range(3000)]  # the same after a resume
+    shares = [draws.count(b) / len(draws) for b in range(3)]
+    assert shares == pytest.approx(weights, abs=0.03)
+    assert asha.bracket_of("anything", [1.0]) == 0

@@ -74,3 +74,18 @@ def test_a_restored_scheduler_seeds_again(tmp_path):
     restored = pickle.loads(pickle.dumps(asha))
     assert restored.seed_from_study() == 1  # looks at the study again, without recording a value twice
     assert restored.seed_from_study() == 0 and {int(m): r for m, r in restored.rungs.items()}[2] == {"a": 0.5}
+
+
+def test_hyperband_brackets_take_only_their_own_trials_from_the_study(tmp_path):
+    curves = {f"t{i}": {1: 0.1 * i, 2: 0.1 * i + 0.01, 4: 0.1 * i + 0.02} for i in range(8)}
+    root = _study(tmp_path, curves)
+    hb = StudyASHA(Ledger(root), time_attr="round", max_t=8, grace_period=1, reduction_factor=2, brackets=2)
+    hb.set_search_properties(metric="acc", mode="max", config={})
+    brackets = hb.bracket_rungs
+    assert [sorted(b) for b in brackets] == [[1, 2, 4, 8], [2, 4, 8]]
+    for tid in curves:  # each trial sits in its own bracket only, at that bracket's first rung
+        own = hb.bracket_of(tid)
+        assert tid in brackets[own][min(brackets[own])]
+        assert all(tid not in recorded for b, bracket in enumerate(brackets) if b != own
+                   for recorded in bracket.values())
+    assert {hb.bracket_of(tid) for tid in curves} == {0, 1}  # both brackets hold trials here

@@ -13,16 +13,40 @@ Values are kept in the objective's own units; `mode` says which way is better.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from typing import Iterable, Sequence
 
 import numpy as np
 
 
-def milestones(grace_period: float, max_t: float, reduction_factor: float) -> list[float]:
-    """The rungs' rounds, ascending (Tune's formula, so the same rounds for the same settings)."""
-    count = int(math.log(max_t / grace_period) / math.log(reduction_factor) + 1)
-    return [grace_period * reduction_factor ** k for k in range(count)]
+def milestones(grace_period: float, max_t: float, reduction_factor: float, bracket: int = 0) -> list[float]:
+    """The rungs' rounds of bracket `bracket` (0: the only one of plain ASHA), ascending (Tune's
+    formula, so the same rounds for the same settings): bracket s starts at grace * rf**s."""
+    count = int(math.log(max_t / grace_period) / math.log(reduction_factor) - bracket + 1)
+    return [grace_period * reduction_factor ** (k + bracket) for k in range(count)]
+
+
+def bracket_weights(grace_period: float, max_t: float, reduction_factor: float, brackets: int) -> list[float]:
+    """The chance of a new trial to go to each bracket (asynchronous Hyperband), as Tune's: a
+    softmax over the brackets' rung counts."""
+    sizes = [len(milestones(grace_period, max_t, reduction_factor, s)) for s in range(brackets)]
+    exp = [math.e ** (n - max(sizes)) for n in sizes]
+    return [e / sum(exp) for e in exp]
+
+
+def bracket_of(trial_key: str, weights: Sequence[float]) -> int:
+    """The bracket of a trial, drawn with `weights` from a hash of its key (Tune draws at random
+    and forgets; a hash gives the same bracket again after a resume and in a replay)."""
+    if len(weights) == 1:
+        return 0
+    u = int.from_bytes(hashlib.sha256(trial_key.encode()).digest()[:8], "big") / 2.0 ** 64
+    total = 0.0
+    for index, weight in enumerate(weights):
+        total += weight
+        if u < total:
+            return index
+    return len(weights) - 1
 
 
 def rung_to_judge(rungs: Sequence[float], reached: float, judged: Iterable[float]) -> float | None:

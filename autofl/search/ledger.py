@@ -155,15 +155,19 @@ class Ledger:
     def rounds_used(self) -> dict[str, int]:
         return rounds_used(self.trials())
 
-    def rung_history(self, rungs: Sequence[float], max_t: float) -> dict[float, dict[str, float]]:
+    def rung_history(self, rungs: Sequence[float], max_t: float,
+                     member: Callable[[str], bool] | None = None) -> dict[float, dict[str, float]]:
         """ASHA's rungs as the study's trials left them, by Tune trial id (objective units): each
-        tagged, not interrupted trial's per-round values replayed through autofl.search.asha."""
+        tagged, not interrupted trial's per-round values replayed through autofl.search.asha
+        (only the trials `member` accepts: one bracket's)."""
         from autofl.search.asha import recorded_values
 
         history: dict[float, dict[str, float]] = {m: {} for m in rungs}
         for t in self.trials():
             trial_id = t.user_attrs.get("tune_trial_id")
             if trial_id is None or not counted(t) or not t.intermediate_values:
+                continue
+            if member is not None and not member(trial_id):
                 continue
             for milestone, value in recorded_values(dict(t.intermediate_values), rungs, max_t,
                                                     t.state.is_finished()).items():

@@ -20,14 +20,18 @@ from autofl.search.ledger import Ledger
 
 
 class StudyASHA(FIFOScheduler):
+    """ASHA (one bracket) or asynchronous Hyperband (`brackets` > 1: bracket s starts its rungs at
+    grace_period * reduction_factor**s, and a trial's bracket is drawn from its id)."""
+
     def __init__(self, ledger: Ledger, max_t: int, grace_period: float = 1, reduction_factor: float = 2,
-                 time_attr: str = "round", metric: str | None = None, mode: str | None = None):
+                 time_attr: str = "round", metric: str | None = None, mode: str | None = None, brackets: int = 1):
         super().__init__()
         self._ledger = ledger
         self._time_attr, self._max_t, self._rf = time_attr, max_t, reduction_factor
-        self._milestones = asha.milestones(grace_period, max_t, reduction_factor)
+        self._milestones = [asha.milestones(grace_period, max_t, reduction_factor, s) for s in range(brackets)]
+        self._weights = asha.bracket_weights(grace_period, max_t, reduction_factor, brackets)
         self._metric, self._mode = metric, mode
-        self._rungs: dict[float, dict[str, float]] | None = None  # from the ledger, once per driver
+        self._rungs: list[dict[float, dict[str, float]]] | None = None  # per bracket, from the ledger
 
     def __getstate__(self) -> dict[str, Any]:  # a restored driver rebuilds the rungs from the study
         return {**self.__dict__, "_rungs": None}
@@ -39,18 +43,29 @@ class StudyASHA(FIFOScheduler):
         self._mode = mode or self._mode
         return True
 
+    def bracket_of(self, trial_id: str) -> int:
+        return asha.bracket_of(trial_id, self._weights)
+
     @property
-    def rungs(self) -> dict[float, dict[str, float]]:
-        """Milestone -> {Tune trial id: value at that rung} (objective units)."""
+    def bracket_rungs(self) -> list[dict[float, dict[str, float]]]:
+        """Per bracket: milestone -> {Tune trial id: value at that rung} (objective units)."""
         self.seed_from_study()
         return self._rungs
 
+    @property
+    def rungs(self) -> dict[float, dict[str, float]]:
+        """The first bracket's rungs (ASHA's only one)."""
+        return self.bracket_rungs[0]
+
     def seed_from_study(self) -> int:
-        """Take the rungs from the ledger (once per driver); returns how many values it held."""
+        """Take the rungs from the ledger (once per driver); returns how many values they held."""
         if self._rungs is not None:
             return 0
-        self._rungs = self._ledger.rung_history(self._milestones, self._max_t)
-        return sum(len(recorded) for recorded in self._rungs.values())
+        self._rungs = [self._ledger.rung_history(rungs, self._max_t,
+                                                 None if len(self._milestones) == 1 else
+                                                 (lambda tid, s=s: self.bracket_of(tid) == s))
+                       for s, rungs in enumerate(self._milestones)]
+        return sum(len(recorded) for bracket in self._rungs for recorded in bracket.values())
 
     def on_trial_add(self, tune_controller: Any, trial: Any) -> None:
         if not self._metric or self._mode not in ("max", "min"):
@@ -59,9 +74,10 @@ class StudyASHA(FIFOScheduler):
 
     def _record(self, trial_id: str, reached: float, value: float) -> str:
         """Judge and record a result at its rung (autofl.search.asha's rule)."""
-        rungs = self.rungs
+        bracket = self.bracket_of(trial_id)
+        rungs = self.bracket_rungs[bracket]
         judged = [m for m, recorded in rungs.items() if trial_id in recorded]
-        milestone = asha.rung_to_judge(self._milestones, reached, judged)
+        milestone = asha.rung_to_judge(self._milestones[bracket], reached, judged)
         if milestone is None:
             return TrialScheduler.CONTINUE
         others = list(rungs[milestone].values())
@@ -80,4 +96,5 @@ class StudyASHA(FIFOScheduler):
             self._record(trial.trial_id, result[self._time_attr], result[self._metric])
 
     def debug_string(self) -> str:
-        return "StudyASHA: " + " | ".join(f"round {m:g}: {len(r)} trials" for m, r in (self._rungs or {}).items())
+        return "StudyASHA: " + "; ".join(" | ".join(f"round {m:g}: {len(r)} trials" for m, r in bracket.items())
+                                         for bracket in (self._rungs or []))
