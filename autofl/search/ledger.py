@@ -238,10 +238,10 @@ class Ledger:
             if self._run_budget_used(trials, run_name, known) >= budget or self._study_budget_reached(trials):
                 return None
             trial = study.ask()
-            returned = define(trial) or {}
+            returned = define(trial)  # define-by-run: may return constants to add to the params
             trial.set_user_attr("tune_trial_id", tune_trial_id)  # inside the lock: untagged RUNNING = orphan
             trial.set_user_attr("tune_run", run_name)
-        return trial.number, {**trial.params, **returned}
+        return trial.number, {**trial.params, **(returned if isinstance(returned, dict) else {})}
 
     def _run_budget_used(self, trials: list[Any], run_name: str, known: set[str]) -> int:
         """Trials the run's searcher handed out, plus the run's trials finished by a driver that

@@ -1,0 +1,83 @@
+"""The study ledger decides every trial state: the outcome rule on fixed results, what status shows,
+closing a trial once (a second close or a late report changes nothing), a budget's cut, orphans,
+and the Tune id <-> Optuna number map."""
+
+from __future__ import annotations
+
+import pickle
+
+import optuna
+import pytest
+
+from autofl.search.ledger import INTERRUPTED, Ledger, outcome, shown_state
+
+
+def _ledger(tmp_path) -> Ledger:
+    root = tmp_path / "s"
+    root.mkdir()
+    (root / "space.yaml").write_text("study: s\n")
+    ledger = Ledger(root)
+    ledger.study(create_directions=["maximize"])
+    return ledger
+
+
+def _ask(ledger: Ledger, tune_id: str, run: str = "run-1", known: set[str] | None = None, budget: int = 10):
+    return ledger.ask(run, tune_id, known or set(), budget, optuna.samplers.RandomSampler(seed=0),
+                      lambda trial: trial.suggest_float("x", 0.0, 1.0))
+
+
+@pytest.mark.parametrize("result,error,expected", [
+    ({"round": 4, "acc": 0.8}, False, ("COMPLETE", [0.8])),
+    ({"round": 2, "acc": 0.8}, False, ("PRUNED", None)),  # stopped before max_t
+    ({"round": 4, "acc": float("nan")}, False, ("FAIL", None)),  # no finite value
+    ({"round": 4}, False, ("FAIL", None)),
+    ({"round": 4, "acc": 0.8, "diverged": "diverged at round 4"}, False, ("FAIL", None)),
+    ({"round": 4, "acc": 0.8}, True, ("FAIL", None)),  # the trainable raised
+    (None, True, ("FAIL", None)),
+])
+def test_outcome_rule(result, error, expected):
+    assert outcome(result, error, ["acc"], max_t=4) == expected
+
+
+def test_outcome_of_a_multi_objective_trial_needs_every_value():
+    assert outcome({"round": 4, "a": 0.8, "b": 0.1}, False, ["a", "b"], 4) == ("COMPLETE", [0.8, 0.1])
+    assert outcome({"round": 4, "a": 0.8}, False, ["a", "b"], 4) == ("FAIL", None)
+
+
+def test_shown_state_marks_what_a_killed_driver_left_interrupted():
+    assert shown_state("FAIL", {"interrupted": True}, live_driver=True) == INTERRUPTED
+    assert shown_state("FAIL", {}, live_driver=False) == "FAIL"
+    assert shown_state("RUNNING", {"tune_run": "run-1"}, live_driver=False) == INTERRUPTED
+    assert shown_state("RUNNING", {"tune_run": "run-1"}, live_driver=True) == "RUNNING"
+    assert shown_state("RUNNING", {"tune_run": "join-h-1-2"}, live_driver=False) == "RUNNING"  # its own driver
+    assert shown_state("COMPLETE", {}, live_driver=False) == "COMPLETE"
+
+
+def test_a_trial_is_closed_once_and_mapped_both_ways(tmp_path):
+    ledger = _ledger(tmp_path)
+    number, params = _ask(ledger, "t1")
+    assert set(params) == {"x"} and ledger.number_of("t1") == number and ledger.state_of("t1") == "RUNNING"
+    assert ledger.report(number, 0.5, 1) and ledger.report(number, 0.6, 2)
+    assert ledger.close(number, {"round": 3, "acc": 0.7, "personal_test_acc": 0.65}, False, ["acc"], 4) == "PRUNED"
+    # a second close (a restored driver) and a late report change nothing
+    assert ledger.close(number, {"round": 4, "acc": 0.9}, False, ["acc"], 4) == "PRUNED"
+    assert ledger.report(number, 0.9, 4) is False
+    (trial,) = pickle.loads(pickle.dumps(ledger)).trials()  # a pickled ledger reopens the storage
+    assert trial.state.name == "PRUNED" and trial.intermediate_values == {1: 0.5, 2: 0.6, 3: 0.7}
+    assert trial.user_attrs["personal_test_acc"] == 0.65 and ledger.finished_in_run("run-1") == {"t1"}
+    assert b"optuna.db" not in pickle.dumps(ledger)
+
+
+def test_budget_cut_orphans_and_the_run_budget(tmp_path):
+    ledger = _ledger(tmp_path)
+    trained, _ = _ask(ledger, "trained")
+    ledger.report(trained, 0.4, 1)
+    never, _ = _ask(ledger, "never")
+    joined, _ = _ask(ledger, "joined", run="join-h-1-2")
+    assert ledger.settle_run("run-1") == 2  # a budget ended run-1
+    states = {t.user_attrs["tune_trial_id"]: (t.state.name, t.user_attrs.get("interrupted")) for t in ledger.trials()}
+    assert states == {"trained": ("PRUNED", None), "never": ("FAIL", True), "joined": ("RUNNING", None)}
+    assert ledger.fail_orphans() == 0  # a --join driver's trial is its own driver's to finish
+    # the run's budget counts what its searcher handed out, not interrupted trials
+    assert _ask(ledger, "a", known={"trained", "never"}, budget=2) is not None
+    assert _ask(ledger, "b", known={"trained", "never", "a"}, budget=2) is None
