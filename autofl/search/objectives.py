@@ -13,8 +13,15 @@ from autofl.engine.metrics import METRIC_KEYS
 T = TypeVar("T")
 
 REPORTED_KEYS = (*METRIC_KEYS, "node_id")  # a round's metrics and the Ray node that trained it
+# what a study may optimize: validation metrics only (the test split is reported, never optimized)
+VALIDATION_OBJECTIVES = ("personal_val_acc", "personal_val_acc_p10", "personal_val_acc_std", "global_val_acc")
 TEST_METRICS = ("personal_test_acc", "personal_test_acc_std", "personal_test_acc_p10", "global_test_acc")
 MODES = ("max", "min")
+
+
+def default_mode(metric: str) -> str:
+    """The direction a metric is optimized in unless the space says: min for a spread (*_std), else max."""
+    return "min" if metric.endswith("_std") else "max"
 
 
 def direction(mode: str) -> str:

@@ -43,6 +43,10 @@ class StudyASHA(FIFOScheduler):
         self._mode = mode or self._mode
         return True
 
+    @property
+    def brackets(self) -> int:
+        return len(self._milestones)
+
     def bracket_of(self, trial_id: str) -> int:
         return asha.bracket_of(trial_id, self._weights)
 

@@ -11,9 +11,9 @@ from autofl.config import Experiment, Strict, read_yaml, set_dotted
 from autofl.experiment import build_experiment
 from autofl.errors import ConfigError, format_validation_error
 from autofl.search.strategy import SamplerSpec, SchedulerSpec, check_strategy
-
 # any validation metric may be the objective: the mean, the worst-decile client (p10) or the spread
-VALIDATION_OBJECTIVES = ("personal_val_acc", "personal_val_acc_p10", "personal_val_acc_std", "global_val_acc")
+from autofl.search.objectives import VALIDATION_OBJECTIVES, default_mode
+
 CONDITIONAL_SEP = ":"  # optuna name of a conditional param: "<method>:<config key>"
 
 
@@ -127,7 +127,7 @@ class SearchSpace(Strict):
             raise ValueError(f"objectives: {names} must name 2 or more different validation metrics; for one, "
                              f"use objective:")
         if self.modes is None:
-            self.modes = ["min" if n.endswith("_std") else "max" for n in names]
+            self.modes = [default_mode(n) for n in names]
         if len(self.modes) != len(names):
             raise ValueError(f"modes: {len(self.modes)} given for {len(names)} objectives; allowed: one per objective")
         self.objective, self.mode = names[0], self.modes[0]
