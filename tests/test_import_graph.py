@@ -121,3 +121,19 @@ def test_autofl_has_no_import_circle():
     assert not unexpected, unexpected
     if found:
         pytest.xfail(f"circles inside the engine, removed by the engine-side change of issue 16: {found}")
+
+
+def test_every_autofl_import_names_a_module_that_exists():
+    """A function-level import of a missing module fails only when that function runs (in a
+    Ray worker, or a re-evaluation): caught here, from the source."""
+    names = module_names()
+    missing = []
+    for module, path in names.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").startswith("autofl"):
+                if node.module not in names:
+                    missing.append(f"{module}: from {node.module} import ...")
+            elif isinstance(node, ast.Import):
+                missing += [f"{module}: import {a.name}" for a in node.names
+                            if a.name.startswith("autofl") and a.name not in names]
+    assert not missing, missing
