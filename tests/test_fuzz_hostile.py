@@ -104,7 +104,7 @@ def stand_in_for_ray():
     """Stop where Ray would start; the 'run' records one finished trial (so a valid start exits 0)."""
     import optuna
 
-    from autofl.search import logs, preflight, runner
+    from autofl.search import preflight, ray_start, runner
 
     def run_experiment(study, trials, address, restore=None, join=False):
         ot = optuna.create_study(study_name=study.name, storage=study.storage_url(), load_if_exists=True,
@@ -112,7 +112,7 @@ def stand_in_for_ray():
         ot.tell(ot.ask(), 0.5)
 
     mp = pytest.MonkeyPatch()
-    mp.setattr(logs, "start_ray", lambda root, address, verbose, meanwhile=None: Path(root) / "logs")
+    mp.setattr(ray_start, "start_ray", lambda root, address, verbose, meanwhile=None: Path(root) / "logs")
     mp.setattr(preflight, "check_cluster_fits", lambda cpu, gpu, address: None)
     mp.setattr(runner, "run_experiment", run_experiment)
     yield mp
