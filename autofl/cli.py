@@ -279,6 +279,9 @@ def _reevaluate(study, seeds: int, top: int, vary_partition: bool, address: str 
     from autofl.search.study import check_owned
 
     check_owned(study.root)  # the lock file and run records are written into it
+    from autofl.search.preflight import probe_address, sigterm_as_ctrl_c
+
+    probe_address(address)  # an unreachable cluster: one line in seconds
     lock = DriverLock(study.root)
     lock.acquire(sqlite=is_sqlite(study.storage_url()))
     objective = study.space().objective
@@ -290,6 +293,7 @@ def _reevaluate(study, seeds: int, top: int, vary_partition: bool, address: str 
             from autofl.search.ray_start import start_ray
 
             start_ray(study.root, address, verbose)
+            sigterm_as_ctrl_c()  # after Ray's own driver handler
 
     def on_done(run, result: dict) -> None:
         show.print(f"  {run.candidate.label} seed {run.seed}: {objective}={_fmt(result.get(objective))} "

@@ -533,3 +533,11 @@ def test_resuming_a_finished_study_says_how_to_add_trials(tmp_path, capsys, no_r
     code, out, err = cli(capsys, "search", "--resume", "done", "--dir", tmp_path / "home")
     assert code == 0, err
     assert "add more with: autofl search --resume done --trials N" in out
+
+
+def test_reeval_with_an_unreachable_address_is_one_line(tmp_path, capsys):
+    study_with_trials(tmp_path, "re", ["a"])
+    capsys.readouterr()  # Optuna's note on the study it made
+    for args in (["reeval", "re", "--seeds", "2"], ["best-config", "export", "re", "--reeval", "2"]):
+        code, out, err = cli(capsys, *args, "--address", f"127.0.0.1:{free_port()}", "--dir", tmp_path / "home")
+        assert_one_line(code, err, "nothing answers")
