@@ -19,6 +19,7 @@ import re
 from typing import Any
 
 STORAGE_ENV = "AUTOFL_STORAGE"
+PG_CONNECT_TIMEOUT_S = 10
 ALLOWED = "sqlite:///PATH or postgresql+psycopg://USER@HOST:PORT/DB"
 _PASSWORD_IN_URL = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^:/@\s]*:)(?P<password>[^@\s]*)@")
 # libpq's other form: the password as a query parameter (`?password=...`, any case, percent-encoded
@@ -140,7 +141,10 @@ def _open_rdb(url: str):
     import sqlalchemy
 
     if not is_sqlite(url):
-        return optuna.storages.RDBStorage(connect_url(url), engine_kwargs={"pool_pre_ping": True})
+        # a server that does not answer is one line within seconds, not a wait for TCP's timeout
+        # (a connect_timeout in the URL's query wins)
+        return optuna.storages.RDBStorage(connect_url(url), engine_kwargs={
+            "pool_pre_ping": True, "connect_args": {"connect_timeout": PG_CONNECT_TIMEOUT_S}})
     engine_kwargs = {"connect_args": {"timeout": 30}}
     storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
     sqlalchemy.event.listen(storage.engine, "connect", _fast_sqlite)
