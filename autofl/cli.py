@@ -146,7 +146,8 @@ def cmd_search(args: argparse.Namespace) -> int:
     base = space.base_experiment()
     trial_device = resolve_device("cuda" if space.resources.gpu > 0 else "cpu")  # where Ray places the trials
     console.print(f"autofl search: study {study.name} in {study.root}; trials' "
-                  f"{describe_executor(base, get_method_class(base.method.name), trial_device)}; Ray's logs: {logs}"
+                  f"{describe_executor(base, get_method_class(base.method.name), trial_device)}"
+                  f"{'; ' + space.resources.auto_line if space.resources.auto_line else ''}; Ray's logs: {logs}"
                   f"{' (also shown here)' if args.verbose else ''}", soft_wrap=True)
     record_before = study.meta()  # unchanged after a --resume that found nothing to do
     try:

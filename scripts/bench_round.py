@@ -2,7 +2,12 @@
 
     python scripts/bench_round.py [--scenario fedfcd-t1|fmnist-cnn|cifar10-cnn|digits]
                                   [--method fedavg|all] [--executor sequential|vectorized|both] [--repeats 3]
-                                  [--device cpu|cuda] [--synthetic]
+                                  [--device cpu|cuda] [--synthetic] [--compile off|on|auto|both]
+
+`--compile both` times each executor eager and compiled (runtime.compile off, then on) and prints
+`compile[METHOD EXECUTOR] compile_s .. eager_round_s .. compiled_round_s .. pays_at_round N`:
+compile_s is how much longer the compiled run's first round took than the eager run's, and N the
+round from which the compiled run is ahead (inf: never, the compiled round is not faster).
 
 The floor is the round's arithmetic divided by this machine's dense matmul rate: forward+backward
 FLOPs of every training sample (`train_passes` of the method's model), plus its extra no-grad
@@ -28,6 +33,7 @@ both run; the last line is the smallest speedup (or the worst floor ratio with o
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import time
 
@@ -110,8 +116,14 @@ def round_flops(sim: Simulation) -> float:
     return samples * (m.train_passes * per_sample_train + m.extra_forwards * per_sample_fwd)
 
 
-def time_rounds(sim: Simulation, repeats: int) -> float:
-    sim.run_round()  # warm-up (allocations, first-participation branches)
+def time_rounds(sim: Simulation, repeats: int) -> tuple[float, float]:
+    """(first round's seconds, median of the next `repeats`): the first round warms up (allocations,
+    first-participation branches) and, under runtime.compile, compiles the steps."""
+    _sync(sim.device)
+    start = time.perf_counter()
+    sim.run_round()
+    _sync(sim.device)
+    first = time.perf_counter() - start
     times = []
     for _ in range(repeats):
         _sync(sim.device)
@@ -119,23 +131,44 @@ def time_rounds(sim: Simulation, repeats: int) -> float:
         sim.run_round()
         _sync(sim.device)
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return first, statistics.median(times)
+
+
+def pays_at_round(compile_s: float, eager_s: float, compiled_s: float) -> float:
+    """The round at which compiling has paid for itself: compile time over the saving per round
+    (inf when the compiled round is not faster)."""
+    saving = eager_s - compiled_s
+    return math.ceil(max(compile_s, 0.0) / saving) if saving > 0 else math.inf
 
 
 def bench(method: str, scenario: str, executors: list[str], extra: list[str], repeats: int,
-          flops_per_s: float, raw: RawDataset | None = None) -> dict[str, float]:
+          flops_per_s: float, raw: RawDataset | None = None, compile_modes: list[str | None] = [None]
+          ) -> dict[str, float]:
     seconds: dict[str, float] = {}
     floor = 0.0
     for executor in executors:
-        exp = load_experiment(None, [*SCENARIOS[scenario], f"method.name={method}", "fl.rounds=1000",
-                                     "fl.eval_every=1000", f"runtime.executor={executor}", *extra])
-        sim = Simulation(exp, get_method_class(method), raw)
-        floor = round_flops(sim) / flops_per_s
-        seconds[executor] = time_rounds(sim, repeats)
-        print(f"{scenario} {method:10s} {executor:10s} round_s {seconds[executor]:7.3f}  floor_s {floor:8.4g}  "
-              f"x_floor {seconds[executor] / floor:6.2f}  ({sim.executor_line}; threads {torch.get_num_threads()})",
-              flush=True)
-    if len(seconds) == 2:
+        for mode in compile_modes:
+            label = executor if mode is None else f"{executor}/{mode}"
+            exp = load_experiment(None, [*SCENARIOS[scenario], f"method.name={method}", "fl.rounds=1000",
+                                         "fl.eval_every=1000", f"runtime.executor={executor}", *extra,
+                                         *([f"runtime.compile={mode}"] if mode else [])])
+            sim = Simulation(exp, get_method_class(method), raw)
+            floor = round_flops(sim) / flops_per_s
+            first, seconds[label] = time_rounds(sim, repeats)
+            seconds[f"{label}:first"] = first
+            print(f"{scenario} {method:10s} {label:10s} round_s {seconds[label]:7.3f}  floor_s {floor:8.4g}  "
+                  f"x_floor {seconds[label] / floor:6.2f}  first_round_s {first:7.2f}  "
+                  f"({sim.executor_line}; threads {torch.get_num_threads()})", flush=True)
+        if len(compile_modes) == 1:
+            seconds[executor] = seconds[label]
+        if compile_modes == ["off", "on"]:
+            eager, comp = seconds[f"{executor}/off"], seconds[f"{executor}/on"]
+            # compile time: the compiled run's first round beyond the eager run's first round
+            compile_s = seconds[f"{executor}/on:first"] - seconds[f"{executor}/off:first"]
+            seconds[executor] = min(eager, comp)
+            print(f"compile[{method} {executor}] compile_s {compile_s:.1f}  eager_round_s {eager:.3f}  "
+                  f"compiled_round_s {comp:.3f}  pays_at_round {pays_at_round(compile_s, eager, comp)}", flush=True)
+    if len(executors) == 2:
         seconds["speedup"] = seconds["sequential"] / seconds["vectorized"]
         print(f"speedup[{method}] {seconds['speedup']:.2f}", flush=True)
     seconds["floor"] = floor
@@ -151,6 +184,9 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="auto, cpu, cuda, cuda:N")
     parser.add_argument("--synthetic", action="store_true",
                         help="random tensors of the scenario dataset's shape instead of its files")
+    parser.add_argument("--compile", choices=["off", "on", "auto", "both"], default=None,
+                        help="runtime.compile of the timed runs (default: the config's, auto); both = off then on, "
+                        "with the compile time and the round at which compiling pays")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
     executors = ["sequential", "vectorized"] if args.executor == "both" else [args.executor]
@@ -164,7 +200,8 @@ def main() -> None:
         raw = synthetic_dataset(dataset)
         print(f"synthetic {dataset}: {len(raw.train_y)} train + {len(raw.test_y)} test of shape {raw.input_shape}")
     results = {m: bench(m, args.scenario, executors, [f"runtime.device={args.device}", *args.set], args.repeats,
-                        flops_per_s, raw) for m in methods}
+                        flops_per_s, raw, ["off", "on"] if args.compile == "both" else [args.compile])
+               for m in methods}
     print("| method | " + " | ".join(f"{e} s" for e in executors) + " | floor s | "
           + ("speedup |" if len(executors) == 2 else "x floor |"))
     for m, r in results.items():

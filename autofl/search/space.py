@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from autofl.config import Experiment, Strict, read_yaml, set_dotted
 from autofl.experiment import build_experiment
@@ -58,7 +58,23 @@ class ParamSpec(Strict):
 
 class ResourcesSpec(Strict):
     cpu: float = Field(1.0, gt=0)
-    gpu: float = Field(0.0, ge=0, description="fractional values share a GPU between trials")
+    gpu: float | Literal["auto"] = Field(0.0, description="fractional values share a GPU between trials; "
+                                         "auto: as many trials per GPU as a dry round's peak memory allows "
+                                         "(0 without a GPU; see autofl/search/gpu_packing.py)")
+    _auto_line: str | None = PrivateAttr(None)  # what `gpu: auto` resolved to and why
+
+    @field_validator("gpu", mode="before")
+    @classmethod
+    def _share_or_auto(cls, value: Any) -> Any:
+        if value == "auto":
+            return value
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+            raise ValueError("allowed: auto, or a share of a GPU >= 0 such as 0.25")
+        return float(value)
+
+    @property
+    def auto_line(self) -> str | None:
+        return self._auto_line
     max_concurrent: int | None = Field(
         None, ge=1, description="trials in flight at once; default: as many as the cluster holds when the run "
         "starts (set it higher on an autoscaling cluster)")
@@ -104,6 +120,15 @@ class SearchSpace(Strict):
         from autofl.search.storage import check_storage_url
 
         return None if value is None else check_storage_url(value, None)
+
+    @model_validator(mode="after")
+    def _resolve_gpu_auto(self) -> "SearchSpace":
+        """`resources.gpu: auto` becomes the share of a card one trial needs (measured once per study)."""
+        if self.resources.gpu == "auto":
+            from autofl.search.gpu_packing import resolve_auto_gpu
+
+            self.resources.gpu, self.resources._auto_line = resolve_auto_gpu(self.base_experiment())
+        return self
 
     @model_validator(mode="after")
     def _objective_is_validation(self) -> "SearchSpace":

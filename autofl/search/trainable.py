@@ -40,6 +40,17 @@ def trial_device() -> torch.device:
     return resolve_device("auto" if has_gpu else "cpu")
 
 
+class TrialOutOfGPUMemory(RuntimeError):
+    """A trial ran out of GPU memory: one line naming what it needed and its share of the card."""
+
+    def __init__(self, device: torch.device, err: BaseException):
+        from autofl.search.gpu_packing import needed_bytes, oom_line
+
+        card = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else 0
+        share = ray.get_runtime_context().get_assigned_resources().get("GPU", 1.0) if ray.is_initialized() else 1.0
+        super().__init__(oom_line(needed_bytes(err), card, share))
+
+
 class FLTrainable(tune.Trainable):
     def setup(self, config: dict[str, Any], base: dict[str, Any] | None = None, raw_data: RawDataset | None = None,
               threads: int = 1, checkpoint_every_s: float = 0.0,
@@ -72,7 +83,10 @@ class FLTrainable(tune.Trainable):
         start = time.perf_counter()
         metrics = None
         while metrics is None:
-            metrics = self.sim.run_round()
+            try:
+                metrics = self.sim.run_round()
+            except torch.OutOfMemoryError as err:  # this trial fails alone, in one line; the study goes on
+                raise TrialOutOfGPUMemory(self.sim.device, err) from None
         if not math.isfinite(metrics["train_loss"]):  # the searcher records FAIL with this reason, no traceback
             reason = f"diverged at round {metrics['round']}: train_loss is {metrics['train_loss']}"
             return {**metrics, "node_id": self._node_id, "diverged": reason, "done": True, "should_checkpoint": False}

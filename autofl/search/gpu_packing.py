@@ -1,0 +1,97 @@
+"""`resources.gpu: auto`: as many trials per GPU as one trial's measured peak memory allows.
+
+One trial's peak GPU memory is measured on a dry round (the base experiment, one round, on the
+card: `torch.cuda.max_memory_allocated`, which counts the data, the models, the stacked clients and
+the activations); a card then holds floor(total x (1 - margin) / peak) trials, and each trial asks
+Tune for 1/N of a GPU (Tune's fractional GPUs). The margin leaves room for the CUDA context,
+allocator fragmentation and trials whose searched values (a larger batch, more clients per chunk)
+need more than the base did; a trial that still runs out fails alone with `oom_line`.
+
+The driver resolves `auto` once and puts the result in the environment (`RESOLVED_ENV`), which the
+trials' processes inherit, so they never measure again. On a machine without CUDA `auto` is 0.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import torch
+
+MARGIN = 0.2  # of the card kept free
+RESOLVED_ENV = "AUTOFL_GPU_AUTO"  # the driver's resolved fraction, inherited by the trials
+GIB = 1024**3
+
+
+def trials_per_card(peak_bytes: int, card_bytes: int, margin: float = MARGIN) -> int:
+    """How many trials of `peak_bytes` fit a card of `card_bytes` with `margin` kept free (at least 1:
+    a trial that does not fit alone still gets the whole card, and fails with `oom_line` if it must)."""
+    if peak_bytes <= 0:
+        raise ValueError("peak_bytes must be positive")
+    return max(1, math.floor(card_bytes * (1 - margin) / peak_bytes))
+
+
+def gpu_fraction(trials: int) -> float:
+    """The GPU share each of `trials` trials asks Tune for; `trials` of them never exceed 1."""
+    return math.floor(1e4 / trials) / 1e4
+
+
+def packing_line(peak_bytes: int, card_bytes: int, margin: float = MARGIN) -> str:
+    n = trials_per_card(peak_bytes, card_bytes, margin)
+    return (f"resources.gpu: auto = {gpu_fraction(n):g}: a trial peaks at {peak_bytes / GIB:.2f} GiB of GPU memory "
+            f"in a dry round, so {n} trial{'s' if n > 1 else ''} share each {card_bytes / GIB:.1f} GiB card "
+            f"({margin:.0%} kept free)")
+
+
+def oom_line(needed_bytes: int | None, card_bytes: int, share: float, measured_peak: int | None = None) -> str:
+    """The one line a trial that ran out of GPU memory fails with."""
+    needed = f"{needed_bytes / GIB:.2f} GiB more" if needed_bytes else "more memory"
+    peak = f" (the dry round peaked at {measured_peak / GIB:.2f} GiB)" if measured_peak else ""
+    return (f"out of GPU memory: the trial needed {needed} than its share left, {share:g} of a "
+            f"{card_bytes / GIB:.1f} GiB card{peak}; set resources.gpu to a larger share (e.g. "
+            f"{min(1.0, share * 2):g}) or lower fl.batch_size / runtime.client_chunk")
+
+
+def needed_bytes(err: BaseException) -> int | None:
+    """The allocation torch's out-of-memory message names ("Tried to allocate 2.00 GiB"), in bytes."""
+    import re
+
+    found = re.search(r"Tried to allocate ([\d.]+) (B|KiB|MiB|GiB|TiB)", str(err))
+    if not found:
+        return None
+    unit = {"B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": GIB, "TiB": 1024**4}[found.group(2)]
+    return int(float(found.group(1)) * unit)
+
+
+def measure_peak_bytes(exp: Any) -> int:
+    """Peak GPU memory of one dry round of `exp` on the current CUDA device."""
+    from autofl.engine.simulation import Simulation
+    from autofl.methods.registry import get_method_class
+
+    device = torch.device("cuda")
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    start = torch.cuda.memory_allocated(device)
+    dry = exp.model_copy(update={"fl": exp.fl.model_copy(update={"rounds": 1, "eval_every": 1})})
+    sim = Simulation(dry, get_method_class(dry.method.name), device=device)
+    sim.run_round()
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - start
+    del sim
+    torch.cuda.empty_cache()
+    return max(peak, 1)
+
+
+def resolve_auto_gpu(exp: Any) -> tuple[float, str]:
+    """(GPU share per trial, the line saying why) for `resources.gpu: auto` with base experiment `exp`."""
+    inherited = os.environ.get(RESOLVED_ENV)
+    if inherited is not None:
+        return float(inherited), f"resources.gpu: auto = {float(inherited):g} (resolved by the study's driver)"
+    if not torch.cuda.is_available():
+        share, line = 0.0, "resources.gpu: auto = 0: no CUDA GPU on this machine, trials train on the CPU"
+    else:
+        peak, card = measure_peak_bytes(exp), torch.cuda.get_device_properties(0).total_memory
+        share, line = gpu_fraction(trials_per_card(peak, card)), packing_line(peak, card)
+    os.environ[RESOLVED_ENV] = repr(share)
+    return share, line

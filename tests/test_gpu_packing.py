@@ -1,0 +1,75 @@
+"""resources.gpu: auto: the packing arithmetic and the out-of-memory line on fixed numbers, and its
+CPU-only resolution (0, said in one line)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import yaml
+
+from autofl.search import gpu_packing as gp
+from autofl.search.space import load_space
+
+GIB = 1024**3
+
+
+def test_trials_per_card_keeps_the_margin_free():
+    card = 80 * GIB
+    assert gp.trials_per_card(10 * GIB, card, margin=0.2) == 6  # 64 GiB usable / 10
+    assert gp.trials_per_card(8 * GIB, card, margin=0.2) == 8  # exactly 64
+    assert gp.trials_per_card(int(8 * GIB) + 1, card, margin=0.2) == 7
+    assert gp.trials_per_card(1 * GIB, card, margin=0.0) == 80
+    assert gp.trials_per_card(100 * GIB, card) == 1  # never below one trial a card
+    with pytest.raises(ValueError):
+        gp.trials_per_card(0, card)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 6, 7, 64, 1000])
+def test_fractions_of_n_trials_fit_one_card(n):
+    share = gp.gpu_fraction(n)
+    assert 0 < share <= 1 / n and n * share <= 1.0
+    assert int(1 / share) == n or 1 / share < n + 1  # and not so small that an extra trial fits
+
+
+def test_packing_line_says_how_many_trials_share_a_card():
+    line = gp.packing_line(10 * GIB, 80 * GIB, 0.2)
+    assert line == ("resources.gpu: auto = 0.1666: a trial peaks at 10.00 GiB of GPU memory in a dry round, "
+                    "so 6 trials share each 80.0 GiB card (20% kept free)")
+
+
+def test_oom_line_names_the_memory_needed_and_the_share():
+    err = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.50 GiB. GPU 0 has a total capacity of "
+                                 "79.19 GiB of which 1.1 GiB is free.")
+    assert gp.needed_bytes(err) == int(2.5 * GIB)
+    assert gp.needed_bytes(RuntimeError("no size here")) is None
+    line = gp.oom_line(gp.needed_bytes(err), 80 * GIB, 0.25, measured_peak=10 * GIB)
+    assert "\n" not in line
+    assert line == ("out of GPU memory: the trial needed 2.50 GiB more than its share left, 0.25 of a 80.0 GiB "
+                    "card (the dry round peaked at 10.00 GiB); set resources.gpu to a larger share (e.g. 0.5) or "
+                    "lower fl.batch_size / runtime.client_chunk")
+
+
+def test_auto_is_zero_without_a_gpu(tmp_path, monkeypatch):
+    monkeypatch.delenv(gp.RESOLVED_ENV, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump({"study": "t", "base": {"fl": {"rounds": 3}}, "resources": {"gpu": "auto"},
+                                    "params": {"fl.lr": {"type": "float", "low": 0.01, "high": 0.1}}}))
+    space = load_space(path)
+    assert space.resources.gpu == 0.0
+    assert space.resources.auto_line == "resources.gpu: auto = 0: no CUDA GPU on this machine, trials train on the CPU"
+    # the trials' processes inherit the driver's answer and never measure again
+    import os
+
+    assert float(os.environ[gp.RESOLVED_ENV]) == 0.0
+    monkeypatch.setattr(gp, "measure_peak_bytes", lambda exp: pytest.fail("measured twice"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert load_space(path).resources.gpu == 0.0
+
+
+def test_a_fixed_share_is_kept(tmp_path):
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump({"study": "t", "base": {}, "resources": {"gpu": 0.5},
+                                    "params": {"fl.lr": {"type": "float", "low": 0.01, "high": 0.1}}}))
+    space = load_space(path)
+    assert space.resources.gpu == 0.5 and space.resources.auto_line is None
