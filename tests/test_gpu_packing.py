@@ -73,3 +73,12 @@ def test_a_fixed_share_is_kept(tmp_path):
                                     "params": {"fl.lr": {"type": "float", "low": 0.01, "high": 0.1}}}))
     space = load_space(path)
     assert space.resources.gpu == 0.5 and space.resources.auto_line is None
+
+
+def test_a_trial_out_of_gpu_memory_fails_with_one_line():
+    from autofl.search.trainable import TrialOutOfGPUMemory
+
+    err = TrialOutOfGPUMemory(torch.device("cpu"), torch.OutOfMemoryError("CUDA out of memory. Tried to allocate "
+                                                                          "512.00 MiB."))
+    assert str(err).startswith("out of GPU memory: the trial needed 0.50 GiB more than its share left")
+    assert "\n" not in str(err)
