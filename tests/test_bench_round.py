@@ -39,3 +39,12 @@ def test_bench_round_times_both_executors_on_digits():
     assert speedup > 0
     table = [line for line in lines if line.startswith("| fedavg |")]
     assert len(table) == 1 and float(table[0].split("|")[4]) > 0  # the floor is a positive time
+
+
+def test_compiling_pays_at_the_round_its_saving_covers_the_compile_time():
+    bench = load_script()
+    assert bench.pays_at_round(10.0, eager_s=1.0, compiled_s=0.5) == 20
+    assert bench.pays_at_round(10.5, eager_s=1.0, compiled_s=0.5) == 21
+    assert bench.pays_at_round(-1.0, eager_s=1.0, compiled_s=0.5) == 0  # first round no slower: pays at once
+    assert bench.pays_at_round(10.0, eager_s=1.0, compiled_s=1.0) == float("inf")  # never
+    assert bench.pays_at_round(10.0, eager_s=1.0, compiled_s=1.2) == float("inf")
