@@ -541,3 +541,29 @@ def test_reeval_with_an_unreachable_address_is_one_line(tmp_path, capsys):
     for args in (["reeval", "re", "--seeds", "2"], ["best-config", "export", "re", "--reeval", "2"]):
         code, out, err = cli(capsys, *args, "--address", f"127.0.0.1:{free_port()}", "--dir", tmp_path / "home")
         assert_one_line(code, err, "nothing answers")
+
+
+def test_a_new_study_never_writes_through_links_planted_in_its_folder(tmp_path, capsys, no_ray):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    folder = tmp_path / "home" / "planted"
+    (folder / "logs").mkdir(parents=True)
+    (folder / "space.yaml").symlink_to(tmp_path / "dangling.yaml")  # a dangling link: not a study yet
+    (folder / "logs" / "driver.log").symlink_to(victim)
+    code, out, err = cli(capsys, "search", "--space", fine_space(tmp_path, name="planted"), "--dir", tmp_path / "home")
+    assert code == 0, err
+    assert victim.read_text() == "precious" and not (tmp_path / "dangling.yaml").exists()
+    import logging
+
+    from autofl.search.logs import route_driver_logs
+
+    root = logging.getLogger()
+    before = list(root.handlers)
+    try:
+        route_driver_logs(folder, verbose=False)
+        logging.getLogger("autofl.test").warning("a line for driver.log")
+    finally:
+        for handler in set(root.handlers) - set(before):
+            root.removeHandler(handler)
+            handler.close()
+    assert victim.read_text() == "precious" and "a line for driver.log" in (folder / "logs" / "driver.log").read_text()

@@ -24,7 +24,12 @@ def route_driver_logs(study_root: Path, verbose: bool) -> Path:
     import ray  # noqa: F401  (importing Ray installs its stderr handler: removed below)
 
     folder = study_root / LOG_DIR
+    if folder.is_symlink():  # issue 18: never log through a link planted in the study folder
+        folder.unlink()
     folder.mkdir(exist_ok=True)
+    for name in ("driver.log", "workers.log"):
+        if (folder / name).is_symlink():
+            (folder / name).unlink()
     handlers: list[logging.Handler] = [logging.FileHandler(folder / "driver.log")]
     if verbose:
         handlers.append(logging.StreamHandler(sys.stderr))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from typing import Any, Callable
 
 from ray.tune.search import Searcher
@@ -90,8 +91,9 @@ class StudySearcher(Searcher):
         self._run_name, self._budget = state["run"], int(state["budget"])
 
     def save(self, checkpoint_path: str) -> None:
-        with open(checkpoint_path, "w") as f:
-            json.dump(self.get_state(), f)
+        from autofl.files import write_atomic  # never through a link planted in the experiment folder
+
+        write_atomic(Path(checkpoint_path), json.dumps(self.get_state()))
 
     def restore(self, checkpoint_path: str) -> None:
         with open(checkpoint_path) as f:

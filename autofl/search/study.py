@@ -175,7 +175,7 @@ def create_study(home: Path, space_path: Path, space: SearchSpace, name: str | N
     if any(recorded.values()):
         study.write_meta({**study.meta(), **{k: v for k, v in recorded.items() if v}})
     text = space_path.read_text()
-    (root / SPACE_FILE).write_text(text)  # last: a folder without it is no study
+    write_atomic(root / SPACE_FILE, text)  # last: a folder without it is no study (never through a planted link)
     return study
 
 
