@@ -60,9 +60,10 @@ class ServerContext:
     model: SplitModel
     device: torch.device
 
-    def generator(self, purpose: SeedPurpose, rnd: int | None = None) -> torch.Generator:
+    def generator(self, purpose: SeedPurpose | int, rnd: int | None = None) -> torch.Generator:
         """A CPU `torch.Generator` seeded from (seed, `rnd` (default: `round`), `purpose`): the same
-        draws on every run and after a restore."""
+        draws on every run and after a restore. `purpose` names the stream: a `SeedPurpose` for the
+        built-in methods, a plugin's own constant (distinct from SeedPurpose's values) otherwise."""
         return torch.Generator().manual_seed(derived_seed(self.seed, self.round if rnd is None else rnd, purpose))
 
 
