@@ -280,7 +280,7 @@ def _reevaluate(study, seeds: int, top: int, vary_partition: bool, address: str 
     from autofl.search.study import check_owned
 
     check_owned(study.root)  # the lock file and run records are written into it
-    from autofl.search.preflight import probe_address, sigterm_as_ctrl_c
+    from autofl.search.preflight import check_cluster_fits, probe_address, sigterm_as_ctrl_c
 
     probe_address(address)  # an unreachable cluster: one line in seconds
     lock = DriverLock(study.root)
@@ -295,6 +295,8 @@ def _reevaluate(study, seeds: int, top: int, vary_partition: bool, address: str 
 
             start_ray(study.root, address, verbose)
             sigterm_as_ctrl_c()  # after Ray's own driver handler
+            resources = study.space().resources  # none of its runs could start on a cluster without them
+            check_cluster_fits(resources.cpu, resources.gpu, address)
 
     def on_done(run, result: dict) -> None:
         show.print(f"  {run.candidate.label} seed {run.seed}: {objective}={_fmt(result.get(objective))} "

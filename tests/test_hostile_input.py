@@ -567,3 +567,16 @@ def test_a_new_study_never_writes_through_links_planted_in_its_folder(tmp_path, 
             root.removeHandler(handler)
             handler.close()
     assert victim.read_text() == "precious" and "a line for driver.log" in (folder / "logs" / "driver.log").read_text()
+
+
+def test_reeval_of_a_study_whose_resources_no_node_has_is_one_line(tmp_path, capsys, monkeypatch):
+    from autofl.search import preflight, ray_start
+
+    root = study_with_trials(tmp_path, "gpuless", ["a"])
+    space = yaml.safe_load((root / "space.yaml").read_text())
+    (root / "space.yaml").write_text(yaml.safe_dump({**space, "resources": {"cpu": 1, "gpu": 1}}))
+    capsys.readouterr()
+    monkeypatch.setattr(ray_start, "start_ray", lambda root, address, verbose, meanwhile=None: Path(root) / "logs")
+    monkeypatch.setattr(preflight, "node_resources", lambda: [{"CPU": 2.0, "memory": 4e9}])
+    code, out, err = cli(capsys, "reeval", "gpuless", "--seeds", "2", "--dir", tmp_path / "home")
+    assert_one_line(code, err, "resources.gpu: a trial asks for 1 GPU")
