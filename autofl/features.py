@@ -40,6 +40,24 @@ def class_stats(features: torch.Tensor, labels: torch.Tensor, num_classes: int, 
     return ClassStats(counts, means, covs)
 
 
+def weighted_class_means(stats: list[ClassStats]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per class, the mean of the clients' class means weighted by their sample counts
+    (sum_i |D_ij| / N_j * C_i^(j) over the clients holding class j), and which classes any client
+    holds: FedFCD's GFRs, FedProto's global prototypes."""
+    counts = torch.stack([s.counts for s in stats])  # (K, C)
+    means = torch.stack([s.means for s in stats])  # (K, C, d)
+    n = counts.sum(0)
+    return (counts[:, :, None] * means).sum(0) / n.clamp(min=1)[:, None], n > 0
+
+
+def class_mean_pairs(stats: list[ClassStats]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every (class mean, class) pair the clients hold: what a server-trained head learns from
+    (FedFCD's phi_g, FedGH's global head)."""
+    feats = torch.cat([s.means[s.counts > 0] for s in stats])
+    labels = torch.cat([torch.nonzero(s.counts > 0).flatten() for s in stats])
+    return feats, labels
+
+
 def encoded_class_stats(encoder: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor,
                         num_classes: int, with_cov: bool = False) -> ClassStats:
     """Class statistics of the encoder features of rows `idx` (a client's train split)."""

@@ -51,3 +51,13 @@ def negative_cosine(p: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
 def proximal(params: dict[str, torch.Tensor], anchor: dict[str, torch.Tensor]) -> torch.Tensor:
     """sum ||w - w_anchor||^2 over the named parameters."""
     return sum(((p - anchor[name]) ** 2).sum() for name, p in params.items())  # type: ignore[return-value]
+
+
+def prototype_distance(features: torch.Tensor, y: torch.Tensor, prototypes: torch.Tensor,
+                       has_prototype: torch.Tensor, per_dim: bool = False) -> torch.Tensor:
+    """mean over the batch of ||f(x) - P_y||^2 (divided by the feature width d when `per_dim`, as
+    torch's MSELoss); samples whose class has no prototype add 0 (FedProto, FedFCD's GFR term)."""
+    dist = ((features - prototypes[y]) ** 2).sum(dim=1)
+    if per_dim:
+        dist = dist / features.shape[1]
+    return (dist * has_prototype[y]).sum() / len(y)

@@ -50,6 +50,10 @@ _FEDFCD_FMNIST = {
     "fl": {"rounds": 60, "participation": 1.0, "local_epochs": 1, "batch_size": 10, "lr": 0.01, "momentum": 0.0},
 }
 
+# FedFCD's baselines ran as PFLlib implements them: FedProto's distance is nn.MSELoss (the squared
+# distance divided by the feature width); FedGH at its defaults (server lr 0.01, 1 server epoch)
+_PFLLIB_BASELINES = {"fedproto": {"method": {"distance": "mse"}}}
+
 # FedECCR's and FedSiam-DA's CIFAR-10 partition: 10 clients, Dirichlet 0.5
 _CIFAR10_DIR05 = {"dataset": "cifar10", "num_clients": 10, "partition": {"kind": "dirichlet", "alpha": 0.5}}
 
@@ -58,14 +62,17 @@ PRESETS: dict[str, Preset] = {
         "FedFCD Table 1, Fashion-MNIST, Pat (best average test accuracy)", "best",
         {**_FEDFCD_FMNIST, "data": {**_FEDFCD_FMNIST["data"], "partition": {
             "kind": "pathological", "classes_per_client": 2, "class_order": "in_order"}}},
-        {"fedavg": 78.44, "fedprox": 80.33, "fedfcd": 99.17}, extra=["fedper"]),
+        {"fedavg": 78.44, "fedprox": 80.33, "fedproto": 99.16, "fedgh": 99.22, "fedfcd": 99.17}, extra=["fedper"],
+        methods=_PFLLIB_BASELINES),
     "fedfcd-t1-fmnist-dir": Preset(
         "FedFCD Table 1, Fashion-MNIST, Dirichlet beta=0.1 (best average test accuracy)", "best",
         {**_FEDFCD_FMNIST, "data": {**_FEDFCD_FMNIST["data"], "partition": {"kind": "dirichlet", "alpha": 0.1},
                                     "min_size": 1}},
-        {"fedavg": 84.56, "fedprox": 83.19, "fedfcd": 96.57}, extra=["fedper"]),
+        {"fedavg": 84.56, "fedprox": 83.19, "fedproto": 96.52, "fedgh": 96.58, "fedfcd": 96.57}, extra=["fedper"],
+        methods=_PFLLIB_BASELINES),
     # FDCL Table 1 (FLGo's MOON base): cnn, Dirichlet 0.1, 20 clients at 50%, E=5, batch 32,
-    # lr 0.01 with decay 0.999, momentum 0 (FLGo's default), final accuracy after 100 rounds. The
+    # lr 0.01 with decay 0.999, momentum 0 (FLGo's default), final accuracy after 100 rounds; Ditto as
+    # FLGo's (lambda 1, the personal model stepped with the global one on the same batches). The
     # paper does not state its local split; autofl's choice: the official train set partitioned,
     # each client's part split 0.8 / 0.2, the official test set unused by personal metrics
     "fdcl-t1-fmnist": Preset(
@@ -75,7 +82,8 @@ PRESETS: dict[str, Preset] = {
          "model": {"arch": "cnn"},
          "fl": {"rounds": 100, "participation": 0.5, "local_epochs": 5, "batch_size": 32, "lr": 0.01,
                 "lr_decay": 0.999, "momentum": 0.0}},
-        {"fedavg": 78.95, "fedper": 78.90, "moon": 77.57, "fdcl": 79.27}),
+        {"fedavg": 78.95, "ditto": 76.19, "fedper": 78.90, "moon": 77.57, "fdcl": 79.27},
+        methods={"ditto": {"method": {"lam": 1.0}}}),
     # FedECCR Table 1 (sec. 4.1): 10 clients, Dirichlet 0.5, 100 rounds, E=10, lr 0.01, batch 64, MOON's
     # CNN (2 conv, 5 FC); its baselines are MOON's, and so is the protocol: each client trains on its
     # whole part of the official train set, the global model is tested on the official test set. Not

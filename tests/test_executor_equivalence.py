@@ -112,7 +112,8 @@ def test_vectorized_equals_sequential(method, arch):
     check_equivalent(method, arch, "float64")
 
 
-@pytest.mark.parametrize("method", ["fedavg", "fedprox", "fedper", "moon", "fdcl", "fedeccr", "fedfcd"])
+@pytest.mark.parametrize("method", ["fedavg", "fedprox", "fedper", "moon", "fdcl", "fedeccr", "fedfcd",
+                                    "fedproto", "fedrep", "ditto", "fedgh"])
 def test_vectorized_equals_sequential_in_float32_without_batchnorm(method):
     check_equivalent(method, "mlp", "float32")
 

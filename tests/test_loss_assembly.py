@@ -241,3 +241,88 @@ def test_fedeccr_calibration_retrains_only_the_head_by_plain_sgd_on_virtual_feat
             w, b = w - CALIB_LR * err.T @ x / len(y), b - CALIB_LR * err.mean(0)
     torch.testing.assert_close(calibrated["head.0.weight"], w, rtol=1e-9, atol=1e-12)
     torch.testing.assert_close(calibrated["head.0.bias"], b, rtol=1e-9, atol=1e-12)
+
+
+def _randomize(module: torch.nn.Module, seed: int) -> None:
+    torch.manual_seed(seed)
+    for p in module.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+
+
+def test_fedproto_loss_is_ce_plus_lambda_times_prototype_distance_and_predicts_the_nearest_prototype():
+    sim = _sim("fedproto", "method.lam=2.5")
+    method, ws = sim.method, sim.workspace
+    _randomize(ws.model, 7)
+    x, y = sim.data.x[:8], sim.data.y[:8]
+    ws.eval()
+    with torch.no_grad():
+        f = ws.model.encoder(x)
+        ce = _ce(ws.model.head(f), y)
+    flags: dict = {}
+    (stage,) = method.local_stages(0)
+    (update,) = stage.updates
+    assert update.trains == ("model.",)
+    assert math.isclose(float(update.loss(ws, x, y, flags).detach()), ce, rel_tol=1e-9)  # no prototype yet: CE
+    d = f.shape[1]
+    protos = torch.randn(10, d, generator=torch.Generator().manual_seed(1), dtype=x.dtype)
+    has = torch.ones(10, dtype=torch.bool)
+    has[y[0]] = False  # a class without a global prototype adds 0
+    method.prototypes, method.has_prototype = protos, has
+    dist = sum(float(((f[i] - protos[y[i]]) ** 2).sum()) for i in range(len(y)) if has[y[i]]) / len(y)
+    (stage,) = method.local_stages(1)
+    assert math.isclose(float(stage.updates[0].loss(ws, x, y, flags).detach()), ce + 2.5 * dist, rel_tol=1e-9)
+    method.params = method.Params(lam=2.5, distance="mse")  # PFLlib's nn.MSELoss: divided by the width
+    (stage,) = method.local_stages(1)
+    assert math.isclose(float(stage.updates[0].loss(ws, x, y, flags).detach()), ce + 2.5 * dist / d, rel_tol=1e-9)
+    with torch.no_grad():
+        pred = method.predict(ws.model, x, {}).argmax(1)
+    for i in range(len(y)):
+        nearest = min((k for k in range(10) if has[k]), key=lambda k: float(((f[i] - protos[k]) ** 2).sum()))
+        assert int(pred[i]) == nearest
+
+
+def test_fedrep_trains_the_head_alone_for_head_epochs_then_the_encoder_alone_on_ce():
+    sim = _sim("fedrep", "method.head_epochs=3")
+    method, ws = sim.method, sim.workspace
+    head_stage, body_stage = method.local_stages(0)
+    assert head_stage.epochs == 3 and body_stage.epochs is None  # None: fl.local_epochs
+    assert [u.trains for u in head_stage.updates] == [("model.head.",)]
+    assert [u.trains for u in body_stage.updates] == [("model.encoder.", "model.projector.")]
+    assert head_stage.updates[0].report == "head_loss" and body_stage.updates[0].report == "loss"
+    _randomize(ws.model, 3)
+    x, y = sim.data.x[:6], sim.data.y[:6]
+    ws.eval()
+    with torch.no_grad():
+        ce = _ce(ws.model(x), y)
+    for stage in (head_stage, body_stage):
+        assert math.isclose(float(stage.updates[0].loss(ws, x, y, {}).detach()), ce, rel_tol=1e-9)
+    assert sim.shared == [k for k in sim.model.state_dict() if not k.startswith("head.")]
+
+
+def test_ditto_personal_loss_is_ce_plus_half_lambda_proximal_to_the_received_global_model():
+    sim = _sim("ditto", "method.lam=0.6")
+    method, ws = sim.method, sim.workspace
+    _randomize(ws.model, 11)  # w and v differ from each other ...
+    _randomize(ws.glob, 12)  # ... and from the received global model
+    (stage,) = method.local_stages(0)  # per batch: a step of w, then one of v
+    global_update, personal = stage.updates
+    method.params = method.Params(lam=0.6, personal_epochs=3)  # v alone for 3 epochs, then w
+    personal_stage, global_stage = method.local_stages(0)
+    assert (personal_stage.epochs, global_stage.epochs) == (3, None)
+    assert personal_stage.updates[0].trains == personal.trains and global_stage.updates[0].trains == global_update.trains
+    assert personal.trains == ("model.personal.",) and personal.report == "personal_loss"
+    assert global_update.trains == ("model.encoder.", "model.projector.", "model.head.")
+    x, y = sim.data.x[:6], sim.data.y[:6]
+    ws.eval()
+    with torch.no_grad():
+        v_logits, w_logits = ws.model.personal(x), ws.model(x)
+        anchor = dict(ws.glob.named_parameters())
+        prox = sum(float(((p - anchor[k]) ** 2).sum()) for k, p in ws.model.personal.named_parameters())
+        own = sum(float(((p - anchor[k]) ** 2).sum()) for k, p in ws.model.named_parameters()
+                  if not k.startswith("personal."))
+    assert not math.isclose(prox, own, rel_tol=1e-6)  # the anchor is glob's, not w's
+    for update in (personal, personal_stage.updates[0]):  # the same loss, stepped with w or alone
+        assert math.isclose(float(update.loss(ws, x, y, {}).detach()), _ce(v_logits, y) + 0.3 * prox, rel_tol=1e-9)
+    assert math.isclose(float(global_update.loss(ws, x, y, {}).detach()), _ce(w_logits, y), rel_tol=1e-9)
+    assert torch.equal(method.predict(ws.model, x, {}), v_logits)  # personal metrics use v
+    assert not any(k.startswith("personal.") for k in sim.shared)  # only w goes up

@@ -56,6 +56,25 @@ def test_fedfcd_pathological_preset_is_pfllibs_protocol(reproduce):
     assert base["fl"]["batch_size"] == 10 and base["fl"]["momentum"] == 0.0
 
 
+def test_the_seed_papers_baselines_have_their_rows_and_their_reference_settings(reproduce):
+    """FedFCD Table 1 reports FedProto and FedGH (as PFLlib runs them: FedProto's distance is
+    nn.MSELoss), FDCL Table 1 reports Ditto (FLGo's, lambda 1)."""
+    from autofl.experiment import build_experiment
+
+    pat, dirichlet = reproduce.PRESETS["fedfcd-t1-fmnist-pat"], reproduce.PRESETS["fedfcd-t1-fmnist-dir"]
+    assert (pat.paper["fedproto"], pat.paper["fedgh"]) == (99.16, 99.22)
+    assert (dirichlet.paper["fedproto"], dirichlet.paper["fedgh"]) == (96.52, 96.58)
+    for preset in (pat, dirichlet):
+        proto = build_experiment(reproduce.method_config(preset, "fedproto")).method
+        assert (proto.lam, proto.distance) == (1.0, "mse")
+        gh = build_experiment(reproduce.method_config(preset, "fedgh")).method
+        assert (gh.server_lr, gh.server_epochs) == (0.01, 1)
+    fdcl = reproduce.PRESETS["fdcl-t1-fmnist"]
+    assert fdcl.paper["ditto"] == 76.19
+    ditto = build_experiment(reproduce.method_config(fdcl, "ditto")).method
+    assert (ditto.lam, ditto.personal_epochs) == (1.0, None)
+
+
 def test_list_prints_every_preset(reproduce, capsys):
     assert reproduce.main(["--list"]) == 0
     out = capsys.readouterr().out
@@ -64,7 +83,9 @@ def test_list_prints_every_preset(reproduce, capsys):
 
 @pytest.mark.parametrize("space,preset", [("fedfcd", "fedfcd-t1-fmnist-pat"), ("fdcl", "fdcl-t1-fmnist"),
                                           ("fedeccr", "fedeccr-t1-cifar10"), ("fedsiam_da", "fedsiam-da-cifar10"),
-                                          ("dualfed", "fedsiam-da-cifar10")])
+                                          ("dualfed", "fedsiam-da-cifar10"), ("fedproto", "fedfcd-t1-fmnist-pat"),
+                                          ("fedgh", "fedfcd-t1-fmnist-pat"), ("fedrep", "fedfcd-t1-fmnist-pat"),
+                                          ("ditto", "fedfcd-t1-fmnist-pat")])
 def test_each_method_space_searches_on_its_papers_setting(reproduce, space, preset):
     """The shipped space's base is the reproduce preset's scenario and the method's own settings;
     only the split differs (the search needs validation samples) and the rounds may."""

@@ -1,0 +1,87 @@
+"""Ditto (Li et al., ICML'21; spec §2): the global model w is trained by FedAvg; each client also
+keeps a personal model v, trained on CE(v(x), y) + lambda/2 * ||v - sg(w_global)||^2, w_global the
+model the client received this round. Only w is uploaded; personal metrics use v.
+
+By default v takes as many steps as w, on the same batches: per batch, a step of w, then one of v
+(FLGo's Ditto, the FDCL paper's baseline). With `personal_epochs` set, v first trains alone for
+that many epochs, then w for fl.local_epochs (PFLlib's Ditto: `plocal_epochs`).
+
+The personal model is a second copy of the layout kept inside the client's model (`personal.*`),
+private to the client; `glob` is the received global model, frozen: the proximal anchor.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+
+from autofl.engine.state import StateDict
+from autofl.losses import proximal
+from autofl.methods.base import ClientStart, Method, MethodParams, Stage, Update
+from autofl.methods.registry import register
+from autofl.models.parts import SplitModel
+
+_PERSONAL = "personal."
+_GLOBAL_PARTS = ("model.encoder.", "model.projector.", "model.head.")
+
+
+class DittoParams(MethodParams):
+    lam: float = Field(0.1, ge=0, description="lambda: weight of the personal model's proximal term to the "
+                       "received global model")
+    personal_epochs: int | None = Field(None, ge=1, le=1000, description="epochs of the personal model per "
+                                        "round, trained before w; None: v steps with w on the same batches")
+
+
+@register
+class Ditto(Method):
+    name = "ditto"
+    Params = DittoParams
+    personal_is_global = False
+    copies = ("glob",)  # the received global model: the personal model's proximal anchor
+    train_passes = 2  # the global and the personal model each train on every batch
+
+    def build_model(self) -> SplitModel:
+        model = super().build_model()
+        model.personal = copy.deepcopy(model)  # v starts where w starts
+        return model
+
+    def shared_keys(self, model: SplitModel) -> list[str]:
+        return [k for k in model.state_dict() if not k.startswith(_PERSONAL)]
+
+    def start_state(self, global_state: StateDict, client_state: dict[str, Any]) -> StateDict:
+        """w = the received global model; v = the client's own, or **[choice]** before its first
+        participation the received global model (a never-sampled client is the global model)."""
+        own = client_state.get("private")
+        if own is not None:
+            return {**global_state, **own}
+        return {**global_state, **{_PERSONAL + k: v for k, v in global_state.items() if not k.startswith(_PERSONAL)}}
+
+    def client_start(self, global_state: StateDict, client_state: dict[str, Any]) -> ClientStart:
+        return ClientStart({"model": self.start_state(global_state, client_state), "glob": global_state})
+
+    def local_stages(self, rnd: int) -> list[Stage]:
+        """w on CE (FedAvg) and v on its proximal CE (reported as `personal_loss`): per batch, w then
+        v; or, with personal_epochs, v alone for that many epochs, then w (each its own batch order
+        and optimizer)."""
+        lam = self.params.lam
+
+        def personal_loss(ws: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
+            v = ws.model.personal
+            anchor = {k: p.detach() for k, p in ws.glob.named_parameters() if not k.startswith(_PERSONAL)}
+            return F.cross_entropy(v(x), y) + lam / 2 * proximal(dict(v.named_parameters()), anchor)
+
+        def global_loss(ws: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
+            return F.cross_entropy(ws.model(x), y)
+
+        personal = Update(("model." + _PERSONAL,), personal_loss, report="personal_loss")
+        fedavg = Update(_GLOBAL_PARTS, global_loss)
+        if self.params.personal_epochs is None:
+            return [Stage((fedavg, personal))]
+        return [Stage((personal,), epochs=self.params.personal_epochs), Stage((fedavg,))]
+
+    def predict(self, model: SplitModel, x: torch.Tensor, client_state: dict) -> torch.Tensor:
+        return model.personal(x)

@@ -1,0 +1,71 @@
+"""FedGH (Yi et al., ACM MM'23; spec §2): each client keeps its own encoder; one global head is
+trained on the server. A client starts a round from its own encoder with the global head, trains
+the whole model with CE, and uploads its per-class mean encoder features; the server trains the
+global head on those (class mean, class) pairs with CE for `server_epochs` epochs of SGD at
+`server_lr` (batch fl.batch_size, as PFLlib), and every client uses the new head from then on.
+Personal model = the client's own encoder + the global head.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from pydantic import Field
+
+from autofl.engine.state import StateDict
+from autofl.features import ClassStats, class_mean_pairs, encoded_class_stats, train_head
+from autofl.methods.base import Method, MethodParams, TrainedClient, Upload
+from autofl.methods.registry import register
+from autofl.models.parts import SplitModel
+from autofl.seeding import derived_seed
+
+if TYPE_CHECKING:
+    from autofl.engine.simulation import Simulation
+
+_HEAD = "head."
+SEED_PURPOSE = 0xF6E  # the server's batch order when it trains the global head
+
+
+class FedGHParams(MethodParams):
+    server_lr: float = Field(0.01, gt=0, description="learning rate of the server's SGD on the global head")
+    server_epochs: int = Field(1, ge=1, le=1000, description="epochs over the uploaded class means per round")
+
+
+def train_global_head(head: torch.nn.Module, local: list[ClassStats], lr: float, epochs: int, batch_size: int,
+                      generator: torch.Generator) -> StateDict:
+    """The server step: plain SGD of `head` (loaded with the current global head) with CE on every
+    uploaded (class mean, class) pair, shuffled each epoch; returns the new head's state."""
+    feats, labels = class_mean_pairs(local)
+    train_head(head, feats, labels, lr, batch_size, generator, epochs=epochs)
+    return {k: v.detach().clone() for k, v in head.state_dict().items()}
+
+
+@register
+class FedGH(Method):
+    name = "fedgh"
+    Params = FedGHParams
+    has_global_model = False  # the encoders stay on the clients: no whole global model
+    personal_is_global = False
+    extra_forwards = 1  # the class-mean pass over the client's data after training
+
+    def shared_keys(self, model: SplitModel) -> list[str]:
+        return []  # only class means go up; the global head is trained on the server
+
+    # ----- server ----------------------------------------------------------------------------
+    def server_update(self, sim: "Simulation", uploads: list[Upload]) -> None:
+        head = self.spare("head", sim.model.head)
+        head.load_state_dict({k[len(_HEAD):]: v for k, v in sim.global_state.items() if k.startswith(_HEAD)})
+        gen = torch.Generator().manual_seed(derived_seed(self.exp.seed, sim.round, SEED_PURPOSE))
+        new = train_global_head(head, [u.payload["protos"] for u in uploads], self.params.server_lr,
+                                self.params.server_epochs, self.exp.fl.batch_size, gen)
+        sim.global_state.update({_HEAD + k: v for k, v in new.items()})
+
+    # ----- client ----------------------------------------------------------------------------
+    def upload_payload(self, client: TrainedClient) -> dict[str, Any]:
+        return {"protos": encoded_class_stats(client.model.encoder, client.x, client.y, client.train_idx,
+                                              client.num_classes)}
+
+    def keep_private(self, trained: StateDict, client_state: dict, shared: list[str]) -> None:
+        """Everything but the head, which the global head replaces at the start of the next round."""
+        client_state["private"] = {k: v for k, v in trained.items() if not k.startswith(_HEAD)}

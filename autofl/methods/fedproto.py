@@ -1,0 +1,95 @@
+"""FedProto (Tan et al., AAAI'22; spec §2): no weights are shared. Each client uploads its local
+prototypes (per-class mean encoder features); the server averages them per class, weighted by the
+clients' sample counts, into global prototypes P. Local loss CE + lambda * ||f(x) - P_y||^2 over
+samples whose class has a global prototype. A client predicts the class of the nearest global
+prototype to f(x), as PFLlib evaluates FedProto.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+
+from autofl.features import ClassStats, encoded_class_stats, weighted_class_means
+from autofl.losses import prototype_distance
+from autofl.methods.base import Method, MethodParams, Stage, TrainedClient, Update, Upload
+from autofl.methods.registry import register
+from autofl.models.parts import SplitModel
+
+if TYPE_CHECKING:
+    from autofl.engine.simulation import Simulation
+
+
+class FedProtoParams(MethodParams):
+    lam: float = Field(1.0, ge=0, description="lambda: weight of the prototype distance (paper 1)")
+    distance: Literal["squared_l2", "mse"] = Field(
+        "squared_l2", description="the prototype distance: squared_l2 = ||f(x) - P_y||^2 (the paper's L2), mse = "
+        "that divided by the feature width (PFLlib's and the official code's nn.MSELoss)")
+
+
+def global_prototypes(local: list[ClassStats]) -> tuple[torch.Tensor, torch.Tensor]:
+    """P_j = sum_i |D_ij| / N_j * C_i^(j) over the clients holding class j, and which classes have one."""
+    return weighted_class_means(local)
+
+
+def nearest_prototype_scores(features: torch.Tensor, prototypes: torch.Tensor, has_prototype: torch.Tensor) -> torch.Tensor:
+    """-||f(x) - P_k||^2 per class (-inf for classes without a prototype): argmax = nearest prototype."""
+    dist = ((features[:, None, :] - prototypes[None, :, :]) ** 2).sum(dim=2)
+    return (-dist).masked_fill(~has_prototype[None, :], float("-inf"))
+
+
+@register
+class FedProto(Method):
+    name = "fedproto"
+    Params = FedProtoParams
+    trains_encoder_features = True
+    has_global_model = False  # no weights are aggregated: there is no global model
+    personal_is_global = False
+    extra_forwards = 1  # the prototype pass over the client's data after training
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.prototypes: torch.Tensor | None = None  # (C, d); None before the first round's uploads
+        self.has_prototype: torch.Tensor | None = None  # (C,) bool
+
+    def shared_keys(self, model: SplitModel) -> list[str]:
+        return []  # only prototypes go up
+
+    # ----- server ----------------------------------------------------------------------------
+    def server_update(self, sim: "Simulation", uploads: list[Upload]) -> None:
+        """Global prototypes from this round's uploads (PFLlib: the sampled clients' prototypes)."""
+        self.prototypes, self.has_prototype = global_prototypes([u.payload["protos"] for u in uploads])
+
+    def server_state(self) -> dict[str, Any]:
+        return {"prototypes": self.prototypes, "has_prototype": self.has_prototype}
+
+    def load_server_state(self, state: dict[str, Any]) -> None:
+        self.prototypes, self.has_prototype = state["prototypes"], state["has_prototype"]
+
+    # ----- client ----------------------------------------------------------------------------
+    def local_stages(self, rnd: int) -> list[Stage]:
+        """CE(h(f(x)), y) + lambda * distance(f(x), P_y); CE alone before any global prototype."""
+        protos, has, lam, per_dim = self.prototypes, self.has_prototype, self.params.lam, self.params.distance == "mse"
+        if protos is None or has is None:
+            return [Stage((Update(("model.",), self.loss),))]
+
+        def loss(ws: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
+            f = ws.model.encoder(x)
+            return F.cross_entropy(ws.model.head(ws.model.projector(f)), y) + \
+                lam * prototype_distance(f, y, protos, has, per_dim)
+
+        return [Stage((Update(("model.",), loss),))]
+
+    def upload_payload(self, client: TrainedClient) -> dict[str, Any]:
+        return {"protos": encoded_class_stats(client.model.encoder, client.x, client.y, client.train_idx,
+                                              client.num_classes)}
+
+    # ----- evaluation ------------------------------------------------------------------------
+    def predict(self, model: SplitModel, x: torch.Tensor, client_state: dict) -> torch.Tensor:
+        """The nearest global prototype's class; the client's own head before any prototype exists."""
+        if self.prototypes is None or self.has_prototype is None:
+            return model(x)
+        return nearest_prototype_scores(model.encoder(x), self.prototypes, self.has_prototype)
