@@ -151,11 +151,12 @@ def test_personalized_methods_beat_fedavg_on_pathological_digits(run_cli, tmp_pa
         assert accs[method] > accs["fedavg"] + 0.1, accs
 
 
-ENCODER_FEATURE_METHODS = ("fdcl", "fedeccr", "fedfcd")  # mlp with 2 head layers is a config error for them
+ENCODER_FEATURE_METHODS = ("fdcl", "fedeccr", "fedfcd", "fedproto")  # mlp with 2 head layers is a config error for them
+BASELINES = ["fedproto", "fedrep", "ditto", "fedgh"]  # the seed papers' baselines
 
 
 def _runs():
-    for method in PERSONALIZED:
+    for method in [*PERSONALIZED, *BASELINES]:
         for head in (1,) if method in ENCODER_FEATURE_METHODS else (1, 2):
             depths = (1, 2, 3) if method in ("dualfed", "fedsiam_da") else (None,)
             for depth in depths:
@@ -171,7 +172,8 @@ def test_every_method_trains_end_to_end(run_cli, tmp_path, method, head, depth):
     assert run_cli(*args) == 0
     metrics = read_metrics(tmp_path / "r")
     assert len(metrics) == 2 and 0 <= metrics[-1]["personal_test_acc"] <= 1
-    assert ("global_test_acc" in metrics[-1]) == (method != "fedfcd")
+    assert ("global_test_acc" in metrics[-1]) == get_method_class(method).has_global_model
+    assert ("global_test_acc" in metrics[-1]) == (method in ("dualfed", "fdcl", "fedeccr", "fedsiam_da", "ditto"))
 
 
 def test_method_parameter_validation():
