@@ -19,6 +19,7 @@ class SeedPurpose(IntEnum):
     CLIENT_BATCHES = 0xB47  # a client's batch order in a round
     FEDFCD_GLOBAL_HEAD = 0xFCD  # FedFCD: the server's batch order when it trains the global head
     FEDECCR_CALIBRATION = 0xCCF  # FedECCR: virtual features and batch order of the classifier correction
+    FEDGH_GLOBAL_HEAD = 0xF6E  # FedGH: the server's batch order when it trains the global head
 
 
 def derived_seed(*parts: int) -> int:

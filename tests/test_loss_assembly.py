@@ -259,7 +259,7 @@ def test_fedproto_loss_is_ce_plus_lambda_times_prototype_distance_and_predicts_t
         f = ws.model.encoder(x)
         ce = _ce(ws.model.head(f), y)
     flags: dict = {}
-    (stage,) = method.local_stages(0)
+    (stage,) = method.local_stages(0, sim.server_state)
     (update,) = stage.updates
     assert update.trains == ("model.",)
     assert math.isclose(float(update.loss(ws, x, y, flags).detach()), ce, rel_tol=1e-9)  # no prototype yet: CE
@@ -267,15 +267,15 @@ def test_fedproto_loss_is_ce_plus_lambda_times_prototype_distance_and_predicts_t
     protos = torch.randn(10, d, generator=torch.Generator().manual_seed(1), dtype=x.dtype)
     has = torch.ones(10, dtype=torch.bool)
     has[y[0]] = False  # a class without a global prototype adds 0
-    method.prototypes, method.has_prototype = protos, has
+    server = method.State(prototypes=protos, has_prototype=has)
     dist = sum(float(((f[i] - protos[y[i]]) ** 2).sum()) for i in range(len(y)) if has[y[i]]) / len(y)
-    (stage,) = method.local_stages(1)
+    (stage,) = method.local_stages(1, server)
     assert math.isclose(float(stage.updates[0].loss(ws, x, y, flags).detach()), ce + 2.5 * dist, rel_tol=1e-9)
     method.params = method.Params(lam=2.5, distance="mse")  # PFLlib's nn.MSELoss: divided by the width
-    (stage,) = method.local_stages(1)
+    (stage,) = method.local_stages(1, server)
     assert math.isclose(float(stage.updates[0].loss(ws, x, y, flags).detach()), ce + 2.5 * dist / d, rel_tol=1e-9)
     with torch.no_grad():
-        pred = method.predict(ws.model, x, {}).argmax(1)
+        pred = method.predict(ws.model, x, {}, server).argmax(1)
     for i in range(len(y)):
         nearest = min((k for k in range(10) if has[k]), key=lambda k: float(((f[i] - protos[k]) ** 2).sum()))
         assert int(pred[i]) == nearest
@@ -284,7 +284,7 @@ def test_fedproto_loss_is_ce_plus_lambda_times_prototype_distance_and_predicts_t
 def test_fedrep_trains_the_head_alone_for_head_epochs_then_the_encoder_alone_on_ce():
     sim = _sim("fedrep", "method.head_epochs=3")
     method, ws = sim.method, sim.workspace
-    head_stage, body_stage = method.local_stages(0)
+    head_stage, body_stage = method.local_stages(0, sim.server_state)
     assert head_stage.epochs == 3 and body_stage.epochs is None  # None: fl.local_epochs
     assert [u.trains for u in head_stage.updates] == [("model.head.",)]
     assert [u.trains for u in body_stage.updates] == [("model.encoder.", "model.projector.")]
@@ -304,10 +304,10 @@ def test_ditto_personal_loss_is_ce_plus_half_lambda_proximal_to_the_received_glo
     method, ws = sim.method, sim.workspace
     _randomize(ws.model, 11)  # w and v differ from each other ...
     _randomize(ws.glob, 12)  # ... and from the received global model
-    (stage,) = method.local_stages(0)  # per batch: a step of w, then one of v
+    (stage,) = method.local_stages(0, sim.server_state)  # per batch: a step of w, then one of v
     global_update, personal = stage.updates
     method.params = method.Params(lam=0.6, personal_epochs=3)  # v alone for 3 epochs, then w
-    personal_stage, global_stage = method.local_stages(0)
+    personal_stage, global_stage = method.local_stages(0, sim.server_state)
     assert (personal_stage.epochs, global_stage.epochs) == (3, None)
     assert personal_stage.updates[0].trains == personal.trains and global_stage.updates[0].trains == global_update.trains
     assert personal.trains == ("model.personal.",) and personal.report == "personal_loss"
@@ -324,5 +324,5 @@ def test_ditto_personal_loss_is_ce_plus_half_lambda_proximal_to_the_received_glo
     for update in (personal, personal_stage.updates[0]):  # the same loss, stepped with w or alone
         assert math.isclose(float(update.loss(ws, x, y, {}).detach()), _ce(v_logits, y) + 0.3 * prox, rel_tol=1e-9)
     assert math.isclose(float(global_update.loss(ws, x, y, {}).detach()), _ce(w_logits, y), rel_tol=1e-9)
-    assert torch.equal(method.predict(ws.model, x, {}), v_logits)  # personal metrics use v
+    assert torch.equal(method.predict(ws.model, x, {}, sim.server_state), v_logits)  # personal metrics use v
     assert not any(k.startswith("personal.") for k in sim.shared)  # only w goes up

@@ -257,7 +257,7 @@ def test_fedfcd_server_learns_from_this_rounds_uploads_or_every_clients_latest(s
 @pytest.mark.parametrize("executor", EXECUTORS)
 def test_fedrep_head_stage_trains_only_the_head_and_body_stage_only_the_encoder(executor):
     sim = sim_for("fedrep", "method.head_epochs=2", f"runtime.executor={executor}")
-    head_stage, body_stage = sim.method.local_stages(0)
+    head_stage, body_stage = sim.method.local_stages(0, sim.server_state)
     start = sim.method.start_state(sim.global_state, {})
     changed = moved(start, train_client(sim, 0, [head_stage]))
     assert changed and all(k.startswith("head.") for k in changed)
@@ -271,7 +271,7 @@ def test_fedrep_shares_the_encoder_and_keeps_each_clients_head():
     heads = [sim.client_states[c]["private"] for c in range(4)]
     assert all(set(h) == {k for k in sim.global_state if k.startswith("head.")} for h in heads)
     assert not torch.equal(heads[0]["head.0.weight"], heads[1]["head.0.weight"])
-    state = sim.method.client_start(sim.global_state, sim.client_states[2]).models["model"]
+    state = sim.method.client_start(sim.global_state, sim.client_states[2], sim.server_state).models["model"]
     assert all(torch.equal(state[k], sim.global_state[k]) for k in sim.shared)  # the aggregated encoder
     assert all(torch.equal(state[k], v) for k, v in heads[2].items())  # its own head
 
@@ -286,9 +286,9 @@ def test_ditto_trains_w_like_fedavg_and_keeps_v_private(executor):
     plain = Update(("model.encoder.", "model.projector.", "model.head."),
                    lambda ws, x, y, flags: F.cross_entropy(ws.model(x), y))
     sampled = sim.sample_clients(0)
-    start = sim.method.client_start(sim.global_state, {}).models["model"]
+    start = sim.method.client_start(sim.global_state, {}, sim.server_state).models["model"]
     assert all(torch.equal(start["personal." + k], start[k]) for k in sim.shared)  # v starts at w
-    ditto = train_client(sim, sampled[0], sim.method.local_stages(0))
+    ditto = train_client(sim, sampled[0], sim.method.local_stages(0, sim.server_state))
     ce_only = train_client(sim, sampled[0], [Stage((plain,))])
     assert any(not torch.equal(ditto[k], start[k]) for k in ditto if k.startswith("personal."))
     for k in sim.shared:
@@ -300,10 +300,10 @@ def test_ditto_trains_w_like_fedavg_and_keeps_v_private(executor):
         assert set(private) == {k for k in received if k.startswith("personal.")}
         assert not torch.equal(private["personal.head.0.weight"], received["head.0.weight"])  # v trained
     unsampled = next(c for c in range(4) if c not in sampled)
-    sim.method.load_personal(sim.model, sim.global_state, sim.client_states.get(unsampled, {}))
+    sim.method.load_personal(sim.model, sim.global_state, sim.client_states.get(unsampled, {}), sim.server_state)
     x = sim.data.x[:5]
     with torch.no_grad():  # a never-sampled client's personal model is the global model
-        assert torch.equal(sim.method.predict(sim.model, x, {}), sim.model(x))
+        assert torch.equal(sim.method.predict(sim.model, x, {}, sim.server_state), sim.model(x))
 
 
 def test_fedproto_global_prototypes_are_this_rounds_uploads_and_no_weights_are_shared():
@@ -311,7 +311,7 @@ def test_fedproto_global_prototypes_are_this_rounds_uploads_and_no_weights_are_s
     from autofl.methods.fedproto import global_prototypes
 
     sim = sim_for("fedproto", "fl.participation=0.5", "runtime.executor=sequential")
-    assert sim.shared == [] and sim.method.prototypes is None
+    assert sim.shared == [] and sim.server_state.prototypes is None
     initial = {k: v.clone() for k, v in sim.global_state.items()}
     sampled = sim.sample_clients(0)
     sim.run_round()
@@ -322,14 +322,14 @@ def test_fedproto_global_prototypes_are_this_rounds_uploads_and_no_weights_are_s
         sim.model.load_state_dict(sim.client_states[cid]["private"])
         stats.append(encoded_class_stats(sim.model.encoder, d.x, d.y, d.clients[cid].train, d.num_classes))
     protos, has = global_prototypes(stats)
-    torch.testing.assert_close(sim.method.prototypes, protos)
-    assert torch.equal(sim.method.has_prototype, has)
+    torch.testing.assert_close(sim.server_state.prototypes, protos)
+    assert torch.equal(sim.server_state.has_prototype, has)
 
 
 def test_fedgh_clients_start_from_their_own_encoder_and_the_server_trained_head():
     from autofl.features import encoded_class_stats
-    from autofl.methods.fedgh import SEED_PURPOSE, train_global_head
-    from autofl.seeding import derived_seed
+    from autofl.methods.fedgh import train_global_head
+    from autofl.seeding import SeedPurpose, derived_seed
 
     sim = sim_for("fedgh", "method.server_lr=0.05", "method.server_epochs=2", "runtime.executor=sequential")
     received = {k: v.clone() for k, v in sim.global_state.items()}
@@ -344,9 +344,9 @@ def test_fedgh_clients_start_from_their_own_encoder_and_the_server_trained_head(
     head = sim.method.build_model().head
     head.load_state_dict({k[len("head."):]: v for k, v in heads.items()})
     expected = train_global_head(head, stats, 0.05, 2, sim.exp.fl.batch_size,
-                                 torch.Generator().manual_seed(derived_seed(sim.exp.seed, 0, SEED_PURPOSE)))
+                                 torch.Generator().manual_seed(derived_seed(sim.exp.seed, 0, SeedPurpose.FEDGH_GLOBAL_HEAD)))
     for k, v in expected.items():
         torch.testing.assert_close(sim.global_state["head." + k], v)
-    start = sim.method.client_start(sim.global_state, sim.client_states[1]).models["model"]
+    start = sim.method.client_start(sim.global_state, sim.client_states[1], sim.server_state).models["model"]
     assert all(torch.equal(start[k], v) for k, v in sim.client_states[1]["private"].items())
     assert all(torch.equal(start["head." + k], sim.global_state["head." + k]) for k in expected)

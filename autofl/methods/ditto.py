@@ -21,7 +21,7 @@ from pydantic import Field
 
 from autofl.engine.state import StateDict
 from autofl.losses import proximal
-from autofl.methods.base import ClientStart, Method, MethodParams, Stage, Update
+from autofl.methods.base import ClientStart, Method, MethodParams, ServerState, Stage, Update
 from autofl.methods.registry import register
 from autofl.models.parts import SplitModel
 
@@ -60,10 +60,10 @@ class Ditto(Method):
             return {**global_state, **own}
         return {**global_state, **{_PERSONAL + k: v for k, v in global_state.items() if not k.startswith(_PERSONAL)}}
 
-    def client_start(self, global_state: StateDict, client_state: dict[str, Any]) -> ClientStart:
+    def client_start(self, global_state: StateDict, client_state: dict[str, Any], server: ServerState) -> ClientStart:
         return ClientStart({"model": self.start_state(global_state, client_state), "glob": global_state})
 
-    def local_stages(self, rnd: int) -> list[Stage]:
+    def local_stages(self, rnd: int, server: ServerState) -> list[Stage]:
         """w on CE (FedAvg) and v on its proximal CE (reported as `personal_loss`): per batch, w then
         v; or, with personal_epochs, v alone for that many epochs, then w (each its own batch order
         and optimizer)."""
@@ -83,5 +83,5 @@ class Ditto(Method):
             return [Stage((fedavg, personal))]
         return [Stage((personal,), epochs=self.params.personal_epochs), Stage((fedavg,))]
 
-    def predict(self, model: SplitModel, x: torch.Tensor, client_state: dict) -> torch.Tensor:
+    def predict(self, model: SplitModel, x: torch.Tensor, client_state: dict, server: ServerState) -> torch.Tensor:
         return model.personal(x)

@@ -8,23 +8,19 @@ Personal model = the client's own encoder + the global head.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from pydantic import Field
 
 from autofl.engine.state import StateDict
 from autofl.features import ClassStats, class_mean_pairs, encoded_class_stats, train_head
-from autofl.methods.base import Method, MethodParams, TrainedClient, Upload
+from autofl.methods.base import (Method, MethodParams, SeedPurpose, ServerContext, ServerUpdate, TrainedClient,
+                                 Upload)
 from autofl.methods.registry import register
 from autofl.models.parts import SplitModel
-from autofl.seeding import derived_seed
-
-if TYPE_CHECKING:
-    from autofl.engine.simulation import Simulation
 
 _HEAD = "head."
-SEED_PURPOSE = 0xF6E  # the server's batch order when it trains the global head
 
 
 class FedGHParams(MethodParams):
@@ -53,13 +49,14 @@ class FedGH(Method):
         return []  # only class means go up; the global head is trained on the server
 
     # ----- server ----------------------------------------------------------------------------
-    def server_update(self, sim: "Simulation", uploads: list[Upload]) -> None:
-        head = self.spare("head", sim.model.head)
-        head.load_state_dict({k[len(_HEAD):]: v for k, v in sim.global_state.items() if k.startswith(_HEAD)})
-        gen = torch.Generator().manual_seed(derived_seed(self.exp.seed, sim.round, SEED_PURPOSE))
+    def server_update(self, ctx: ServerContext, uploads: list[Upload]) -> ServerUpdate:
+        """The global head (the `head.*` entries of the global state) trained on this round's uploads."""
+        head = self.spare("global_head", ctx.model.head)
+        head.load_state_dict({k[len(_HEAD):]: v for k, v in ctx.global_state.items() if k.startswith(_HEAD)})
         new = train_global_head(head, [u.payload["protos"] for u in uploads], self.params.server_lr,
-                                self.params.server_epochs, self.exp.fl.batch_size, gen)
-        sim.global_state.update({_HEAD + k: v for k, v in new.items()})
+                                self.params.server_epochs, self.exp.fl.batch_size,
+                                ctx.generator(SeedPurpose.FEDGH_GLOBAL_HEAD))
+        return ServerUpdate(global_state={_HEAD + k: v for k, v in new.items()})
 
     # ----- client ----------------------------------------------------------------------------
     def upload_payload(self, client: TrainedClient) -> dict[str, Any]:

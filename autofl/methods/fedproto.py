@@ -7,7 +7,8 @@ prototype to f(x), as PFLlib evaluates FedProto.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -15,12 +16,10 @@ from pydantic import Field
 
 from autofl.features import ClassStats, encoded_class_stats, weighted_class_means
 from autofl.losses import prototype_distance
-from autofl.methods.base import Method, MethodParams, Stage, TrainedClient, Update, Upload
+from autofl.methods.base import (Method, MethodParams, ServerContext, ServerState, ServerUpdate, Stage, TrainedClient,
+                                 Update, Upload)
 from autofl.methods.registry import register
 from autofl.models.parts import SplitModel
-
-if TYPE_CHECKING:
-    from autofl.engine.simulation import Simulation
 
 
 class FedProtoParams(MethodParams):
@@ -41,38 +40,34 @@ def nearest_prototype_scores(features: torch.Tensor, prototypes: torch.Tensor, h
     return (-dist).masked_fill(~has_prototype[None, :], float("-inf"))
 
 
+@dataclass(frozen=True)
+class FedProtoState(ServerState):
+    prototypes: torch.Tensor | None = None  # (C, d) global prototypes; None before the first round's uploads
+    has_prototype: torch.Tensor | None = None  # (C,) bool: which classes have one
+
+
 @register
 class FedProto(Method):
     name = "fedproto"
     Params = FedProtoParams
+    State = FedProtoState
     trains_encoder_features = True
     has_global_model = False  # no weights are aggregated: there is no global model
     personal_is_global = False
     extra_forwards = 1  # the prototype pass over the client's data after training
 
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.prototypes: torch.Tensor | None = None  # (C, d); None before the first round's uploads
-        self.has_prototype: torch.Tensor | None = None  # (C,) bool
-
     def shared_keys(self, model: SplitModel) -> list[str]:
         return []  # only prototypes go up
 
     # ----- server ----------------------------------------------------------------------------
-    def server_update(self, sim: "Simulation", uploads: list[Upload]) -> None:
+    def server_update(self, ctx: ServerContext, uploads: list[Upload]) -> ServerUpdate:
         """Global prototypes from this round's uploads (PFLlib: the sampled clients' prototypes)."""
-        self.prototypes, self.has_prototype = global_prototypes([u.payload["protos"] for u in uploads])
-
-    def server_state(self) -> dict[str, Any]:
-        return {"prototypes": self.prototypes, "has_prototype": self.has_prototype}
-
-    def load_server_state(self, state: dict[str, Any]) -> None:
-        self.prototypes, self.has_prototype = state["prototypes"], state["has_prototype"]
+        return ServerUpdate(state=FedProtoState(*global_prototypes([u.payload["protos"] for u in uploads])))
 
     # ----- client ----------------------------------------------------------------------------
-    def local_stages(self, rnd: int) -> list[Stage]:
+    def local_stages(self, rnd: int, server: FedProtoState) -> list[Stage]:
         """CE(h(f(x)), y) + lambda * distance(f(x), P_y); CE alone before any global prototype."""
-        protos, has, lam, per_dim = self.prototypes, self.has_prototype, self.params.lam, self.params.distance == "mse"
+        protos, has, lam, per_dim = server.prototypes, server.has_prototype, self.params.lam, self.params.distance == "mse"
         if protos is None or has is None:
             return [Stage((Update(("model.",), self.loss),))]
 
@@ -88,8 +83,8 @@ class FedProto(Method):
                                               client.num_classes)}
 
     # ----- evaluation ------------------------------------------------------------------------
-    def predict(self, model: SplitModel, x: torch.Tensor, client_state: dict) -> torch.Tensor:
+    def predict(self, model: SplitModel, x: torch.Tensor, client_state: dict, server: FedProtoState) -> torch.Tensor:
         """The nearest global prototype's class; the client's own head before any prototype exists."""
-        if self.prototypes is None or self.has_prototype is None:
+        if server.prototypes is None or server.has_prototype is None:
             return model(x)
-        return nearest_prototype_scores(model.encoder(x), self.prototypes, self.has_prototype)
+        return nearest_prototype_scores(model.encoder(x), server.prototypes, server.has_prototype)

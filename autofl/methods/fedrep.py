@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from autofl.methods.base import Method, MethodParams, Stage, Update
+from autofl.methods.base import Method, MethodParams, ServerState, Stage, Update
 from autofl.methods.registry import register
 from autofl.models.parts import SplitModel
 
@@ -35,7 +35,7 @@ class FedRep(Method):
     def shared_keys(self, model: SplitModel) -> list[str]:
         return [k for k in model.state_dict() if not k.startswith("head.")]
 
-    def local_stages(self, rnd: int) -> list[Stage]:
+    def local_stages(self, rnd: int, server: ServerState) -> list[Stage]:
         """Head alone (encoder frozen) for head_epochs, then the encoder alone (head frozen) for
         fl.local_epochs; both on CE, each stage with a fresh optimizer. The head stage's loss is
         reported as `head_loss`, the encoder stage's as the round's `loss`."""
