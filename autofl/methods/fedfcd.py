@@ -12,8 +12,9 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from autofl.features import ClassStats, encoded_class_stats, train_head
+from autofl.features import ClassStats, class_mean_pairs, encoded_class_stats, train_head, weighted_class_means
 from autofl.engine.state import StateDict
+from autofl.losses import prototype_distance
 from autofl.methods.base import (Method, MethodParams, SeedPurpose, ServerContext, ServerState, ServerUpdate, Stage,
                                  TrainedClient, Update, Upload)
 from autofl.methods.registry import register
@@ -30,18 +31,12 @@ class FedFCDParams(MethodParams):
 
 def gfr_regularizer(features: torch.Tensor, y: torch.Tensor, gfr: torch.Tensor, has_gfr: torch.Tensor) -> torch.Tensor:
     """mean over the batch of ||f(x) - C_y||^2 / d; samples whose class has no GFR add 0."""
-    d = features.shape[1]
-    dist = ((features - gfr[y]) ** 2).sum(dim=1) / d
-    return (dist * has_gfr[y]).sum() / len(y)
+    return prototype_distance(features, y, gfr, has_gfr, per_dim=True)
 
 
 def global_feature_representations(lfrs: list[ClassStats]) -> tuple[torch.Tensor, torch.Tensor]:
     """C_j = sum_i |D_ij| / N_j * C_i^(j) over the clients holding class j."""
-    counts = torch.stack([s.counts for s in lfrs])  # (K, C)
-    means = torch.stack([s.means for s in lfrs])  # (K, C, d)
-    n = counts.sum(0)
-    gfr = (counts[:, :, None] * means).sum(0) / n.clamp(min=1)[:, None]
-    return gfr, n > 0
+    return weighted_class_means(lfrs)
 
 
 @dataclass(frozen=True)
@@ -88,8 +83,7 @@ class FedFCD(Method):
     def _server_step(self, ctx: ServerContext, lfrs: dict[int, ClassStats]) -> ServerUpdate:
         stats = [lfrs[c] for c in sorted(lfrs)]
         gfr, has_gfr = global_feature_representations(stats)
-        feats = torch.cat([s.means[s.counts > 0] for s in stats])
-        labels = torch.cat([torch.nonzero(s.counts > 0).flatten() for s in stats])
+        feats, labels = class_mean_pairs(stats)
         head = self.spare("global_head", ctx.model.global_head)
         head.load_state_dict({k[len("global_head."):]: v for k, v in ctx.global_state.items()
                               if k.startswith("global_head.")})
