@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from autofl.engine.simulation import Simulation
@@ -32,4 +33,17 @@ def test_a_fedfcd_state_with_class_stats_restores_into_a_fresh_simulation():
     fresh = Simulation(exp, get_method_class(exp.method.name))
     fresh.load_state_dict(state)
     assert fresh.round == 1
+    assert [sim.run_round() for _ in range(2)] == [fresh.run_round() for _ in range(2)]
+
+
+@pytest.mark.parametrize("method", ["fedproto", "fedgh", "ditto", "fedrep"])
+def test_a_baselines_checkpoint_loads_weights_only_and_continues_exactly(method, tmp_path):
+    """FedProto's prototypes (its server state), FedGH's server-trained head (global state), Ditto's
+    personal models and FedRep's heads (client states) survive a weights-only checkpoint."""
+    exp = load_experiment(None, [f"method.name={method}", "fl.rounds=3", "data.num_clients=4", "fl.participation=0.5"])
+    sim = Simulation(exp, get_method_class(method))
+    sim.run_round()
+    torch.save(plain_tree(sim.state_dict()), tmp_path / "sim.pt")
+    fresh = Simulation(exp, get_method_class(method))
+    fresh.load_state_dict(torch.load(tmp_path / "sim.pt", weights_only=True))
     assert [sim.run_round() for _ in range(2)] == [fresh.run_round() for _ in range(2)]
