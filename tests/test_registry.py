@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("override, line", [
-    ("method.name=nope", "method.name: unknown method 'nope'; allowed: dualfed, fdcl, fedavg"),
+    ("method.name=nope", "method.name: unknown method 'nope'; allowed: ditto, dualfed, fdcl, fedavg"),
     ("model.arch=nope", "model.arch: unknown model 'nope'; allowed: cnn, mlp, moon_cnn, resnet18"),
     ("data.dataset=nope", "data.dataset: unknown dataset 'nope'; allowed: cifar10, cifar100, digits, fmnist, mnist, npz"),
 ])
