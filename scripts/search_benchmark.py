@@ -363,7 +363,8 @@ def default_methods() -> list[Method]:
         Method("qmc+asha", {"kind": "qmc", "scramble": True}, asha),
         Method("tpe", {"kind": "tpe"}, {"kind": "none"}),
         Method("tpe+asha", {"kind": "tpe"}, asha),
-        Method("tpe(univariate)+asha", {"kind": "tpe", "multivariate": False}, asha),
+        Method("tpe(startup10)+asha", {"kind": "tpe", "n_startup_trials": 10}, asha),  # Optuna's 10
+        Method("tpe(multivariate)+asha", {"kind": "tpe", "multivariate": True}, asha),
         Method("tpe+asha(g2,rf3)", {"kind": "tpe"}, {"kind": "asha", "grace_period": 2, "reduction_factor": 3}),
         Method("tpe+asha(g4,rf2)", {"kind": "tpe"}, {"kind": "asha", "grace_period": 4, "reduction_factor": 2}),
         Method("tpe+hyperband", {"kind": "tpe"}, {"kind": "hyperband", "grace_period": 1, "reduction_factor": 2,
@@ -375,7 +376,12 @@ def default_methods() -> list[Method]:
     return methods
 
 
-EXTRA_METHODS = [Method("gp+asha", {"kind": "gp"}, {"kind": "asha", "grace_period": 1, "reduction_factor": 2})]
+_ASHA = {"kind": "asha", "grace_period": 1, "reduction_factor": 2}
+EXTRA_METHODS = [  # not in the default comparison: `--methods NAME ...` replays them
+    Method("gp+asha", {"kind": "gp"}, _ASHA),
+    Method("tpe(startup5)+asha", {"kind": "tpe", "n_startup_trials": 5}, _ASHA),
+    Method("tpe(no liar)+asha", {"kind": "tpe", "constant_liar": False}, _ASHA),
+]
 
 
 def _replay_one(job: tuple[str, Method, int, int]) -> list[dict[str, Any]]:
