@@ -23,3 +23,19 @@ def data_root() -> Path:
     if not root:
         pytest.skip("AUTOFL_DATA_ROOT is not set (CI sets it to ../shared/datasets when that folder exists)")
     return Path(root)
+
+
+EXAMPLE_PLUGIN = "examples/autofl-example-plugin"
+
+
+def require_example_plugin() -> None:
+    """Skip when the example plugin is not installed; under CI (env CI set, where .ci/run installs
+    it) its absence is a failure, not a skip."""
+    from autofl.registry import METHODS
+
+    if "lg_fedavg" in METHODS and METHODS.source("lg_fedavg") == "autofl-example-plugin":
+        return
+    message = f"the example plugin is not installed (pip install -e {EXAMPLE_PLUGIN})"
+    if os.environ.get("CI"):
+        pytest.fail(message + "; .ci/run installs it")
+    pytest.skip(message)

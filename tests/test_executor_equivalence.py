@@ -112,6 +112,15 @@ def test_vectorized_equals_sequential(method, arch):
     check_equivalent(method, arch, "float64")
 
 
+def test_the_example_plugins_method_is_among_those_compared():
+    """METHODS is the registry's list, plugins included: the example plugin's LG-FedAvg is compared
+    on every arch above once it is installed (CI installs it)."""
+    from conftest import require_example_plugin
+
+    require_example_plugin()
+    assert "lg_fedavg" in METHODS
+
+
 @pytest.mark.parametrize("method", ["fedavg", "fedprox", "fedper", "moon", "fdcl", "fedeccr", "fedfcd",
                                     "fedproto", "fedrep", "ditto", "fedgh"])
 def test_vectorized_equals_sequential_in_float32_without_batchnorm(method):

@@ -173,3 +173,29 @@ def test_installed_plugins_are_listed_used_or_skipped_with_one_line(plugin_env, 
                   "--set", "data.num_clients=4", "--set", "data.min_size=5", "--set", "fl.rounds=2")
     assert run.returncode == 0, run.stderr
     assert (out / "metrics.jsonl").read_text().count("\n") == 2
+
+
+def _readme_block(after: str) -> str:
+    text = (REPO / "README.md").read_text()
+    start = text.index("```python\n", text.index(after)) + len("```python\n")
+    return text[start:text.index("```", start)]
+
+
+@pytest.fixture
+def readme_method():
+    namespace = {"__name__": "readme_prox_head"}
+    exec(compile(_readme_block("**A method plugin**"), "README.md", "exec"), namespace)  # noqa: S102
+    cls = METHODS.add(namespace["ProxHead"])
+    yield cls
+    METHODS.discard(cls.name)
+
+
+def test_readmes_method_plugin_trains_the_same_under_both_executors(readme_method):
+    from test_executor_equivalence import check_equivalent
+
+    assert METHODS.source("prox_head") == USER
+    exp = load_experiment(None, ["method.name=prox_head", "method.mu=0.5"])
+    assert exp.method.params() == {"mu": 0.5}
+    with pytest.raises(ConfigError, match=r"method.mu: Input should be less than or equal to 100"):
+        load_experiment(None, ["method.name=prox_head", "method.mu=1000"])
+    check_equivalent("prox_head", "mlp", "float64")

@@ -1,0 +1,17 @@
+"""LG-FedAvg (Liang et al. 2020, "Think Locally, Act Globally: Federated Learning with Local and
+Global Representations", arXiv:2001.01523): each client keeps its own local representation (the
+encoder and projector, never sent) and the server averages only the global layers on top of it
+(the head). The opposite split of FedPer; `model.head_layers` sets how many layers are global."""
+
+from autofl.methods.base import Method
+from autofl.models.parts import SplitModel
+
+
+class LGFedAvg(Method):
+    name = "lg_fedavg"
+    has_global_model = False  # no global representation exists, so no global model to evaluate
+    personal_is_global = False
+
+    def shared_keys(self, model: SplitModel) -> list[str]:
+        """Only the head (the global layers) is uploaded and averaged."""
+        return [k for k in model.state_dict() if k.startswith("head.")]
