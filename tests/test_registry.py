@@ -21,15 +21,18 @@ from autofl.registry import BUILT_IN, DATASETS, METHODS, MODELS, USER
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("override, line", [
-    ("method.name=nope", "method.name: unknown method 'nope'; allowed: ditto, dualfed, fdcl, fedavg"),
-    ("model.arch=nope", "model.arch: unknown model 'nope'; allowed: cnn, mlp, moon_cnn, resnet18"),
-    ("data.dataset=nope", "data.dataset: unknown dataset 'nope'; allowed: cifar10, cifar100, digits, fmnist, mnist, npz"),
+@pytest.mark.parametrize("override, registry, builtins", [
+    ("method.name=nope", METHODS, {"ditto", "dualfed", "fdcl", "fedavg", "fedprox", "fedper", "moon"}),
+    ("model.arch=nope", MODELS, {"cnn", "mlp", "moon_cnn", "resnet18"}),
+    ("data.dataset=nope", DATASETS, {"cifar10", "cifar100", "digits", "fmnist", "mnist", "npz"}),
 ])
-def test_unknown_names_list_what_is_registered(override, line):
+def test_unknown_names_list_what_is_registered(override, registry, builtins):
     with pytest.raises(ConfigError) as info:
         load_experiment(None, [override])
+    key = override.split("=")[0]
+    line = f"{key}: unknown {registry.kind} 'nope'; allowed: {', '.join(registry.names())}"
     assert str(info.value).startswith(line) and "\n" not in str(info.value)
+    assert builtins <= set(registry.names())
 
 
 def test_builtins_come_from_one_registry_each():
