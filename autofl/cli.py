@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
+from collections import Counter
 from pathlib import Path
 from typing import NoReturn
 
@@ -13,7 +13,7 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from autofl.errors import AutoFLError, StorageError
+from autofl.errors import AutoFLError
 from autofl.text import clean, terminal_console
 
 # no rich markup in printed user text; 200 columns in a pipe or CI log (autofl/text.py)
@@ -30,13 +30,12 @@ def _fmt(value: object) -> str:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from autofl.experiment import load_experiment
-    from autofl.train import run_training
+    from autofl import api
 
     if args.out is not None and not args.out.strip():
         raise AutoFLError("--out: empty; give a folder, or leave --out out for autofl_runs/<method>-<time>")
-    exp = load_experiment(args.config, args.set)
-    out = Path(args.out) if args.out else Path("autofl_runs") / f"{exp.method.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    exp = api.load_config(args.config, args.set)
+    out = Path(args.out) if args.out else api.default_run_dir(exp)
     console.print(f"autofl train: {exp.method.name} on {exp.data.dataset} ({exp.data.num_clients} clients, "
                   f"{exp.data.partition.kind}), {exp.model.arch}, {exp.fl.rounds} rounds -> {out}")
     table = Table(*_ROUND_COLUMNS, "seconds", title=f"{exp.method.name} / {exp.data.dataset}")
@@ -64,109 +63,58 @@ def cmd_train(args: argparse.Namespace) -> int:
     announce = lambda line: console.print(line, soft_wrap=True)  # noqa: E731
     if live is not None:
         with live:
-            history = run_training(exp, out, on_round, args.overwrite, announce, on_clients)
+            run = api.train(exp, out=out, overwrite=args.overwrite, on_round=on_round, announce=announce,
+                            on_clients=on_clients)
     else:
-        history = run_training(exp, out, on_round, args.overwrite, announce)
-    last = history[-1]
+        run = api.train(exp, out=out, overwrite=args.overwrite, on_round=on_round, announce=announce)
+    last = run.final
     console.print(f"done: personal_test_acc={_fmt(last.get('personal_test_acc'))} "
                   f"personal_val_acc={_fmt(last.get('personal_val_acc'))}; wrote {out}/metrics.jsonl, config.yaml, "
                   f"final_state.pt", soft_wrap=True)
     return 0
 
 
-def _import_trial_stack() -> None:
-    import optuna  # noqa: F401
-
-    import autofl.search.searcher  # noqa: F401  (ray.tune's search package)
-    import autofl.search.trainable  # noqa: F401  (torch, ray.tune, the engine)
-
-
 def cmd_search(args: argparse.Namespace) -> int:
-    from autofl.search import study as st
+    from autofl import api
 
-    from autofl.search.driver_lock import DriverLock
-    from autofl.search.storage import is_sqlite, probe_storage
-
-    home = st.studies_dir(args.dir)
     existing = args.resume or args.join
-    if args.resume and args.join:
-        raise AutoFLError("search: give --resume NAME or --join NAME, not both")
-    if existing and args.storage_path:
-        raise AutoFLError("--storage-path: applies to a new study; an existing one keeps the place it was made with")
-    for flag, given in (("--space", args.space), ("--name", args.name)):
-        if existing and given is not None:
-            raise AutoFLError(f"{flag}: applies to a new study; --resume/--join {existing} continues the study "
-                              f"with its own space and name")
-    if args.name is not None and not args.name.strip():
-        raise AutoFLError("--name: empty; give a study name, or leave --name out for the space's `study`")
-    from autofl.search.preflight import (check_cluster_fits, check_home, check_new_study, probe_address,
-                                         rollback_if_unstarted, sigterm_as_ctrl_c)
+    # the API raises the other flag errors; in the order they were checked (resume with join, --storage-path,
+    # --space), before this one
+    if existing and args.name is not None and not (args.resume and args.join or args.storage_path or args.space):
+        raise AutoFLError(f"--name: applies to a new study; --resume/--join {existing} continues the study "
+                          f"with its own space and name")
+    record_before: list[dict] = []
 
-    probe_address(args.address)  # an unreachable cluster: one line in seconds, before any folder exists
-    if existing:
-        study = st.open_study(home, existing)
-        st.check_owned(study.root)  # Tune unpickles from it
-        study.space()  # validate before Ray starts
-    else:
-        if not args.space:
-            raise AutoFLError("search: give --space FILE for a new study or --resume NAME to continue one")
-        space_path, space = st.ensure_space_file(args.space)
-        data = space.base_experiment().data
-        if data.dataset != "digits":  # a missing or corrupt dataset fails before the study exists (loaded once:
-            from autofl.data.datasets import load_raw_dataset  # the trials share this load); digits has no files
+    def on_start(study: api.Study, logs: Path) -> None:
+        from autofl.device import resolve_device
+        from autofl.engine.executor import describe_executor
+        from autofl.methods.registry import get_method_class
 
-            load_raw_dataset(data)
-        args.storage_path = check_new_study(space, args.storage_path)
-        check_home(home)
-        study = st.create_study(home, space_path, space, args.name, storage_path=args.storage_path)
-    sqlite = is_sqlite(study.storage_url())
-    if existing and not sqlite:  # a new study's storage was probed before its folder was made
-        probe_storage(study.storage_url())
-    lock = DriverLock(study.root)
-    if args.join:
-        if sqlite:
-            raise StorageError(f"--join {study.name}: the study is on SQLite, which takes one driver; create it "
-                               f"with PostgreSQL storage (space `storage:` or AUTOFL_STORAGE) to run several")
-    else:
-        lock.acquire(sqlite=sqlite)
-    from autofl.search.ray_start import start_ray
-    from autofl.search.runner import run_study
+        space = study.space
+        base = space.base_experiment()
+        trial_device = resolve_device("cuda" if space.resources.gpu > 0 else "cpu")  # where Ray places the trials
+        console.print(f"autofl search: study {study.name} in {study.root}; trials' "
+                      f"{describe_executor(base, get_method_class(base.method.name), trial_device)}"
+                      f"{'; ' + space.resources.auto_line if space.resources.auto_line else ''}; Ray's logs: {logs}"
+                      f"{' (also shown here)' if args.verbose else ''}", soft_wrap=True)
+        record_before.append(study.record)  # unchanged after a --resume that found nothing to do
 
-    # Ray's processes start while this thread waits on them: import the trial stack meanwhile
-    # (measured on 2 cores: the quickstart's start-up overlaps by about 1.5 s)
-    with rollback_if_unstarted(study, created=not existing, lock=lock):  # a failed start leaves no half-made study
-        logs = start_ray(study.root, args.address, args.verbose, meanwhile=_import_trial_stack)
-        space = study.space()
-        check_cluster_fits(space.resources.cpu, space.resources.gpu, args.address)
-    sigterm_as_ctrl_c()  # after Ray's own driver handler: SIGTERM stops the run as Ctrl-C does
-    from autofl.device import resolve_device
-    from autofl.engine.executor import describe_executor
-    from autofl.methods.registry import get_method_class
-
-    base = space.base_experiment()
-    trial_device = resolve_device("cuda" if space.resources.gpu > 0 else "cpu")  # where Ray places the trials
-    console.print(f"autofl search: study {study.name} in {study.root}; trials' "
-                  f"{describe_executor(base, get_method_class(base.method.name), trial_device)}"
-                  f"{'; ' + space.resources.auto_line if space.resources.auto_line else ''}; Ray's logs: {logs}"
-                  f"{' (also shown here)' if args.verbose else ''}", soft_wrap=True)
-    record_before = study.meta()  # unchanged after a --resume that found nothing to do
-    try:
-        run_study(study, args.trials, args.address, resume=bool(args.resume), join_shared=bool(args.join))
-    finally:
-        lock.release()
+    study = api.search(args.space, name=existing or args.name, trials=args.trials, dir=args.dir,
+                       address=args.address, resume=bool(args.resume), join=bool(args.join),
+                       storage_path=args.storage_path, verbose=args.verbose, on_start=on_start)
     _print_status(study)
-    if args.resume and not args.trials and study.meta() == record_before:
+    if args.resume and not args.trials and [study.record] == record_before:
         console.print(f"study {study.name} has run all its trials; add more with: autofl search --resume "
                       f"{study.name} --trials N", soft_wrap=True)
-    if not any(r["state"] in ("COMPLETE", "PRUNED") for r in st.trial_rows(study)):
+    if not any(r["state"] in ("COMPLETE", "PRUNED") for r in study.trials()):
         err_console.print(f"autofl: error: study {study.name} has no finished trial (every trial failed or none "
                           f"ran); see autofl status {study.name} and {study.root / 'logs'}", soft_wrap=True)
         return 1
     try:
-        best = st.best_trial(study)
-        console.print(f"best trial #{best.number}: {study.space().objective}={st.first_value(best):.4f} "
+        best = study.best_trial()
+        console.print(f"best trial #{best.number}: {study.space.objective}={study.best_value():.4f} "
                       f"params={best.params}", soft_wrap=True)
-        if study.space().multi_objective:
+        if study.space.multi_objective:
             console.print(f"export the Pareto front with: autofl best-config export {study.name} --pareto "
                           f"-o front.yaml", soft_wrap=True)
         else:
@@ -176,42 +124,24 @@ def cmd_search(args: argparse.Namespace) -> int:
     return 0
 
 
-def display_state(row: dict, live_driver: bool) -> str:
-    """The state the ledger shows for a trial row (INTERRUPTED for one a killed driver left)."""
-    from autofl.search.ledger import shown_state
-
-    return shown_state(row["state"], row["user_attrs"], live_driver)
-
-
-def display_counts(rows: list[dict], live_driver: bool) -> dict[str, int]:
-    from autofl.search.study import state_counts
-
-    return state_counts([{**r, "state": display_state(r, live_driver)} for r in rows])
-
-
 def _print_status(study) -> None:
-    from autofl.search.driver_lock import DriverLock
     from autofl.search.storage import mask_url
-    from autofl.search.study import trial_rows
 
-    rows = trial_rows(study)
-    live_driver = DriverLock(study.root).is_held()
-    space = study.space()
+    rows = study.trials()  # each row's state as shown: INTERRUPTED for what a stopped driver left
+    space = study.space
     table = Table("trial", "state", "round", " / ".join(space.metrics), "node", "params", "note",
                   title=f"study {study.name}")
     for r in rows:
         params = ", ".join(f"{k.split(':')[-1]}={_fmt(v)}" for k, v in r["params"].items())
-        state = display_state(r, live_driver)
+        state = r["state"]
         node = str(r["user_attrs"].get("node_id") or "-")[:8]
         value = " / ".join(map(_fmt, r["values"])) if space.multi_objective and r["values"] else _fmt(r["objective"])
         table.add_row(str(r["number"]), state, _fmt(r["round"]), value, node, params,
                       str(r["user_attrs"].get("fail_reason", "")))
     console.print(table)
-    console.print(f"storage: {mask_url(study.storage_url())}", soft_wrap=True)
+    console.print(f"storage: {mask_url(study.storage_url)}", soft_wrap=True)
     if space.multi_objective:
-        from autofl.search.study import pareto_trials
-
-        front = pareto_trials(study)
+        front = study.pareto_trials()
         goals = ", ".join(f"{m} ({d})" for m, d in zip(space.metrics, space.modes or []))
         console.print(f"Pareto front of {goals}: " + ("; ".join(
             f"trial {t.number} ({' / '.join(map(_fmt, t.values))})" for t in front) or "none yet"), soft_wrap=True)
@@ -219,14 +149,12 @@ def _print_status(study) -> None:
         used = sum(r["round"] or 0 for r in rows)  # each trial's last reported round, as the budget counts
         console.print(f"budget: {used} of {space.budget_rounds} FL rounds used (budget_rounds)")
     if space.time_budget_s is not None:
-        walls = [run.get("tune_wall_s", 0.0) for run in study.meta()["runs"]]
+        walls = [run.get("tune_wall_s", 0.0) for run in study.runs]
         console.print(f"budget: runs took {', '.join(f'{w:.0f} s' for w in walls) or 'none'} of "
                       f"{space.time_budget_s:.0f} s each (time_budget_s)")
-    counts = display_counts(rows, live_driver)
+    counts = Counter(r["state"] for r in rows)
     console.print("trials: " + (", ".join(f"{v} {k.lower()}" for k, v in sorted(counts.items())) or "none"))
-    from autofl.search.reeval import load_summary
-
-    summary = load_summary(study)
+    summary = study.reeval_summary()
     if summary is not None:
         from autofl.views import reeval_table
 
@@ -235,26 +163,24 @@ def _print_status(study) -> None:
 
 
 def cmd_studies(args: argparse.Namespace) -> int:
-    from autofl.search import study as st
+    from autofl import api
 
-    home = st.studies_dir(args.dir)
-    names = st.existing_studies(home)
+    home = api.studies_dir(args.dir)
+    names = api.list_studies(home)
     if not names:
         console.print(f"no studies in {home}")
         return 0
-    from autofl.search.driver_lock import DriverLock
-
     table = Table("study", "trials", "complete", "pruned", "failed", "interrupted", "running", "best", title=str(home))
     for name in names:
-        s = st.open_study(home, name)
+        s = api.load_study(name, home)
         try:  # issue 18: one unreadable study (storage, space, record) is shown as such, the rest listed
-            rows = st.trial_rows(s)
+            rows = s.trials()
         except (AutoFLError, OSError) as err:
             table.add_row(name, "unreadable", "-", "-", "-", "-", "-", clean(" ".join(str(err).split())[:120]))
             continue
-        counts = display_counts(rows, DriverLock(s.root).is_held())
+        counts = Counter(r["state"] for r in rows)
         try:
-            best = st.first_value(st.best_trial(s))
+            best = s.best_value()
         except AutoFLError:  # no completed trial yet
             best = None
         table.add_row(name, str(len(rows)), *(str(counts.get(k, 0)) for k in
@@ -264,9 +190,9 @@ def cmd_studies(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from autofl.search import study as st
+    from autofl import api
 
-    _print_status(st.open_study(st.studies_dir(args.dir), args.name))
+    _print_status(api.load_study(args.name, args.dir))
     return 0
 
 
@@ -274,38 +200,18 @@ def _reevaluate(study, seeds: int, top: int, vary_partition: bool, address: str 
                 show: Console = console, verbose: bool = False) -> dict:
     """Run what is missing of the study's re-evaluation (one driver at a time) and print its table
     on `show` (stderr when stdout carries an exported config)."""
-    from autofl.search.driver_lock import DriverLock
-    from autofl.search.reeval import reevaluate
-    from autofl.search.storage import is_sqlite
-    from autofl.search.study import check_owned
-
-    check_owned(study.root)  # the lock file and run records are written into it
-    from autofl.search.preflight import check_cluster_fits, probe_address, sigterm_as_ctrl_c
-
-    probe_address(address)  # an unreachable cluster: one line in seconds
-    lock = DriverLock(study.root)
-    lock.acquire(sqlite=is_sqlite(study.storage_url()))
-    objective = study.space().objective
+    objective = study.space.objective
 
     def on_plan(missing: int, total: int) -> None:
         show.print(f"re-evaluation of study {study.name}: {total} runs (configs x seeds), "
                    f"{total - missing} already done, {missing} to run", soft_wrap=True)
-        if missing:  # Ray starts only when there is something to run
-            from autofl.search.ray_start import start_ray
-
-            start_ray(study.root, address, verbose)
-            sigterm_as_ctrl_c()  # after Ray's own driver handler
-            resources = study.space().resources  # none of its runs could start on a cluster without them
-            check_cluster_fits(resources.cpu, resources.gpu, address)
 
     def on_done(run, result: dict) -> None:
         show.print(f"  {run.candidate.label} seed {run.seed}: {objective}={_fmt(result.get(objective))} "
                    f"personal_test_acc={_fmt(result.get('personal_test_acc'))}", soft_wrap=True)
 
-    try:
-        summary = reevaluate(study, seeds, top, vary_partition, address, on_done=on_done, on_plan=on_plan)
-    finally:
-        lock.release()
+    summary = study.reevaluate(seeds, top, vary_partition=vary_partition, address=address, verbose=verbose,
+                               on_plan=on_plan, on_done=on_done)
     from autofl.views import reeval_table
 
     show.print(reeval_table(summary))
@@ -314,58 +220,47 @@ def _reevaluate(study, seeds: int, top: int, vary_partition: bool, address: str 
 
 
 def cmd_reeval(args: argparse.Namespace) -> int:
-    from autofl.search import study as st
+    from autofl import api
 
-    study = st.open_study(st.studies_dir(args.dir), args.name)
-    study.space()  # validate before Ray starts
+    study = api.load_study(args.name, args.dir)
     _reevaluate(study, args.seeds, args.top, args.vary_partition, args.address, verbose=args.verbose)
     return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from autofl.report import build_report
-    from autofl.search import study as st
+    from autofl import api
 
-    study = st.open_study(st.studies_dir(args.dir), args.name)
-    out = Path(args.output) if args.output else study.root / "report"
-    if out.exists() and not out.is_dir():
-        raise AutoFLError(f"-o {out}: is a file; give a folder for report.html and its PNG figures")
-    if not args.output:  # written into the study folder: only one this user owns, never through a planted link
-        st.check_owned(study.root)
-        if out.is_symlink():
-            raise AutoFLError(f"{out}: is a symbolic link; remove it, or give -o FOLDER for the report")
-    try:
-        page = build_report(study, out)
-    except OSError as err:
-        raise AutoFLError(f"-o {out}: cannot be written ({err.strerror}); give -o a folder you may write") from None
+    study = api.load_study(args.name, args.dir)
+    page = study.report(args.output)
+    out = page.parent
     console.print(f"wrote {page} (self-contained, opens offline) and its figures as PNG in {out}", soft_wrap=True)
     return 0
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
-    from autofl.search import study as st
+    from autofl import api
     from autofl.search.storage import mask_url, open_storage
 
-    study = st.open_study(st.studies_dir(args.dir), args.name)
+    study = api.load_study(args.name, args.dir)
     try:
         import optuna_dashboard
     except ImportError:
         raise AutoFLError('dashboard: optuna-dashboard is not installed; install the extra with '
                           'pip install -e ".[dashboard]" (or pip install optuna-dashboard)') from None
-    storage = open_storage(study.storage_url())
+    storage = open_storage(study.storage_url)
     from autofl.search.preflight import check_port
 
     check_port(args.port)  # a taken or impossible port is one line, before the server starts
-    console.print(f"optuna-dashboard for study {study.name} ({mask_url(study.storage_url())}) on "
+    console.print(f"optuna-dashboard for study {study.name} ({mask_url(study.storage_url)}) on "
                   f"http://127.0.0.1:{args.port}/dashboard/ ; Ctrl-C stops it", soft_wrap=True)
     optuna_dashboard.run_server(storage, host="127.0.0.1", port=args.port)  # this machine only
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from autofl import api
     from autofl.files import write_atomic
-    from autofl.search import study as st
-    from autofl.search.reeval import load_summary
+    from autofl.search.study import dump_config
 
     out = Path(args.output) if args.output else None
     if out is not None:  # checked before any work
@@ -377,17 +272,16 @@ def cmd_export(args: argparse.Namespace) -> int:
             raise AutoFLError(f"-o {out}: folder {out.parent} does not exist; create it first")
     if args.pareto and args.reeval:
         raise AutoFLError("--pareto: exports a multi-objective study's front; --reeval ranks configs on one objective")
-    study = st.open_study(st.studies_dir(args.dir), args.name)
+    study = api.load_study(args.name, args.dir)
     if args.pareto:
-        text = st.dump_config(st.export_pareto(study), args.format)
+        text = dump_config(study.pareto_front(), args.format)
     else:
-        st.best_trial(study)  # a study without a completed trial fails here, before any re-evaluation
+        study.best_trial()  # a study without a completed trial fails here, before any re-evaluation
+        summary = None  # a stored re-evaluation still decides: its best by mean, not the single-seed best
         if args.reeval:
             summary = _reevaluate(study, args.reeval, args.top, args.vary_partition, args.address,
                                   show=console if out is not None else err_console, verbose=args.verbose)
-        else:  # a stored re-evaluation still decides: its best by mean, not the single-seed best
-            summary = load_summary(study)
-        text = st.dump_config(st.export_best_config(study, summary), args.format)
+        text = dump_config(study.best_config(summary), args.format)
     if out is not None:
         try:
             write_atomic(out, text)

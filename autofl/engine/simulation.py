@@ -4,7 +4,7 @@ All randomness is derived from (seed, round, client), so a run restored from a c
 round r continues exactly as the uninterrupted run would have.
 
 The simulation runs any method through its hooks (`autofl.engine.server.MethodHooks`): the
-composition root (autofl.train, the search's trainable, the scripts) resolves the method class
+composition root (autofl.api.train, the search's trainable, the scripts) resolves the method class
 from the registry and passes it in; the engine imports no method.
 """
 

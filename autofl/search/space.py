@@ -267,15 +267,19 @@ def validate_space(space: SearchSpace) -> None:
 
 
 def load_space(path: str | Path) -> SearchSpace:
-    raw = read_yaml(path)
+    return parse_space(read_yaml(path), path)
+
+
+def parse_space(raw: dict[str, Any], where: str | Path) -> SearchSpace:
+    """The validated space of `raw` (a file's mapping, or a dict from Python); errors name `where`."""
     try:
         space = SearchSpace.model_validate(raw)
     except ValidationError as err:
-        raise ConfigError(f"{path}: {format_validation_error(err, SearchSpace)}") from None
+        raise ConfigError(f"{where}: {format_validation_error(err, SearchSpace)}") from None
     try:
         validate_space(space)
     except ConfigError as err:
-        raise ConfigError(f"{path}: {err}") from None
+        raise ConfigError(f"{where}: {err}") from None
     return space
 
 

@@ -155,10 +155,10 @@ def new_study_storage(space: SearchSpace) -> str | None:
         raise ConfigError(str(err)) from None
 
 
-def create_study(home: Path, space_path: Path, space: SearchSpace, name: str | None,
-                 storage_path: str | None = None) -> Study:
+def create_study(home: Path, space_path: Path | None, space: SearchSpace, name: str | None,
+                 storage_path: str | None = None, space_text: str | None = None) -> Study:
     """A new study folder, after every check that can fail (name, storage reachable): a failed
-    start leaves nothing behind."""
+    start leaves nothing behind. Its space.yaml is `space_text`, else the file at `space_path`."""
     from autofl.search.storage import probe_storage
 
     name = check_study_name(name or space.study, "--name" if name else "study")  # issue 18: the same rules
@@ -174,7 +174,7 @@ def create_study(home: Path, space_path: Path, space: SearchSpace, name: str | N
     recorded = {"storage": storage if not space.storage else None, "storage_path": storage_path}
     if any(recorded.values()):
         study.write_meta({**study.meta(), **{k: v for k, v in recorded.items() if v}})
-    text = space_path.read_text()
+    text = space_text if space_text is not None else space_path.read_text()  # type: ignore[union-attr]
     write_atomic(root / SPACE_FILE, text)  # last: a folder without it is no study (never through a planted link)
     return study
 

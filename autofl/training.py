@@ -1,4 +1,4 @@
-"""`autofl train`: one FL run, with its metrics, resolved config and final state written to a folder."""
+"""One FL run, its metrics, resolved config and final state written to a folder (`autofl.train`, `autofl train`)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,413 @@
+"""The Python API, and autofl's composition root: `train`, `search`, `load_study`, `Study`.
+
+Everything the `autofl` command does is here: building an experiment from a config, starting Ray,
+taking a study's driver lock, creating or resuming a study and running it, re-evaluating its best
+configs, exporting and reporting. `autofl.cli` parses arguments, calls these and prints; a
+notebook calls them directly:
+
+    import autofl
+    run = autofl.train({"method": {"name": "fedavg"}, "fl": {"rounds": 5}})
+    study = autofl.search("search_spaces/quickstart.yaml", trials=8)
+    autofl.train(study.best_config())
+
+Configs and spaces may be dicts, pydantic objects (`Experiment`, `SearchSpace`) or YAML paths.
+Bad input raises an `autofl.errors.AutoFLError` subclass (one line naming the field and what is
+allowed, raised before any work starts); the CLI prints it and exits with its `exit_code`.
+
+The study side is reached through `autofl.search` in one place (the `_store` functions below),
+so that the study's owner can change without the API changing.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import yaml
+
+from autofl.errors import AutoFLError, ConfigError
+
+if TYPE_CHECKING:
+    import pandas
+
+    from autofl.config import Experiment
+    from autofl.search.reeval import Run
+    from autofl.search.space import SearchSpace
+
+# ----- one run -----------------------------------------------------------------------------------
+
+def load_config(config: dict[str, Any] | Experiment | str | Path | None = None,
+               overrides: list[str] | tuple[str, ...] = ()) -> Experiment:
+    """The validated experiment of `config` (a dict, an `Experiment`, a YAML path, or None for the
+    built-in default), with `key=value` overrides applied and its method's defaults filled in."""
+    from autofl.config import Experiment, apply_overrides, experiment_to_dict, read_yaml
+    from autofl.experiment import build_experiment
+
+    if config is None:
+        raw: dict[str, Any] = {}
+    elif isinstance(config, Experiment):
+        raw = experiment_to_dict(config)
+    elif isinstance(config, dict):
+        raw = config
+    elif isinstance(config, (str, Path)):
+        raw = read_yaml(config)
+    else:
+        raise ConfigError(f"config: {type(config).__name__} is not a config; allowed: a dict, an Experiment, "
+                          f"or the path of a YAML file")
+    return build_experiment(apply_overrides(raw, list(overrides)))
+
+
+def default_run_dir(exp: Experiment) -> Path:
+    """Where a run goes when no folder is given: autofl_runs/<method>-<time>."""
+    return Path("autofl_runs") / f"{exp.method.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+@dataclass
+class RunResult:
+    """One finished run: its evaluated rounds' metrics, the folder holding metrics.jsonl,
+    config.yaml and final_state.pt, and the resolved experiment."""
+
+    rounds: list[dict[str, float]]
+    out: Path
+    experiment: Experiment
+
+    @property
+    def final(self) -> dict[str, float]:
+        """The last evaluated round's metrics."""
+        return self.rounds[-1] if self.rounds else {}
+
+
+def train(config: dict[str, Any] | Experiment | str | Path | None = None, *, out: str | Path | None = None,
+          overwrite: bool = False, overrides: list[str] | tuple[str, ...] = (),
+          on_round: Callable[[dict[str, float], float], None] | None = None,
+          announce: Callable[[str], None] | None = None,
+          on_clients: Callable[[int], None] | None = None) -> RunResult:
+    """Run one FL experiment to the end, as `autofl train` does, writing metrics.jsonl, config.yaml
+    and final_state.pt to `out` (default autofl_runs/<method>-<time>; a folder holding files needs
+    `overwrite`). `on_round(metrics, seconds)` sees each evaluated round, `announce` the executor
+    line, `on_clients(n)` each batch of a round's clients finishing."""
+    from autofl.training import run_training
+
+    if isinstance(out, str) and not out.strip():
+        raise AutoFLError("--out: empty; give a folder, or leave --out out for autofl_runs/<method>-<time>")
+    exp = load_config(config, overrides)
+    folder = Path(out) if out is not None else default_run_dir(exp)
+    history = run_training(exp, folder, on_round, overwrite, announce, on_clients)
+    return RunResult(rounds=history, out=folder, experiment=exp)
+
+
+# ----- spaces ------------------------------------------------------------------------------------
+
+def search_space(space: dict[str, Any] | SearchSpace | str | Path) -> tuple[SearchSpace, str]:
+    """The validated space and the text a new study keeps as its space.yaml (a file's own text,
+    comments included; a dict's or a SearchSpace's YAML)."""
+    from autofl.search.space import SearchSpace, parse_space
+    from autofl.search.study import ensure_space_file
+
+    if isinstance(space, (str, Path)):
+        path, parsed = ensure_space_file(str(space))
+        return parsed, path.read_text()
+    if isinstance(space, SearchSpace):
+        raw = space.model_dump(mode="json", exclude_unset=True)
+    elif isinstance(space, dict):
+        raw = space
+    else:
+        raise ConfigError(f"space: {type(space).__name__} is not a search space; allowed: a dict, a SearchSpace, "
+                          f"or the path of a YAML file")
+    parsed = parse_space(raw, "space")
+    return parsed, yaml.safe_dump(raw, sort_keys=False)
+
+
+# ----- studies -----------------------------------------------------------------------------------
+
+class Study:
+    """A study folder: its space, its trials (Optuna's records, read on every call, so a study
+    another process is running shows its progress), its best config, re-evaluation and report.
+    Open one with `autofl.load_study(name)`; `autofl.search(...)` returns one."""
+
+    def __init__(self, folder: Any):
+        self._folder = folder  # autofl.search.study.Study
+
+    def __repr__(self) -> str:
+        return f"Study({self.name!r}, root={str(self.root)!r})"
+
+    @property
+    def name(self) -> str:
+        return self._folder.name
+
+    @property
+    def root(self) -> Path:
+        return self._folder.root
+
+    @property
+    def space(self) -> SearchSpace:
+        return self._folder.space()
+
+    @property
+    def storage_url(self) -> str:
+        """The Optuna storage URL (without password)."""
+        return self._folder.storage_url()
+
+    @property
+    def record(self) -> dict[str, Any]:
+        """The study's record (study.json): its runs and the trials asked for so far."""
+        return self._folder.meta()
+
+    @property
+    def runs(self) -> list[dict[str, Any]]:
+        """The study's driver runs (Tune experiments): name, trials asked for, Tune wall seconds."""
+        return list(self._folder.meta()["runs"])
+
+    def driver_running(self) -> bool:
+        """Whether a main driver (`autofl search` or a re-evaluation) holds the study now."""
+        from autofl.search.driver_lock import DriverLock
+
+        return DriverLock(self.root).is_held()
+
+    def trials(self) -> list[dict[str, Any]]:
+        """One dict per trial: number, state (as `autofl status` shows it: INTERRUPTED for what a
+        stopped driver left), optuna_state, params, round (last reported), objective, values
+        (multi-objective), user_attrs."""
+        from autofl.search.ledger import shown_state
+        from autofl.search.study import trial_rows
+
+        live = self.driver_running()
+        return [{**r, "optuna_state": r["state"], "state": shown_state(r["state"], r["user_attrs"], live)}
+                for r in trial_rows(self._folder)]
+
+    def counts(self) -> dict[str, int]:
+        """Trials per state, as `autofl status` counts them."""
+        from autofl.search.study import state_counts
+
+        return state_counts(self.trials())
+
+    def trials_dataframe(self) -> pandas.DataFrame:
+        """Optuna's `trials_dataframe()` (number, value(s), params_*, user_attrs_*, state ...) plus
+        autofl's columns: `autofl_state` (as `autofl status` shows it), `round` (the last
+        reported) and `objective` (the final value, else the last round's)."""
+        import pandas
+
+        ot = self._folder.load_optuna()
+        frame = ot.trials_dataframe() if ot is not None else pandas.DataFrame()
+        if frame.empty:
+            return frame
+        extra = pandas.DataFrame([{"number": r["number"], "autofl_state": r["state"], "round": r["round"],
+                                   "objective": r["objective"]} for r in self.trials()])
+        return frame.merge(extra, on="number", how="left")
+
+    def best_trial(self):
+        """Optuna's FrozenTrial of the best COMPLETE trial (first objective); AutoFLError if none."""
+        from autofl.search.study import best_trial
+
+        return best_trial(self._folder)
+
+    def best_value(self) -> float | None:
+        from autofl.search.study import first_value
+
+        return first_value(self.best_trial())
+
+    def pareto_trials(self) -> list:
+        """A multi-objective study's Pareto front (FrozenTrials), best first objective first."""
+        from autofl.search.study import pareto_trials
+
+        return pareto_trials(self._folder)
+
+    def reeval_summary(self) -> dict[str, Any] | None:
+        """The stored re-evaluation summary (`reevaluate`'s result), or None."""
+        from autofl.search.reeval import load_summary
+
+        return load_summary(self._folder)
+
+    def best_config(self, reeval: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A complete config of the best trial, runnable by `autofl.train` (what `autofl best-config
+        export` writes). With a re-evaluation (`reeval`, default the stored one) the best candidate
+        by mean over its seeds, with the verdict in its metadata."""
+        from autofl.search.study import best_trial, export_best_config
+
+        best_trial(self._folder)  # a study without a completed trial fails here
+        return export_best_config(self._folder, reeval if reeval is not None else self.reeval_summary())
+
+    def pareto_front(self) -> dict[str, Any]:
+        """A multi-objective study's Pareto front: per trial its values and its runnable config."""
+        from autofl.search.study import export_pareto
+
+        return export_pareto(self._folder)
+
+    def reevaluate(self, seeds: int = 5, top: int = 3, *, vary_partition: bool = False, address: str | None = None,
+                   verbose: bool = False, on_plan: Callable[[int, int], None] | None = None,
+                   on_done: Callable[[Run, dict], None] | None = None) -> dict[str, Any]:
+        """Re-run the `top` best configs and the paper default over `seeds` fresh seeds as Ray
+        trials (runs already done are reused), as `autofl reeval` does; returns the summary (per
+        candidate mean, std and 95% CI, the paired difference to the default, `best`, `verdict`).
+        `on_plan(missing, total)` is called before Ray starts, `on_done(run, metrics)` per run."""
+        from autofl.search.driver_lock import DriverLock
+        from autofl.search.preflight import check_cluster_fits, probe_address, sigterm_as_ctrl_c
+        from autofl.search.reeval import reevaluate
+        from autofl.search.storage import is_sqlite
+        from autofl.search.study import check_owned
+
+        if seeds < 2:
+            raise AutoFLError(f"seeds: {seeds}; allowed: 2 or more")
+        if top < 1:
+            raise AutoFLError(f"top: {top}; allowed: 1 or more")
+        folder = self._folder
+        folder.space()  # validate before Ray starts
+        check_owned(folder.root)  # the lock file and run records are written into it
+        probe_address(address)  # an unreachable cluster: one line in seconds
+        lock = DriverLock(folder.root)
+        lock.acquire(sqlite=is_sqlite(folder.storage_url()))
+
+        def plan(missing: int, total: int) -> None:
+            if on_plan is not None:
+                on_plan(missing, total)
+            if missing:  # Ray starts only when there is something to run
+                from autofl.search.ray_start import start_ray
+
+                start_ray(folder.root, address, verbose)
+                sigterm_as_ctrl_c()  # after Ray's own driver handler
+                resources = folder.space().resources  # none of its runs could start on a cluster without them
+                check_cluster_fits(resources.cpu, resources.gpu, address)
+
+        try:
+            return reevaluate(folder, seeds, top, vary_partition, address,
+                              on_done=on_done or (lambda run, result: None), on_plan=plan)
+        finally:
+            lock.release()
+
+    def report(self, out: str | Path | None = None) -> Path:
+        """Write the study's HTML report (self-contained) and its figures as PNG into `out`
+        (default <study>/report); returns the HTML file's path."""
+        from autofl.report import build_report
+
+        from autofl.search.study import check_owned
+
+        folder = Path(out) if out is not None else self.root / "report"
+        if folder.exists() and not folder.is_dir():
+            raise AutoFLError(f"-o {folder}: is a file; give a folder for report.html and its PNG figures")
+        if out is None:  # written into the study folder: only one this user owns, never through a planted link
+            check_owned(self.root)
+            if folder.is_symlink():
+                raise AutoFLError(f"{folder}: is a symbolic link; remove it, or give -o FOLDER for the report")
+        try:
+            return build_report(self._folder, folder)
+        except OSError as err:
+            raise AutoFLError(f"-o {folder}: cannot be written ({err.strerror}); give -o a folder you may write") \
+                from None
+
+
+def studies_dir(dir: str | Path | None = None) -> Path:
+    """The studies folder: `dir`, else $AUTOFL_HOME, else ./autofl_studies."""
+    from autofl.search.study import studies_dir as resolve
+
+    return resolve(str(dir) if dir is not None else None)
+
+
+def list_studies(dir: str | Path | None = None) -> list[str]:
+    """The names of the studies in the studies folder."""
+    from autofl.search.study import existing_studies
+
+    return existing_studies(studies_dir(dir))
+
+
+def load_study(name: str, dir: str | Path | None = None) -> Study:
+    """An existing study by name; AutoFLError listing the existing ones if there is none."""
+    from autofl.search.study import open_study
+
+    return Study(open_study(studies_dir(dir), name))
+
+
+def _import_trial_stack() -> None:
+    import optuna  # noqa: F401
+
+    import autofl.search.searcher  # noqa: F401
+    import autofl.search.trainable  # noqa: F401  (torch, ray.tune, the engine)
+
+
+def search(space: dict[str, Any] | SearchSpace | str | Path | None = None, *, name: str | None = None,
+           trials: int | None = None, dir: str | Path | None = None, address: str | None = None,
+           resume: bool = False, join: bool = False, storage_path: str | None = None, verbose: bool = False,
+           on_start: Callable[[Study, Path], None] | None = None) -> Study:
+    """Run a hyperparameter study on Ray Tune (started locally, or the cluster at `address`) and
+    return it, as `autofl search` does.
+
+    New study: `space` (a dict, a SearchSpace or a YAML path), named `name` or the space's `study`,
+    created in `dir` (default $AUTOFL_HOME or ./autofl_studies), `trials` overriding the space's.
+    `resume=True`: continue the study `name` (no space: it keeps its own): finish its interrupted run,
+    then add `trials` more if given. `join=True`: one more driver on a running PostgreSQL study.
+    `on_start(study, logs_folder)` is called once Ray is up, before the first trial. Ctrl-C raises
+    StudyInterrupted (the study resumes with `resume=True`)."""
+    from autofl.search import study as store
+    from autofl.search.driver_lock import DriverLock
+    from autofl.search.preflight import check_home, check_new_study, probe_address
+    from autofl.search.storage import is_sqlite, probe_storage
+
+    if trials is not None and trials < 1:
+        raise AutoFLError(f"trials: {trials}; allowed: 1 or more")
+    if resume and join:
+        raise AutoFLError("search: give --resume NAME or --join NAME, not both")
+    existing = resume or join
+    if existing and storage_path:
+        raise AutoFLError("--storage-path: applies to a new study; an existing one keeps the place it was made with")
+    if existing and space is not None:
+        raise AutoFLError(f"--space: applies to a new study; --resume/--join {name} continues the study with its "
+                          f"own space and name")
+    if name is not None and not name.strip():
+        raise AutoFLError("--name: empty; give a study name, or leave --name out for the space's `study`")
+    home = studies_dir(dir)
+    probe_address(address)  # an unreachable cluster: one line in seconds, before any folder exists
+    if existing:
+        if name is None:
+            raise AutoFLError("search: resume=True or join=True needs the study's name")
+        folder = store.open_study(home, name)
+        store.check_owned(folder.root)  # Tune unpickles from it
+        folder.space()  # validate before Ray starts
+    else:
+        if space is None:
+            raise AutoFLError("search: give --space FILE for a new study or --resume NAME to continue one")
+        parsed, text = search_space(space)
+        data = parsed.base_experiment().data
+        if data.dataset != "digits":  # a missing or corrupt dataset fails before the study exists (loaded once:
+            from autofl.data.datasets import load_raw_dataset  # the trials share this load); digits has no files
+
+            load_raw_dataset(data)
+        storage_path = check_new_study(parsed, storage_path)
+        check_home(home)
+        folder = store.create_study(home, None, parsed, name, storage_path=storage_path, space_text=text)
+    sqlite = is_sqlite(folder.storage_url())
+    if existing and not sqlite:  # a new study's storage was probed before its folder was made
+        probe_storage(folder.storage_url())
+    lock = DriverLock(folder.root)
+    if join:
+        if sqlite:
+            from autofl.errors import StorageError
+
+            raise StorageError(f"--join {folder.name}: the study is on SQLite, which takes one driver; create it "
+                               f"with PostgreSQL storage (space `storage:` or AUTOFL_STORAGE) to run several")
+    else:
+        lock.acquire(sqlite=sqlite)
+    try:
+        _run_study(folder, trials, address, resume, join, verbose, on_start, created=not existing, lock=lock)
+    finally:
+        lock.release()
+    return Study(folder)
+
+
+def _run_study(folder: Any, trials: int | None, address: str | None, resume: bool, join: bool, verbose: bool,
+               on_start: Callable[[Study, Path], None] | None, created: bool, lock: Any) -> None:
+    """Start Ray and run the study's trials: the one place the API drives the search package."""
+    from autofl.search.preflight import check_cluster_fits, rollback_if_unstarted, sigterm_as_ctrl_c
+    from autofl.search.ray_start import start_ray
+    from autofl.search.runner import run_study
+
+    with rollback_if_unstarted(folder, created=created, lock=lock):  # a failed start leaves no half-made study
+        # Ray's processes start while this thread waits on them: import the trial stack meanwhile
+        # (measured on 2 cores: the quickstart's start-up overlaps by about 1.5 s)
+        logs = start_ray(folder.root, address, verbose, meanwhile=_import_trial_stack)
+        space = folder.space()
+        check_cluster_fits(space.resources.cpu, space.resources.gpu, address)
+    sigterm_as_ctrl_c()  # after Ray's own driver handler: SIGTERM stops the run as Ctrl-C does
+    if on_start is not None:
+        on_start(Study(folder), logs)
+    run_study(folder, trials, address, resume=resume, join_shared=join)
