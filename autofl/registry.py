@@ -50,6 +50,12 @@ class Registry(Generic[T]):
         self._entries: dict[str, Entry[T]] = {}
         self._builtins_loaded = False
         self._loading_builtins = False
+        self.accepted: type | None = None  # set by the module that declares this kind (accept)
+
+    def accept(self, kind: type) -> None:
+        """Entries must be `kind` (methods: subclasses of it). The declaring module calls this, so
+        the registry itself imports none of them (no import circle through config)."""
+        self.accepted = kind
 
     # ----- filling ---------------------------------------------------------------------------
     def add(self, value: T, source: str | None = None) -> T:
@@ -167,19 +173,15 @@ def plugin_problems() -> list[str]:
 
 
 def _check_kind(registry: Registry[Any], value: Any) -> None:
-    """A plugin's entry must be of its group's kind (a Method subclass, a ModelSpec, a DatasetSpec)."""
+    """A plugin's entry must be of its group's kind (a Method subclass, a ModelSpec, a DatasetSpec),
+    as the module declaring that kind told the registry (`Registry.accept`)."""
+    kind = registry.accepted
+    if kind is None:
+        return
     if registry is METHODS:
-        from autofl.methods.base import Method
-
-        ok, want = isinstance(value, type) and issubclass(value, Method), "a subclass of autofl Method"
-    elif registry is MODELS:
-        from autofl.models.spec import ModelSpec
-
-        ok, want = isinstance(value, ModelSpec), "an autofl ModelSpec"
+        ok, want = isinstance(value, type) and issubclass(value, kind), f"a subclass of autofl {kind.__name__}"
     else:
-        from autofl.data.spec import DatasetSpec
-
-        ok, want = isinstance(value, DatasetSpec), "an autofl DatasetSpec"
+        ok, want = isinstance(value, kind), f"an autofl {kind.__name__}"
     if not ok:
         raise TypeError(f"is {type(value).__name__ if not isinstance(value, type) else value.__qualname__}, "
                         f"not {want}")

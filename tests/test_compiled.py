@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from autofl.engine import compiled
-from autofl.engine.executor import Workspace, make_executor
+from autofl.engine.executor import Workspace
+from autofl.engine.executor_choice import make_executor
 from autofl.errors import ConfigError
 from autofl.experiment import load_experiment
 

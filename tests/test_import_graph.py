@@ -7,26 +7,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 import autofl
 
 PACKAGE = Path(autofl.__file__).parent
-
-# Circles other parts of this session's work remove; until they are on main, only these are
-# tolerated, as an xfail that names them (any other circle fails):
-# - inside autofl.engine: executor.make_executor <-> sequential / vectorized (issue 16, engine side)
-# - the registry: config -> registry -> methods.base / data.spec / models.spec -> config (issue 15)
-# - search.space -> search.strategy -> (functions) search.space / scheduler -> ledger -> study -> space
-#   (issue 17: strategy's builders import the space module they are validated by)
-KNOWN_PACKAGES = {"autofl.engine", "autofl.methods", "autofl.config", "autofl.data", "autofl.models",
-                  "autofl.registry"}
-KNOWN_SEARCH_CIRCLE = {"autofl.search.space", "autofl.search.strategy"}
-
-
-def known(component: list[str]) -> bool:
-    return top_packages(component) <= KNOWN_PACKAGES or KNOWN_SEARCH_CIRCLE <= set(component)
-
 
 def module_names() -> dict[str, Path]:
     names = {}
@@ -111,10 +94,6 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def top_packages(component: list[str]) -> set[str]:
-    return {".".join(m.split(".")[:2]) for m in component}
-
-
 def test_the_graph_reader_finds_a_circle_and_resolves_imports():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert cycles(graph) == [["a", "b", "c"]]
@@ -124,11 +103,7 @@ def test_the_graph_reader_finds_a_circle_and_resolves_imports():
 
 
 def test_autofl_has_no_import_circle():
-    found = cycles(import_graph())
-    unexpected = [c for c in found if not known(c)]
-    assert not unexpected, unexpected
-    if found:
-        pytest.xfail(f"known circles, to be removed by their owners (see KNOWN_* above): {found}")
+    assert cycles(import_graph()) == []
 
 
 def test_every_autofl_import_names_a_module_that_exists():

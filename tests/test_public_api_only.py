@@ -12,7 +12,7 @@ import autofl
 PACKAGE = Path(autofl.__file__).parent
 # an underscored attribute read or written on a library object (or on a name that holds one here)
 PRIVATE_ATTRIBUTE = re.compile(r"\b(ray|optuna|torch|tune|study|trial|searcher|bracket|storage|url|ot|ot_study)"
-                               r"\._[A-Za-z]")
+                               r"\._[A-Za-z]|\b(ray|optuna|torch|nn|F|tune)(\.\w+)+\._[A-Za-z]")
 PRIVATE_IMPORT = re.compile(r"\b(from|import)\s+(ray|optuna|torch)(\.\w+)*\._\w")
 PRIVATE_KWARGS = re.compile(r"\b_node_ip_address\b|\._replace\(")
 
@@ -31,7 +31,8 @@ def test_the_patterns_catch_what_they_are_for():
     caught = ["from ray._private.worker import print_worker_logs", "study._storage.get_trial(1)",
               "trial._trial_id", "bracket._rungs", "ray.init(_node_ip_address='127.0.0.1')",
               "make_url(url)._replace(password=None)", "import optuna._imports", "searcher._ot_study.tell(0)",
-              "torch._C._set_grad_enabled(True)"]
+              "torch._C._set_grad_enabled(True)",
+              "nn.modules.batchnorm._BatchNorm", "optuna.samplers._tpe.sampler"]
     assert all(private_uses(line) for line in caught)
     assert not private_uses("self._storage = open_storage(url)  # our own attribute")
     assert not private_uses("optuna.trial.Trial(study, trial_id)")

@@ -16,7 +16,8 @@ from autofl.errors import ConfigError
 from autofl.search.ledger import Ledger
 from autofl.search.scheduler import StudyASHA
 from autofl.search.space import SearchSpace, load_space
-from autofl.search.strategy import grid_size, make_sampler, make_scheduler
+from autofl.search.space import grid_size
+from autofl.search.strategy import make_sampler, make_scheduler
 
 LR = {"type": "float", "low": 0.01, "high": 0.1, "log": True}
 MOMENTUM = {"type": "categorical", "choices": [0.0, 0.9]}

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from autofl.config import DATA_ROOT_ENV, DataConfig
-from autofl.data.spec import RawDataset
+from autofl.data.raw import RawDataset
 from autofl.errors import DataError
 
 __all__ = ["RawDataset", "load_raw_dataset", "load_digits", "load_torchvision"]

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from autofl.data.spec import RawDataset
+from autofl.data.raw import RawDataset
 from autofl.errors import DataError
 
 if TYPE_CHECKING:

@@ -58,6 +58,7 @@ from autofl.engine.plan import ClientStart, LossFn, Stage, TrainedClient, Update
 from autofl.engine.server import ServerContext, ServerState, ServerUpdate
 from autofl.engine.state import StateDict, weighted_average
 from autofl.models.parts import SplitModel, build_model
+from autofl.registry import METHODS
 from autofl.seeding import SeedPurpose
 
 if TYPE_CHECKING:
@@ -214,3 +215,6 @@ class Method:
 
     def predict_global(self, model: SplitModel, x: torch.Tensor, server: ServerState) -> torch.Tensor:
         return model(x)
+
+
+METHODS.accept(Method)  # plugin entries in autofl.methods must subclass Method

@@ -26,6 +26,7 @@ from typing import Any, Callable
 from torch import nn
 
 from autofl.config import Strict
+from autofl.registry import MODELS
 
 
 class ModelParams(Strict):
@@ -56,3 +57,6 @@ class ModelSpec:
     linear_only: bool = False
     Params: type[ModelParams] = ModelParams
     description: str = ""
+
+
+MODELS.accept(ModelSpec)  # plugin entries in autofl.models must be ModelSpecs

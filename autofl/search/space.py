@@ -10,7 +10,7 @@ from pydantic import Field, PrivateAttr, ValidationError, field_validator, model
 from autofl.config import Experiment, Strict, read_yaml, set_dotted
 from autofl.experiment import build_experiment
 from autofl.errors import ConfigError, format_validation_error
-from autofl.search.strategy import SamplerSpec, SchedulerSpec, check_strategy
+from autofl.search.strategy_spec import SAMPLER_OPTIONS, SCHEDULER_OPTIONS, SamplerSpec, SchedulerSpec, only_own_options
 # any validation metric may be the objective: the mean, the worst-decile client (p10) or the spread
 from autofl.search.objectives import VALIDATION_OBJECTIVES, default_mode
 
@@ -350,3 +350,59 @@ class DefineByRun:
         for key, spec in self.space.conditional.get(str(method), {}).items():
             suggest(trial, f"{method}{CONDITIONAL_SEP}{key}", spec)
         return None
+
+
+# which samplers can run this space (sampler:, scheduler: sections: autofl.search.strategy_spec)
+def all_params(space: SearchSpace) -> dict[str, ParamSpec]:
+    """Every param by its Optuna name, conditional ones as '<method>:<key>'."""
+    params = dict(space.params)
+    for method, extra in space.conditional.items():
+        params.update({f"{method}{CONDITIONAL_SEP}{key}": spec for key, spec in extra.items()})
+    return params
+
+
+def grid_values(spec: ParamSpec) -> list[Any] | None:
+    """The values a grid takes for `spec`, or None for a continuous range."""
+    if spec.type == "categorical":
+        return list(spec.choices or [])
+    if spec.type == "int":
+        return list(range(int(spec.low), int(spec.high) + 1, int(spec.step or 1)))  # type: ignore[arg-type]
+    if spec.step is None:
+        return None
+    count = int(round((spec.high - spec.low) / spec.step))  # type: ignore[operator]
+    return [round(spec.low + i * spec.step, 12) for i in range(count + 1)]  # type: ignore[operator]
+
+
+def grid_size(space: SearchSpace) -> int:
+    size = 1
+    for spec in all_params(space).values():
+        size *= len(grid_values(spec) or [])
+    return size
+
+
+def check_strategy(space: SearchSpace) -> None:
+    """The sampler and scheduler can run this space, or ValueError naming the field (one line)."""
+    only_own_options(space.sampler, SAMPLER_OPTIONS, "sampler")
+    only_own_options(space.scheduler, SCHEDULER_OPTIONS, "scheduler")
+    if space.sampler.group and not space.sampler.multivariate:
+        raise ValueError("sampler.group: needs multivariate: true")
+    params = all_params(space)
+    kind = space.sampler.kind
+    if space.multi_objective and space.scheduler.kind != "none":
+        raise ValueError(f"scheduler.kind: {space.scheduler.kind!r} ranks trials by one metric; a multi-objective "
+                         f"study needs scheduler: {{kind: none}}")
+    if kind == "grid":
+        for name, spec in params.items():
+            if grid_values(spec) is None:
+                raise ValueError(f"sampler.kind: grid needs discrete params, but {name} is a continuous float; "
+                                 f"give it step: or choices:, or use kind tpe, random, gp, cmaes or qmc")
+        if space.trials > grid_size(space):
+            raise ValueError(f"trials: {space.trials} is more than the grid's {grid_size(space)} configs; allowed: "
+                             f"1..{grid_size(space)} with sampler kind grid")
+    if kind == "cmaes":
+        if space.multi_objective:
+            raise ValueError("sampler.kind: cmaes optimizes one objective; a multi-objective study takes kind tpe, "
+                             "random, grid, gp or qmc")
+        if all(spec.type == "categorical" for spec in params.values()):
+            raise ValueError("sampler.kind: cmaes searches int and float params, and every param here is "
+                             "categorical; use kind tpe, gp, random or grid")
