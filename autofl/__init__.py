@@ -19,7 +19,6 @@ Optuna load only when something needs them.
 from __future__ import annotations
 
 import importlib
-import types
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -27,7 +26,7 @@ __version__ = "0.1.0"
 # public name -> the module that defines it
 _EXPORTS: dict[str, str] = {
     "train": "autofl.api",
-    "search": "autofl.search",  # the package, which calls autofl.api.search (see its docstring)
+    "search": "autofl.api",
     "load_study": "autofl.api",
     "list_studies": "autofl.api",
     "load_config": "autofl.api",
@@ -63,26 +62,10 @@ if TYPE_CHECKING:
     from autofl.models.spec import LinearSpec, ModelParams, ModelSpec
 
 
-class _CallableSearchPackage(types.ModuleType):
-    """The class of the `autofl.search` package: calling the package runs `autofl.api.search`
-    (a module subclass, as Python's data model allows for customizing a module)."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return importlib.import_module("autofl.api").search(*args, **kwargs)
-
-    @property
-    def __signature__(self) -> Any:  # inspect.signature(autofl.search), help() in notebooks
-        import inspect
-
-        return inspect.signature(importlib.import_module("autofl.api").search)
-
-
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'autofl' has no attribute {name!r}")
-    if name == "search":  # a subpackage that is also the function: importing it binds autofl.search
-        return importlib.import_module(module)
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value  # once imported, a plain attribute
     return value

@@ -14,7 +14,7 @@ Configs and spaces may be dicts, pydantic objects (`Experiment`, `SearchSpace`) 
 Bad input raises an `autofl.errors.AutoFLError` subclass (one line naming the field and what is
 allowed, raised before any work starts); the CLI prints it and exits with its `exit_code`.
 
-The study side is reached through `autofl.search` in one place (the `_store` functions below),
+The study side is reached through `autofl.tuning` in one place (the `_store` functions below),
 so that the study's owner can change without the API changing.
 """
 
@@ -33,8 +33,8 @@ if TYPE_CHECKING:
     import pandas
 
     from autofl.config import Experiment
-    from autofl.search.reeval import Run
-    from autofl.search.space import SearchSpace
+    from autofl.tuning.reeval import Run
+    from autofl.tuning.space import SearchSpace
 
 # ----- one run -----------------------------------------------------------------------------------
 
@@ -103,8 +103,8 @@ def train(config: dict[str, Any] | Experiment | str | Path | None = None, *, out
 def search_space(space: dict[str, Any] | SearchSpace | str | Path) -> tuple[SearchSpace, str]:
     """The validated space and the text a new study keeps as its space.yaml (a file's own text,
     comments included; a dict's or a SearchSpace's YAML)."""
-    from autofl.search.space import SearchSpace, parse_space
-    from autofl.search.study import ensure_space_file
+    from autofl.tuning.space import SearchSpace, parse_space
+    from autofl.tuning.study import ensure_space_file
 
     if isinstance(space, (str, Path)):
         path, parsed = ensure_space_file(str(space))
@@ -128,7 +128,7 @@ class Study:
     Open one with `autofl.load_study(name)`; `autofl.search(...)` returns one."""
 
     def __init__(self, folder: Any):
-        self._folder = folder  # autofl.search.study.Study
+        self._folder = folder  # autofl.tuning.study.Study
 
     def __repr__(self) -> str:
         return f"Study({self.name!r}, root={str(self.root)!r})"
@@ -162,7 +162,7 @@ class Study:
 
     def driver_running(self) -> bool:
         """Whether a main driver (`autofl search` or a re-evaluation) holds the study now."""
-        from autofl.search.driver_lock import DriverLock
+        from autofl.tuning.driver_lock import DriverLock
 
         return DriverLock(self.root).is_held()
 
@@ -170,8 +170,8 @@ class Study:
         """One dict per trial: number, state (as `autofl status` shows it: INTERRUPTED for what a
         stopped driver left), optuna_state, params, round (last reported), objective, values
         (multi-objective), user_attrs."""
-        from autofl.search.ledger import shown_state
-        from autofl.search.study import trial_rows
+        from autofl.tuning.ledger import shown_state
+        from autofl.tuning.study import trial_rows
 
         live = self.driver_running()
         return [{**r, "optuna_state": r["state"], "state": shown_state(r["state"], r["user_attrs"], live)}
@@ -179,7 +179,7 @@ class Study:
 
     def counts(self) -> dict[str, int]:
         """Trials per state, as `autofl status` counts them."""
-        from autofl.search.study import state_counts
+        from autofl.tuning.study import state_counts
 
         return state_counts(self.trials())
 
@@ -199,24 +199,24 @@ class Study:
 
     def best_trial(self):
         """Optuna's FrozenTrial of the best COMPLETE trial (first objective); AutoFLError if none."""
-        from autofl.search.study import best_trial
+        from autofl.tuning.study import best_trial
 
         return best_trial(self._folder)
 
     def best_value(self) -> float | None:
-        from autofl.search.study import first_value
+        from autofl.tuning.study import first_value
 
         return first_value(self.best_trial())
 
     def pareto_trials(self) -> list:
         """A multi-objective study's Pareto front (FrozenTrials), best first objective first."""
-        from autofl.search.study import pareto_trials
+        from autofl.tuning.study import pareto_trials
 
         return pareto_trials(self._folder)
 
     def reeval_summary(self) -> dict[str, Any] | None:
         """The stored re-evaluation summary (`reevaluate`'s result), or None."""
-        from autofl.search.reeval import load_summary
+        from autofl.tuning.reeval import load_summary
 
         return load_summary(self._folder)
 
@@ -224,14 +224,14 @@ class Study:
         """A complete config of the best trial, runnable by `autofl.train` (what `autofl best-config
         export` writes). With a re-evaluation (`reeval`, default the stored one) the best candidate
         by mean over its seeds, with the verdict in its metadata."""
-        from autofl.search.study import best_trial, export_best_config
+        from autofl.tuning.study import best_trial, export_best_config
 
         best_trial(self._folder)  # a study without a completed trial fails here
         return export_best_config(self._folder, reeval if reeval is not None else self.reeval_summary())
 
     def pareto_front(self) -> dict[str, Any]:
         """A multi-objective study's Pareto front: per trial its values and its runnable config."""
-        from autofl.search.study import export_pareto
+        from autofl.tuning.study import export_pareto
 
         return export_pareto(self._folder)
 
@@ -242,11 +242,11 @@ class Study:
         trials (runs already done are reused), as `autofl reeval` does; returns the summary (per
         candidate mean, std and 95% CI, the paired difference to the default, `best`, `verdict`).
         `on_plan(missing, total)` is called before Ray starts, `on_done(run, metrics)` per run."""
-        from autofl.search.driver_lock import DriverLock
-        from autofl.search.preflight import check_cluster_fits, probe_address, sigterm_as_ctrl_c
-        from autofl.search.reeval import reevaluate
-        from autofl.search.storage import is_sqlite
-        from autofl.search.study import check_owned
+        from autofl.tuning.driver_lock import DriverLock
+        from autofl.tuning.preflight import check_cluster_fits, probe_address, sigterm_as_ctrl_c
+        from autofl.tuning.reeval import reevaluate
+        from autofl.tuning.storage import is_sqlite
+        from autofl.tuning.study import check_owned
 
         if seeds < 2:
             raise AutoFLError(f"seeds: {seeds}; allowed: 2 or more")
@@ -263,7 +263,7 @@ class Study:
             if on_plan is not None:
                 on_plan(missing, total)
             if missing:  # Ray starts only when there is something to run
-                from autofl.search.ray_start import start_ray
+                from autofl.tuning.ray_start import start_ray
 
                 start_ray(folder.root, address, verbose)
                 sigterm_as_ctrl_c()  # after Ray's own driver handler
@@ -281,7 +281,7 @@ class Study:
         (default <study>/report); returns the HTML file's path."""
         from autofl.report import build_report
 
-        from autofl.search.study import check_owned
+        from autofl.tuning.study import check_owned
 
         folder = Path(out) if out is not None else self.root / "report"
         if folder.exists() and not folder.is_dir():
@@ -299,21 +299,21 @@ class Study:
 
 def studies_dir(dir: str | Path | None = None) -> Path:
     """The studies folder: `dir`, else $AUTOFL_HOME, else ./autofl_studies."""
-    from autofl.search.study import studies_dir as resolve
+    from autofl.tuning.study import studies_dir as resolve
 
     return resolve(str(dir) if dir is not None else None)
 
 
 def list_studies(dir: str | Path | None = None) -> list[str]:
     """The names of the studies in the studies folder."""
-    from autofl.search.study import existing_studies
+    from autofl.tuning.study import existing_studies
 
     return existing_studies(studies_dir(dir))
 
 
 def load_study(name: str, dir: str | Path | None = None) -> Study:
     """An existing study by name; AutoFLError listing the existing ones if there is none."""
-    from autofl.search.study import open_study
+    from autofl.tuning.study import open_study
 
     return Study(open_study(studies_dir(dir), name))
 
@@ -321,8 +321,8 @@ def load_study(name: str, dir: str | Path | None = None) -> Study:
 def _import_trial_stack() -> None:
     import optuna  # noqa: F401
 
-    import autofl.search.searcher  # noqa: F401
-    import autofl.search.trainable  # noqa: F401  (torch, ray.tune, the engine)
+    import autofl.tuning.searcher  # noqa: F401
+    import autofl.tuning.trainable  # noqa: F401  (torch, ray.tune, the engine)
 
 
 def search(space: dict[str, Any] | SearchSpace | str | Path | None = None, *, name: str | None = None,
@@ -338,10 +338,10 @@ def search(space: dict[str, Any] | SearchSpace | str | Path | None = None, *, na
     then add `trials` more if given. `join=True`: one more driver on a running PostgreSQL study.
     `on_start(study, logs_folder)` is called once Ray is up, before the first trial. Ctrl-C raises
     StudyInterrupted (the study resumes with `resume=True`)."""
-    from autofl.search import study as store
-    from autofl.search.driver_lock import DriverLock
-    from autofl.search.preflight import check_home, check_new_study, probe_address
-    from autofl.search.storage import is_sqlite, probe_storage
+    from autofl.tuning import study as store
+    from autofl.tuning.driver_lock import DriverLock
+    from autofl.tuning.preflight import check_home, check_new_study, probe_address
+    from autofl.tuning.storage import is_sqlite, probe_storage
 
     if trials is not None and trials < 1:
         raise AutoFLError(f"trials: {trials}; allowed: 1 or more")
@@ -396,10 +396,10 @@ def search(space: dict[str, Any] | SearchSpace | str | Path | None = None, *, na
 
 def _run_study(folder: Any, trials: int | None, address: str | None, resume: bool, join: bool, verbose: bool,
                on_start: Callable[[Study, Path], None] | None, created: bool, lock: Any) -> None:
-    """Start Ray and run the study's trials: the one place the API drives the search package."""
-    from autofl.search.preflight import check_cluster_fits, rollback_if_unstarted, sigterm_as_ctrl_c
-    from autofl.search.ray_start import start_ray
-    from autofl.search.runner import run_study
+    """Start Ray and run the study's trials: the one place the API drives the tuning package."""
+    from autofl.tuning.preflight import check_cluster_fits, rollback_if_unstarted, sigterm_as_ctrl_c
+    from autofl.tuning.ray_start import start_ray
+    from autofl.tuning.runner import run_study
 
     with rollback_if_unstarted(folder, created=created, lock=lock):  # a failed start leaves no half-made study
         # Ray's processes start while this thread waits on them: import the trial stack meanwhile

@@ -125,7 +125,7 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 
 def _print_status(study) -> None:
-    from autofl.search.storage import mask_url
+    from autofl.tuning.storage import mask_url
 
     rows = study.trials()  # each row's state as shown: INTERRUPTED for what a stopped driver left
     space = study.space
@@ -239,7 +239,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
     from autofl import api
-    from autofl.search.storage import mask_url, open_storage
+    from autofl.tuning.storage import mask_url, open_storage
 
     study = api.load_study(args.name, args.dir)
     try:
@@ -248,7 +248,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         raise AutoFLError('dashboard: optuna-dashboard is not installed; install the extra with '
                           'pip install -e ".[dashboard]" (or pip install optuna-dashboard)') from None
     storage = open_storage(study.storage_url)
-    from autofl.search.preflight import check_port
+    from autofl.tuning.preflight import check_port
 
     check_port(args.port)  # a taken or impossible port is one line, before the server starts
     console.print(f"optuna-dashboard for study {study.name} ({mask_url(study.storage_url)}) on "
@@ -260,7 +260,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from autofl import api
     from autofl.files import write_atomic
-    from autofl.search.study import dump_config
+    from autofl.tuning.study import dump_config
 
     out = Path(args.output) if args.output else None
     if out is not None:  # checked before any work
@@ -451,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
             return _stdout_lost(err)
         raise
     except AutoFLError as err:
-        from autofl.search.storage import mask_url
+        from autofl.tuning.storage import mask_url
 
         one_line = " ".join(str(err).split())  # messages quoting YAML or driver errors can span lines
         err_console.print(f"autofl: error: {clean(mask_url(one_line))}", highlight=False, soft_wrap=True)

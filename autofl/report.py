@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from autofl.files import write_atomic
-from autofl.search.objectives import better, sign
-from autofl.search.study import Study
+from autofl.tuning.objectives import better, sign
+from autofl.tuning.study import Study
 
 
 @dataclass
@@ -77,7 +77,7 @@ def asha_rungs(space) -> list[int]:
     (hyperband: those of its first bracket)."""
     if space.scheduler.kind not in ("asha", "hyperband"):
         return []
-    from autofl.search.asha import milestones
+    from autofl.tuning.asha import milestones
 
     return [int(m) for m in milestones(space.scheduler.grace_period, space.max_rounds,
                                        space.scheduler.reduction_factor) if m < space.max_rounds]
@@ -252,8 +252,8 @@ def build_report(study: Study, out_dir: Path) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
-    from autofl.search.reeval import load_summary
-    from autofl.search.study import best_of, pareto_trials
+    from autofl.tuning.reeval import load_summary
+    from autofl.tuning.study import best_of, pareto_trials
     from autofl.views import format_params
 
     space = study.space()

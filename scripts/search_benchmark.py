@@ -12,8 +12,8 @@ the table's seeds (0: what a search sees; 1000, 1001: what `autofl export --reev
 with the partition fixed (data.seed), storing every round's validation and test accuracy, and
 writes `<task>.json.gz` with the command and settings that built it. `replay` runs each search
 method against the table with the live study's own parts: the sampler from
-autofl.search.strategy.make_sampler, the define-by-run space, and the ASHA rung rule of
-autofl.search.asha; compute is counted in client-rounds (rounds x clients trained), and a
+autofl.tuning.strategy.make_sampler, the define-by-run space, and the ASHA rung rule of
+autofl.tuning.asha; compute is counted in client-rounds (rounds x clients trained), and a
 method's budget is a fraction of the grid's compute (every config, one seed, all rounds).
 """
 
@@ -40,7 +40,7 @@ VAL_KEY, TEST_KEY = "personal_val_acc", "personal_test_acc"
 
 # ----------------------------------------------------------------------------------------- tables
 def task_space(task: str):
-    from autofl.search.space import load_space
+    from autofl.tuning.space import load_space
 
     return load_space(HERE / f"{task}.yaml")
 
@@ -189,7 +189,7 @@ class Method:
 
 def method_space(space, method: Method, seed: int):
     """The task's space with the method's sampler and scheduler, validated as a space file would be."""
-    from autofl.search.space import SearchSpace
+    from autofl.tuning.space import SearchSpace
 
     tree = space.model_dump(mode="json", exclude_unset=True)
     tree.update(sampler=method.sampler, scheduler=method.scheduler, seed=seed, trials=1)
@@ -211,7 +211,7 @@ def replay_search(table: Table, space, method: Method, seed: int, workers: int, 
     """One study on the table, as the live one runs it: Optuna's sampler (make_sampler) asks through
     the define-by-run space, the start point first; `workers` trials train at once, one round per
     step each; every round's value is reported to the Optuna trial and judged by the ASHA rule
-    (autofl.search.asha) at its rungs; a trial that reaches max rounds is told COMPLETE, one stopped
+    (autofl.tuning.asha) at its rungs; a trial that reaches max rounds is told COMPLETE, one stopped
     PRUNED, one that diverged FAIL. Runs until `budget_rounds` rounds were trained; returns
     (rounds spent when it ended, config, state, last value) per finished trial, in finishing order:
     any smaller budget's study is a prefix of it (a budget only cuts trials in flight).
@@ -222,9 +222,9 @@ def replay_search(table: Table, space, method: Method, seed: int, workers: int, 
     import optuna
     from optuna.trial import TrialState
 
-    from autofl.search import asha
-    from autofl.search.space import DefineByRun
-    from autofl.search.strategy import make_sampler, study_start_points
+    from autofl.tuning import asha
+    from autofl.tuning.space import DefineByRun
+    from autofl.tuning.strategy import make_sampler, study_start_points
 
     mspace = method_space(space, method, seed)
     study = optuna.create_study(direction="maximize" if mspace.mode == "max" else "minimize", sampler=make_sampler(mspace))
@@ -322,7 +322,7 @@ def choose(table: Table, space, finished: list[tuple[int, int, str, float]], bud
     user keeps the paper default (the space's base config)."""
     import numpy as np
 
-    from autofl.search.space import start_points
+    from autofl.tuning.space import start_points
 
     default = [table.index[table.key(p)] for p in start_points(space)]
     reeval_cost = 0
@@ -554,7 +554,7 @@ def cmd_live(args: argparse.Namespace) -> int:
     import optuna
     import yaml
 
-    from autofl.search.space import start_points
+    from autofl.tuning.space import start_points
 
     table = Table(load_table(args.task))
     space = task_space(args.task)

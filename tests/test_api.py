@@ -43,20 +43,20 @@ def test_public_names_are_exported_from_autofl():
 
 def test_no_public_name_is_also_a_module_of_autofl():
     """Importing a submodule binds it on its package, replacing an exported function of the same
-    name (autofl.train would become a module); only the search package, which runs the search
-    when called, shares its name."""
+    name (autofl.train would become a module): the study side is autofl.tuning, so autofl.search
+    stays the function."""
     import pkgutil
 
     modules = {info.name for info in pkgutil.iter_modules(autofl.__path__)}
-    clashes = sorted(set(autofl.__all__) & modules - {"search"})
+    clashes = sorted(set(autofl.__all__) & modules)
     assert clashes == []
 
 
-def test_autofl_search_stays_the_function_after_the_search_package_loads():
-    """Importing autofl.search.* binds the package on autofl; the package itself runs the search."""
+def test_autofl_search_stays_the_function_after_the_tuning_package_loads():
+    """Importing autofl.tuning.* binds autofl.tuning, never autofl.search."""
     import inspect
 
-    import autofl.search.study  # noqa: F401
+    import autofl.tuning.study  # noqa: F401
 
     assert callable(autofl.search)
     assert list(inspect.signature(autofl.search).parameters)[:6] == \

@@ -130,7 +130,7 @@ import pytest  # noqa: E402
 @pytest.fixture(scope="module")
 def monkeypatch_module():
     """A valid space would start Ray: stop at the point where the search would begin."""
-    from autofl.search import ray_start, runner
+    from autofl.tuning import ray_start, runner
 
     import optuna
 

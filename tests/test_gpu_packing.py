@@ -7,8 +7,8 @@ import pytest
 import torch
 import yaml
 
-from autofl.search import gpu_packing as gp
-from autofl.search.space import load_space
+from autofl.tuning import gpu_packing as gp
+from autofl.tuning.space import load_space
 
 GIB = 1024**3
 
@@ -76,7 +76,7 @@ def test_a_fixed_share_is_kept(tmp_path):
 
 
 def test_a_trial_out_of_gpu_memory_fails_with_one_line():
-    from autofl.search.trainable import TrialOutOfGPUMemory
+    from autofl.tuning.trainable import TrialOutOfGPUMemory
 
     err = TrialOutOfGPUMemory(torch.device("cpu"), torch.OutOfMemoryError("CUDA out of memory. Tried to allocate "
                                                                           "512.00 MiB."))

@@ -85,10 +85,10 @@ def test_a_postgres_study_runs_its_paper_default_within_its_budget(pg, tmp_path,
     """trials: 1 on PostgreSQL ran nothing: the enqueued (WAITING) paper default counted against
     the study's shared budget before any driver took it; likewise a cross-method study with as many
     trials as methods."""
-    from autofl.search import study as st
-    from autofl.search.ledger import Ledger
-    from autofl.search.space import load_space
-    from autofl.search.tune_run import make_searcher
+    from autofl.tuning import study as st
+    from autofl.tuning.ledger import Ledger
+    from autofl.tuning.space import load_space
+    from autofl.tuning.tune_run import make_searcher
 
     monkeypatch.setenv("PGPASSWORD", pg.password)
     name = f"pgbudget{trials}"

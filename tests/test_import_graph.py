@@ -98,8 +98,8 @@ def test_the_graph_reader_finds_a_circle_and_resolves_imports():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert cycles(graph) == [["a", "b", "c"]]
     graph = import_graph()
-    assert "autofl.search.ledger" in graph["autofl.search.searcher"]  # module level
-    assert "autofl.search.searcher" in graph["autofl.search.tune_run"]  # inside a function
+    assert "autofl.tuning.ledger" in graph["autofl.tuning.searcher"]  # module level
+    assert "autofl.tuning.searcher" in graph["autofl.tuning.tune_run"]  # inside a function
 
 
 def test_autofl_has_no_import_circle():

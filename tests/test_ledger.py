@@ -9,7 +9,7 @@ import pickle
 import optuna
 import pytest
 
-from autofl.search.ledger import INTERRUPTED, Ledger, outcome, shown_state
+from autofl.tuning.ledger import INTERRUPTED, Ledger, outcome, shown_state
 
 
 def _ledger(tmp_path) -> Ledger:

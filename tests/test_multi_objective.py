@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from autofl.errors import ConfigError
-from autofl.search.space import SearchSpace, load_space
+from autofl.tuning.space import SearchSpace, load_space
 from test_search_e2e import run, space_file, trials_of
 
 

@@ -16,8 +16,8 @@ import optuna
 import pytest
 import yaml
 
-from autofl.search import reeval
-from autofl.search.study import Study
+from autofl.tuning import reeval
+from autofl.tuning.study import Study
 from test_search_e2e import AUTOFL, run, space_file
 
 

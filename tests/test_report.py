@@ -18,8 +18,8 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution
 
 from autofl.cli import main
 from autofl.report import asha_rungs
-from autofl.search.space import SearchSpace
-from autofl.search.reeval import reevaluate  # noqa: F401  (the module whose summary format the page reads)
+from autofl.tuning.space import SearchSpace
+from autofl.tuning.reeval import reevaluate  # noqa: F401  (the module whose summary format the page reads)
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -13,11 +13,11 @@ import yaml
 from ray.tune.schedulers import MedianStoppingRule
 
 from autofl.errors import ConfigError
-from autofl.search.ledger import Ledger
-from autofl.search.scheduler import StudyASHA
-from autofl.search.space import SearchSpace, load_space
-from autofl.search.space import grid_size
-from autofl.search.strategy import make_sampler, make_scheduler
+from autofl.tuning.ledger import Ledger
+from autofl.tuning.scheduler import StudyASHA
+from autofl.tuning.space import SearchSpace, load_space
+from autofl.tuning.space import grid_size
+from autofl.tuning.strategy import make_sampler, make_scheduler
 
 LR = {"type": "float", "low": 0.01, "high": 0.1, "log": True}
 MOMENTUM = {"type": "categorical", "choices": [0.0, 0.9]}

@@ -7,18 +7,18 @@ asynchronous Hyperband) and median stopping rule. `check_strategy` refuses the c
 libraries cannot run (a grid over a continuous range, CMA-ES without a numeric param or with
 several objectives, an early-stopping scheduler on a multi-objective study) while the space is
 validated, before Ray starts (the `sampler:`/`scheduler:` sections are declared in
-`autofl.search.strategy_spec`, the checks live with the space in `autofl.search.space`).
+`autofl.tuning.strategy_spec`, the checks live with the space in `autofl.tuning.space`).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from autofl.search.space import all_params, grid_values, start_points
+from autofl.tuning.space import all_params, grid_values, start_points
 
 if TYPE_CHECKING:
-    from autofl.search.ledger import Ledger
-    from autofl.search.space import SearchSpace
+    from autofl.tuning.ledger import Ledger
+    from autofl.tuning.space import SearchSpace
 
 def study_start_points(space: "SearchSpace") -> list[dict[str, Any]]:
     """The trials a new study runs first (the paper default, one per method in a cross-method
@@ -37,7 +37,7 @@ def make_sampler(space: "SearchSpace"):
     if spec.kind == "random":
         return optuna.samplers.RandomSampler(seed=space.seed)
     if spec.kind == "grid":
-        from autofl.search.grid_sampler import StudyGridSampler
+        from autofl.tuning.grid_sampler import StudyGridSampler
 
         return StudyGridSampler({name: grid_values(p) for name, p in all_params(space).items()}, seed=space.seed)
     if spec.kind == "gp":
@@ -57,7 +57,7 @@ def make_scheduler(space: "SearchSpace", ledger: "Ledger"):
 
         return MedianStoppingRule(time_attr="round", grace_period=spec.grace_period,
                                   min_samples_required=spec.min_samples_required)
-    from autofl.search.scheduler import StudyASHA
+    from autofl.tuning.scheduler import StudyASHA
 
     return StudyASHA(ledger, time_attr="round", max_t=space.max_rounds, grace_period=spec.grace_period,
                      reduction_factor=spec.reduction_factor, brackets=spec.brackets if spec.kind == "hyperband" else 1)

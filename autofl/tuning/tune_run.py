@@ -2,7 +2,7 @@
 searcher, scheduler and stoppers on the study ledger, the live view, and what happens when Tune
 returns (the ledger settles a run a budget ended; an interrupted run stays resumable).
 
-Each invocation is one Tune experiment under `<study>/tune/<run>`; autofl/search/runner.py
+Each invocation is one Tune experiment under `<study>/tune/<run>`; autofl/tuning/runner.py
 decides which (new, restored, added, joined).
 """
 
@@ -12,9 +12,9 @@ import time
 from typing import Any
 
 from autofl.errors import AutoFLError
-from autofl.search.ledger import Ledger
-from autofl.search.space import DefineByRun, SearchSpace
-from autofl.search.study import Study
+from autofl.tuning.ledger import Ledger
+from autofl.tuning.space import DefineByRun, SearchSpace
+from autofl.tuning.study import Study
 
 
 class StudyInterrupted(AutoFLError):
@@ -25,8 +25,8 @@ class StudyInterrupted(AutoFLError):
 
 def make_searcher(space: SearchSpace, ledger: Ledger, run_name: str, trials: int, with_start_point: bool,
                   sampler: Any = None):
-    from autofl.search.searcher import StudySearcher
-    from autofl.search.strategy import make_sampler, study_start_points
+    from autofl.tuning.searcher import StudySearcher
+    from autofl.tuning.strategy import make_sampler, study_start_points
 
     return StudySearcher(
         ledger, DefineByRun(space), sampler if sampler is not None else make_sampler(space),
@@ -39,8 +39,8 @@ def make_searcher(space: SearchSpace, ledger: Ledger, run_name: str, trials: int
 
 
 def make_scheduler(space: SearchSpace, ledger: Ledger):
-    """The space's scheduler (autofl/search/strategy.py), ASHA's rungs read from the ledger."""
-    from autofl.search.strategy import make_scheduler as from_space
+    """The space's scheduler (autofl/tuning/strategy.py), ASHA's rungs read from the ledger."""
+    from autofl.tuning.strategy import make_scheduler as from_space
 
     return from_space(space, ledger)
 
@@ -48,7 +48,7 @@ def make_scheduler(space: SearchSpace, ledger: Ledger):
 def make_stopper(space: SearchSpace, ledger: Ledger, run_name: str):
     from ray.tune.stopper import CombinedStopper
 
-    from autofl.search.stopper import AlreadyRecordedStopper, RoundBudgetStopper
+    from autofl.tuning.stopper import AlreadyRecordedStopper, RoundBudgetStopper
 
     recorded = AlreadyRecordedStopper(ledger, run_name)
     if space.budget_rounds is None:
@@ -63,7 +63,7 @@ def study_trainable(space: SearchSpace, trainable: type | None = None, checkpoin
     from ray import tune
 
     from autofl.data.datasets import load_raw_dataset
-    from autofl.search.trainable import FLTrainable
+    from autofl.tuning.trainable import FLTrainable
 
     raw = load_raw_dataset(space.base_experiment().data)  # once; tune.with_parameters shares it via the object store
     wrapped = tune.with_parameters(trainable or FLTrainable, base=space.base, method_base=space.method_base,
@@ -96,9 +96,9 @@ def run_experiment(study: Study, trials: int, address: str | None, restore: str 
     driver (`join`) runs its own experiment and takes trials from the study's shared budget."""
     from ray import tune
 
-    from autofl.search.checkpoints import checkpoints_to_keep
-    from autofl.search.live_view import LiveView, close_all
-    from autofl.search.ray_start import init_ray, max_concurrent
+    from autofl.tuning.checkpoints import checkpoints_to_keep
+    from autofl.tuning.live_view import LiveView, close_all
+    from autofl.tuning.ray_start import init_ray, max_concurrent
 
     space = study.space()
     ledger = Ledger(study.root)

@@ -11,10 +11,10 @@ from typing import Any, Callable
 from ray import tune
 from ray.tune import Callback
 
-from autofl.search.ray_start import init_ray
-from autofl.search.study import Study
-from autofl.search.trainable import RunListTrainable
-from autofl.search.tune_run import study_trainable
+from autofl.tuning.ray_start import init_ray
+from autofl.tuning.study import Study
+from autofl.tuning.trainable import RunListTrainable
+from autofl.tuning.tune_run import study_trainable
 
 
 class _Recorder(Callback):

@@ -1,5 +1,5 @@
 """Starting Ray for a study command: the environment Tune reads, a local Ray of our own or a
-cluster's, and Ray's output routed into the study's logs/ folder (autofl/search/logs.py)."""
+cluster's, and Ray's output routed into the study's logs/ folder (autofl/tuning/logs.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
-from autofl.search.space import SearchSpace
+from autofl.tuning.space import SearchSpace
 
 # Tune writes its experiment state (trials, searcher) at most this often; a killed driver loses
 # at most this much bookkeeping, and Optuna's storage is written at every trial event anyway.
@@ -36,12 +36,12 @@ def init_ray(address: str | None, worker_log: Path | None = None, verbose: bool 
 
     if ray.is_initialized():
         return
-    # Ray's log records go where autofl.search.logs routes them (the study's logs/ folder); without
+    # Ray's log records go where autofl.tuning.logs routes them (the study's logs/ folder); without
     # routing (e.g. in tests) Ray's own stderr handler, installed when ray is imported, stays
     common: dict[str, Any] = dict(include_dashboard=False, configure_logging=False,
                                   log_to_driver=verbose or worker_log is None)
     if worker_log is not None:
-        from autofl.search.logs import worker_log_hook
+        from autofl.tuning.logs import worker_log_hook
 
         common["runtime_env"] = {"worker_process_setup_hook": worker_log_hook(str(worker_log))}
     if address is not None:
@@ -56,7 +56,7 @@ def start_ray(study_root: Path, address: str | None, verbose: bool,
     """Start (or connect to) Ray with its output routed into `<study>/logs/` (returned); `meanwhile`
     runs in a thread while Ray's processes start."""
     tune_environment()
-    from autofl.search.logs import route_driver_logs
+    from autofl.tuning.logs import route_driver_logs
 
     folder = route_driver_logs(study_root, verbose)
     side = threading.Thread(target=meanwhile, daemon=True) if meanwhile is not None else None
@@ -73,7 +73,7 @@ def concurrent_slots(resources: dict[str, float], space: SearchSpace) -> int:
     slots = resources.get("CPU", 0.0) // space.resources.cpu
     if space.resources.gpu > 0:
         slots = min(slots, resources.get("GPU", 0.0) // space.resources.gpu)
-    from autofl.search.preflight import memory_slots  # issue 18: a tiny cpu share is bounded by memory too
+    from autofl.tuning.preflight import memory_slots  # issue 18: a tiny cpu share is bounded by memory too
 
     slots = min(slots, memory_slots(resources) or slots)
     return max(1, int(slots))

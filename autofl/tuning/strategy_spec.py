@@ -1,6 +1,6 @@
 """What a space file may say under `sampler:` and `scheduler:` (the pydantic sections, their
 options per kind and autofl's TPE defaults). A leaf module: the space validates against it and
-`autofl.search.strategy` builds the libraries' objects from it."""
+`autofl.tuning.strategy` builds the libraries' objects from it."""
 
 from __future__ import annotations
 

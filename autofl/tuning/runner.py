@@ -7,19 +7,19 @@ trials to a finished study starts a new experiment on the same Optuna study, so 
 every earlier trial. A `--join` driver runs its own experiment on a shared (PostgreSQL) study.
 Each experiment's folder gets a flag file once all its trials ran.
 
-One experiment is run by autofl/search/tune_run.py; trial states are the ledger's
-(autofl/search/ledger.py).
+One experiment is run by autofl/tuning/tune_run.py; trial states are the ledger's
+(autofl/tuning/ledger.py).
 """
 
 from __future__ import annotations
 
-from autofl.search.ledger import FINISHED_STATES, Ledger, counted
-from autofl.search.study import Study
-from autofl.search.tune_run import StudyInterrupted, run_experiment  # noqa: F401  (StudyInterrupted: re-exported)
+from autofl.tuning.ledger import FINISHED_STATES, Ledger, counted
+from autofl.tuning.study import Study
+from autofl.tuning.tune_run import StudyInterrupted, run_experiment  # noqa: F401  (StudyInterrupted: re-exported)
 
 # re-exported for callers of the former single module
-from autofl.search.checkpoints import checkpoints_to_keep  # noqa: F401,E402
-from autofl.search.ray_start import concurrent_slots, init_ray  # noqa: F401,E402
+from autofl.tuning.checkpoints import checkpoints_to_keep  # noqa: F401,E402
+from autofl.tuning.ray_start import concurrent_slots, init_ray  # noqa: F401,E402
 
 
 FINISHED_FLAG = ".autofl_finished"  # written in a Tune experiment's folder once all its trials ran
@@ -118,7 +118,7 @@ def run_study(study: Study, trials: int | None = None, address: str | None = Non
               join_shared: bool = False) -> None:
     """The one entry point (CLI and Python API): run a new study, resume or extend one
     (`resume`, `trials` to add), or add a driver to a shared one (`join_shared`). Ray must be
-    started (autofl.search.ray_start.start_ray) or `address` given."""
+    started (autofl.tuning.ray_start.start_ray) or `address` given."""
     if join_shared:
         join(study, address)
     else:

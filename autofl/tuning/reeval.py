@@ -24,8 +24,8 @@ from typing import Any, Callable
 
 from autofl.errors import AutoFLError
 from autofl.files import write_atomic
-from autofl.search.objectives import TEST_METRICS, best, best_first, gain
-from autofl.search.study import Study
+from autofl.tuning.objectives import TEST_METRICS, best, best_first, gain
+from autofl.tuning.study import Study
 
 REEVAL_DIR = "reeval"
 SEED_OFFSET = 1000  # fresh seeds start here, above any seed a study is likely to have searched with
@@ -66,7 +66,7 @@ def fresh_seeds(study: Study, count: int) -> list[int]:
 def candidates(study: Study, top: int) -> list[Candidate]:
     """The paper default first, then the `top` best COMPLETE trials (a trial whose values equal the
     default's, such as the study's enqueued first trial, is the default itself and not repeated)."""
-    from autofl.search.space import start_points
+    from autofl.tuning.space import start_points
 
     ot = study.load_optuna()
     space = study.space()
@@ -122,7 +122,7 @@ def plan(study: Study, seeds: int, top: int, vary_partition: bool) -> tuple[list
 
 
 def record_run(study: Study, run: Run, result: dict[str, Any]) -> None:
-    from autofl.search.objectives import REPORTED_KEYS
+    from autofl.tuning.objectives import REPORTED_KEYS
 
     _write_json(runs_dir(study) / f"{run.key}.json", {
         "candidate": run.candidate.label, "trial": run.candidate.trial, "params": run.candidate.params,
@@ -220,7 +220,7 @@ def reevaluate(study: Study, seeds: int, top: int, vary_partition: bool, address
     missing = [r for r in runs if r.key not in done]
     on_plan(len(missing), len(runs))
     if missing:
-        from autofl.search.run_list import run_configs
+        from autofl.tuning.run_list import run_configs
 
         data_seed = study.space().base_experiment().data_seed()
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from ray.tune import Stopper
 
-from autofl.search.ledger import Ledger
+from autofl.tuning.ledger import Ledger
 
 
 class AlreadyRecordedStopper(Stopper):

@@ -1,6 +1,6 @@
 """The study's Tune searcher, on Tune's public `Searcher` interface: Optuna proposes through the
 ledger's ask (any Optuna sampler: TPE, random, CMA-ES, ...), and every trial event goes to the
-ledger, which alone decides the trial's state (autofl/search/ledger.py).
+ledger, which alone decides the trial's state (autofl/tuning/ledger.py).
 
 Per-round values are recorded by FL round (not training iteration), a trial stopped before
 `max_t` rounds is PRUNED, and each trial carries its Tune trial id and run. The searcher's own
@@ -17,10 +17,10 @@ from typing import Any, Callable
 
 from ray.tune.search import Searcher
 
-from autofl.search.ledger import Ledger
+from autofl.tuning.ledger import Ledger
 
-# re-exported: where the reported keys were defined before autofl/search/objectives.py
-from autofl.search.objectives import REPORTED_KEYS  # noqa: F401
+# re-exported: where the reported keys were defined before autofl/tuning/objectives.py
+from autofl.tuning.objectives import REPORTED_KEYS  # noqa: F401
 
 
 class StudySearcher(Searcher):
@@ -40,7 +40,7 @@ class StudySearcher(Searcher):
         self._trials: dict[str, int] = {}  # Tune trial id -> Optuna trial number
         self._finished: set[str] = set()  # Tune trial ids this searcher saw finish
         self._max_concurrent = 0  # no limit until Tune sets one
-        from autofl.search.objectives import direction
+        from autofl.tuning.objectives import direction
 
         modes = list(mode) if isinstance(mode, list) else [mode]
         ledger.study(sampler=sampler, create_directions=[direction(m) for m in modes])

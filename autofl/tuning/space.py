@@ -10,9 +10,9 @@ from pydantic import Field, PrivateAttr, ValidationError, field_validator, model
 from autofl.config import Experiment, Strict, read_yaml, set_dotted
 from autofl.experiment import build_experiment
 from autofl.errors import ConfigError, format_validation_error
-from autofl.search.strategy_spec import SAMPLER_OPTIONS, SCHEDULER_OPTIONS, SamplerSpec, SchedulerSpec, only_own_options
+from autofl.tuning.strategy_spec import SAMPLER_OPTIONS, SCHEDULER_OPTIONS, SamplerSpec, SchedulerSpec, only_own_options
 # any validation metric may be the objective: the mean, the worst-decile client (p10) or the spread
-from autofl.search.objectives import VALIDATION_OBJECTIVES, default_mode
+from autofl.tuning.objectives import VALIDATION_OBJECTIVES, default_mode
 
 CONDITIONAL_SEP = ":"  # optuna name of a conditional param: "<method>:<config key>"
 
@@ -60,7 +60,7 @@ class ResourcesSpec(Strict):
     cpu: float = Field(1.0, gt=0)
     gpu: float | Literal["auto"] = Field(0.0, description="fractional values share a GPU between trials; "
                                          "auto: as many trials per GPU as a dry round's peak memory allows "
-                                         "(0 without a GPU; see autofl/search/gpu_packing.py)")
+                                         "(0 without a GPU; see autofl/tuning/gpu_packing.py)")
     _auto_line: str | None = PrivateAttr(None)  # what `gpu: auto` resolved to and why
 
     @field_validator("gpu", mode="before")
@@ -117,7 +117,7 @@ class SearchSpace(Strict):
     @field_validator("storage")
     @classmethod
     def _storage_url(cls, value: str | None) -> str | None:
-        from autofl.search.storage import check_storage_url
+        from autofl.tuning.storage import check_storage_url
 
         return None if value is None else check_storage_url(value, None)
 
@@ -125,7 +125,7 @@ class SearchSpace(Strict):
     def _resolve_gpu_auto(self) -> "SearchSpace":
         """`resources.gpu: auto` becomes the share of a card one trial needs (measured once per study)."""
         if self.resources.gpu == "auto":
-            from autofl.search.gpu_packing import resolve_auto_gpu
+            from autofl.tuning.gpu_packing import resolve_auto_gpu
 
             self.resources.gpu, self.resources._auto_line = resolve_auto_gpu(self.base_experiment())
         return self
@@ -352,7 +352,7 @@ class DefineByRun:
         return None
 
 
-# which samplers can run this space (sampler:, scheduler: sections: autofl.search.strategy_spec)
+# which samplers can run this space (sampler:, scheduler: sections: autofl.tuning.strategy_spec)
 def all_params(space: SearchSpace) -> dict[str, ParamSpec]:
     """Every param by its Optuna name, conditional ones as '<method>:<key>'."""
     params = dict(space.params)

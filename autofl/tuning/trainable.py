@@ -28,7 +28,7 @@ from autofl.device import resolve_device
 from autofl.features import ClassStats
 from autofl.methods.registry import get_method_class
 from autofl.registry import load_plugins
-from autofl.search.space import experiment_dict
+from autofl.tuning.space import experiment_dict
 
 STATE_FILE = "simulation.pt"
 
@@ -44,7 +44,7 @@ class TrialOutOfGPUMemory(RuntimeError):
     """A trial ran out of GPU memory: one line naming what it needed and its share of the card."""
 
     def __init__(self, device: torch.device, err: BaseException):
-        from autofl.search.gpu_packing import needed_bytes, oom_line
+        from autofl.tuning.gpu_packing import needed_bytes, oom_line
 
         card = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else 0
         share = ray.get_runtime_context().get_assigned_resources().get("GPU", 1.0) if ray.is_initialized() else 1.0

@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from autofl.search.objectives import REPORTED_KEYS
+from autofl.tuning.objectives import REPORTED_KEYS
 
 FINISHED_STATES = ("COMPLETE", "PRUNED", "FAIL")
 OPEN_STATES = ("RUNNING", "WAITING")
@@ -94,7 +94,7 @@ class Ledger:
 
     # ---- opening --------------------------------------------------------------------------------
     def folder(self):
-        from autofl.search.study import Study
+        from autofl.tuning.study import Study
 
         return Study(Path(self.root))
 
@@ -105,7 +105,7 @@ class Ledger:
 
         if self._study is not None and (sampler is None or sampler is self._sampler):
             return self._study
-        from autofl.search.storage import open_storage
+        from autofl.tuning.storage import open_storage
 
         folder = self.folder()
         if self._storage is None:
@@ -158,9 +158,9 @@ class Ledger:
     def rung_history(self, rungs: Sequence[float], max_t: float,
                      member: Callable[[str], bool] | None = None) -> dict[float, dict[str, float]]:
         """ASHA's rungs as the study's trials left them, by Tune trial id (objective units): each
-        tagged, not interrupted trial's per-round values replayed through autofl.search.asha
+        tagged, not interrupted trial's per-round values replayed through autofl.tuning.asha
         (only the trials `member` accepts: one bracket's)."""
-        from autofl.search.asha import recorded_values
+        from autofl.tuning.asha import recorded_values
 
         history: dict[float, dict[str, float]] = {m: {} for m in rungs}
         for t in self.trials():

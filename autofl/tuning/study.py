@@ -15,7 +15,7 @@ import yaml
 
 from autofl.errors import AutoFLError, ConfigError, StorageError
 from autofl.files import write_atomic
-from autofl.search.space import SearchSpace, load_space
+from autofl.tuning.space import SearchSpace, load_space
 
 HOME_ENV = "AUTOFL_HOME"
 SPACE_FILE = "space.yaml"
@@ -82,7 +82,7 @@ class Study:
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         try:
-            from autofl.search.storage import open_storage
+            from autofl.tuning.storage import open_storage
 
             storage = open_storage(self.storage_url())
             return optuna.load_study(study_name=self.optuna_name(storage), storage=storage)
@@ -97,7 +97,7 @@ class Study:
             return self.name
         import optuna
 
-        from autofl.search.storage import open_storage
+        from autofl.tuning.storage import open_storage
 
         names = optuna.get_all_study_names(storage or open_storage(self.storage_url()))
         return names[0] if self.name not in names and len(names) == 1 else self.name
@@ -142,7 +142,7 @@ def sqlite_url(root: Path) -> str:
 def new_study_storage(space: SearchSpace) -> str | None:
     """The storage a new study will use when it is not the default SQLite file: the space's
     `storage`, else `AUTOFL_STORAGE` (checked; recorded without its password)."""
-    from autofl.search.storage import STORAGE_ENV, check_storage_url, without_password
+    from autofl.tuning.storage import STORAGE_ENV, check_storage_url, without_password
 
     if space.storage:
         return space.storage
@@ -159,7 +159,7 @@ def create_study(home: Path, space_path: Path | None, space: SearchSpace, name: 
                  storage_path: str | None = None, space_text: str | None = None) -> Study:
     """A new study folder, after every check that can fail (name, storage reachable): a failed
     start leaves nothing behind. Its space.yaml is `space_text`, else the file at `space_path`."""
-    from autofl.search.storage import probe_storage
+    from autofl.tuning.storage import probe_storage
 
     name = check_study_name(name or space.study, "--name" if name else "study")  # issue 18: the same rules
     root = home / name
@@ -216,7 +216,7 @@ def pareto_trials(study: Study) -> list:
     ot = study.load_optuna()
     front = list(ot.best_trials) if ot is not None else []
     space = study.space()
-    from autofl.search.objectives import best_first
+    from autofl.tuning.objectives import best_first
 
     return best_first(front, key=lambda t: t.values[0], mode=space.mode)
 
@@ -233,7 +233,7 @@ def best_trial(study: Study):
 
 def best_of(trials: list, mode: str):
     """The COMPLETE trial with the best (first) objective value, or None."""
-    from autofl.search.objectives import best
+    from autofl.tuning.objectives import best
 
     complete = [t for t in trials if t.state.name == "COMPLETE" and t.values]
     return best(complete, key=first_value, mode=mode)  # multi-objective: on the first objective
@@ -282,7 +282,7 @@ def trial_config(study: Study, params: dict[str, Any], number: int | None, value
 
     import autofl
     from autofl.config import experiment_to_dict
-    from autofl.search.objectives import TEST_METRICS
+    from autofl.tuning.objectives import TEST_METRICS
     from autofl.experiment import build_experiment
 
     space = study.space()

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from autofl.search.ray_start import snapshot_seconds
-from autofl.search.space import SearchSpace
+from autofl.tuning.ray_start import snapshot_seconds
+from autofl.tuning.space import SearchSpace
 
 
 def checkpoints_to_keep(space: SearchSpace) -> int | None:

@@ -17,8 +17,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from autofl.search.ledger import FINISHED_STATES, Ledger, counted, outcome
-from autofl.search.objectives import better
+from autofl.tuning.ledger import FINISHED_STATES, Ledger, counted, outcome
+from autofl.tuning.objectives import better
 from autofl.views import format_params
 
 MAX_ROWS = 15  # running trials first, then the most recently finished
