@@ -50,7 +50,8 @@ def test_oom_line_names_the_memory_needed_and_the_share():
 
 
 def test_auto_is_zero_without_a_gpu(tmp_path, monkeypatch):
-    monkeypatch.delenv(gp.RESOLVED_ENV, raising=False)
+    monkeypatch.setenv(gp.RESOLVED_ENV, "unset")  # recorded, so the value the driver sets is undone afterwards
+    monkeypatch.delenv(gp.RESOLVED_ENV)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     path = tmp_path / "space.yaml"
     path.write_text(yaml.safe_dump({"study": "t", "base": {"fl": {"rounds": 3}}, "resources": {"gpu": "auto"},

@@ -90,12 +90,14 @@ def test_quickstart_sized_study_prunes_and_exports_a_reproducible_config(tmp_pat
 def test_killed_driver_resumes_without_losing_or_rerunning_trials(tmp_path):
     home = tmp_path / "home"
     space = space_file(tmp_path, "killme", trials=6, rounds=8)
-    driver = subprocess.Popen([*AUTOFL, "search", "--space", str(space), "--dir", str(home)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    stderr = tmp_path / "driver.stderr"
+    with stderr.open("w") as err:
+        driver = subprocess.Popen([*AUTOFL, "search", "--space", str(space), "--dir", str(home)],
+                                  stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
     deadline = time.time() + 600
     db = home / "killme" / "optuna.db"
     before = []
-    while time.time() < deadline:
+    while time.time() < deadline and driver.poll() is None:
         time.sleep(2)
         if db.exists():
             try:
@@ -104,7 +106,8 @@ def test_killed_driver_resumes_without_losing_or_rerunning_trials(tmp_path):
                 continue
             if sum(t.state.name in ("COMPLETE", "PRUNED") for t in before) >= 2:
                 break
-    assert driver.poll() is None, "the study finished before it could be killed; make it longer"
+    assert driver.poll() is None, (f"the driver exited ({driver.returncode}) before it could be killed: "
+                                   f"{stderr.read_text()[-3000:]}")
     os.killpg(driver.pid, signal.SIGKILL)
     driver.wait()
     subprocess.run([str(Path(sys.executable).parent / "ray"), "stop", "--force"], capture_output=True, timeout=120)

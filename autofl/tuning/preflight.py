@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import time
 import socket
 from pathlib import Path
 from typing import Any
@@ -100,7 +101,14 @@ def node_resources() -> list[dict[str, float]]:
 
     if not ray.is_initialized():
         return []
-    return [dict(n.get("Resources", {})) for n in ray.nodes() if n.get("Alive")]
+    # a node that has just joined may not have reported its resources yet (no "CPU" key): judging
+    # it then would refuse a trial it can hold, so give the nodes a few seconds to report
+    deadline = time.monotonic() + 10
+    while True:
+        nodes = [dict(n.get("Resources", {})) for n in ray.nodes() if n.get("Alive")]
+        if (nodes and all("CPU" in n for n in nodes)) or time.monotonic() > deadline:
+            return nodes
+        time.sleep(0.2)
 
 
 def check_trial_fits(cpu: float, gpu: float, nodes: list[dict[str, Any]], address: str | None) -> None:
