@@ -72,7 +72,7 @@ def trial_compute(space, trials: list) -> dict[int, float]:
     return out
 
 
-def asha_rungs(space) -> list[int]:
+def asha_milestones(space) -> list[int]:
     """The rounds at which ASHA compares trials: grace_period * reduction_factor^k below max rounds
     (hyperband: those of its first bracket)."""
     if space.scheduler.kind not in ("asha", "hyperband"):
@@ -130,7 +130,7 @@ def _round_curves(space, trials: list) -> Figure:
             label = None if t.state.name in labelled else t.state.name.lower()
             labelled.add(t.state.name)
             ax.plot(steps, [t.intermediate_values[s] for s in steps], marker=".", label=label, **styles[t.state.name])
-        for i, rung in enumerate(asha_rungs(space)):
+        for i, rung in enumerate(asha_milestones(space)):
             ax.axvline(rung, color="tab:orange", lw=1, alpha=0.7, label="ASHA rung" if i == 0 else None)
         ax.set_xlabel("FL round")
         ax.set_ylabel(space.objective)

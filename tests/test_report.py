@@ -17,7 +17,7 @@ import yaml
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 
 from autofl.cli import main
-from autofl.report import asha_rungs
+from autofl.report import asha_milestones
 from autofl.tuning.space import SearchSpace
 from autofl.tuning.reeval import reevaluate  # noqa: F401  (the module whose summary format the page reads)
 
@@ -61,8 +61,8 @@ def _study(home: Path) -> Path:
 def test_asha_rungs_follow_grace_period_and_reduction_factor():
     space = SearchSpace.model_validate({"study": "x", "base": {"fl": {"rounds": 20}},
                                         "scheduler": {"grace_period": 2, "reduction_factor": 3}})
-    assert asha_rungs(space) == [2, 6, 18]
-    assert asha_rungs(space.model_copy(update={"scheduler": space.scheduler.model_copy(update={"kind": "none"})})) == []
+    assert asha_milestones(space) == [2, 6, 18]
+    assert asha_milestones(space.model_copy(update={"scheduler": space.scheduler.model_copy(update={"kind": "none"})})) == []
 
 
 def test_report_is_one_offline_page_with_every_figure_as_png(tmp_path):

@@ -81,7 +81,7 @@ def test_hyperband_brackets_take_only_their_own_trials_from_the_study(tmp_path):
     root = _study(tmp_path, curves)
     hb = StudyASHA(Ledger(root), time_attr="round", max_t=8, grace_period=1, reduction_factor=2, brackets=2)
     hb.set_search_properties(metric="acc", mode="max", config={})
-    brackets = hb.bracket_rungs
+    brackets = hb.rungs_per_bracket
     assert [sorted(b) for b in brackets] == [[1, 2, 4, 8], [2, 4, 8]]
     for tid in curves:  # each trial sits in its own bracket only, at that bracket's first rung
         own = hb.bracket_of(tid)

@@ -31,10 +31,10 @@ class StudyASHA(FIFOScheduler):
         self._milestones = [asha.milestones(grace_period, max_t, reduction_factor, s) for s in range(brackets)]
         self._weights = asha.bracket_weights(grace_period, max_t, reduction_factor, brackets)
         self._metric, self._mode = metric, mode
-        self._rungs: list[dict[float, dict[str, float]]] | None = None  # per bracket, from the ledger
+        self._rung_history: list[dict[float, dict[str, float]]] | None = None  # per bracket, from the ledger
 
     def __getstate__(self) -> dict[str, Any]:  # a restored driver rebuilds the rungs from the study
-        return {**self.__dict__, "_rungs": None}
+        return {**self.__dict__, "_rung_history": None}
 
     def set_search_properties(self, metric: str | None, mode: str | None, **spec: Any) -> bool:
         if (self._metric and metric) or (self._mode and mode):
@@ -51,25 +51,25 @@ class StudyASHA(FIFOScheduler):
         return asha.bracket_of(trial_id, self._weights)
 
     @property
-    def bracket_rungs(self) -> list[dict[float, dict[str, float]]]:
+    def rungs_per_bracket(self) -> list[dict[float, dict[str, float]]]:
         """Per bracket: milestone -> {Tune trial id: value at that rung} (objective units)."""
         self.seed_from_study()
-        return self._rungs
+        return self._rung_history
 
     @property
     def rungs(self) -> dict[float, dict[str, float]]:
         """The first bracket's rungs (ASHA's only one)."""
-        return self.bracket_rungs[0]
+        return self.rungs_per_bracket[0]
 
     def seed_from_study(self) -> int:
         """Take the rungs from the ledger (once per driver); returns how many values they held."""
-        if self._rungs is not None:
+        if self._rung_history is not None:
             return 0
-        self._rungs = [self._ledger.rung_history(rungs, self._max_t,
+        self._rung_history = [self._ledger.rung_history(rungs, self._max_t,
                                                  None if len(self._milestones) == 1 else
                                                  (lambda tid, s=s: self.bracket_of(tid) == s))
                        for s, rungs in enumerate(self._milestones)]
-        return sum(len(recorded) for bracket in self._rungs for recorded in bracket.values())
+        return sum(len(recorded) for bracket in self._rung_history for recorded in bracket.values())
 
     def on_trial_add(self, tune_controller: Any, trial: Any) -> None:
         if not self._metric or self._mode not in ("max", "min"):
@@ -79,7 +79,7 @@ class StudyASHA(FIFOScheduler):
     def _record(self, trial_id: str, reached: float, value: float) -> str:
         """Judge and record a result at its rung (autofl.tuning.asha's rule)."""
         bracket = self.bracket_of(trial_id)
-        rungs = self.bracket_rungs[bracket]
+        rungs = self.rungs_per_bracket[bracket]
         judged = [m for m, recorded in rungs.items() if trial_id in recorded]
         milestone = asha.rung_to_judge(self._milestones[bracket], reached, judged)
         if milestone is None:
@@ -101,4 +101,4 @@ class StudyASHA(FIFOScheduler):
 
     def debug_string(self) -> str:
         return "StudyASHA: " + "; ".join(" | ".join(f"round {m:g}: {len(r)} trials" for m, r in bracket.items())
-                                         for bracket in (self._rungs or []))
+                                         for bracket in (self._rung_history or []))
