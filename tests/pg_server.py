@@ -11,6 +11,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 PASSWORD = "pg-S3cret-autofl-7f3a"  # tests grep every output and every study file for it
 
@@ -93,3 +94,22 @@ class PgProcess:
             subprocess.run([*self.as_user, str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", "fast",
                             "-w", "stop"], capture_output=True, timeout=120)
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def serve_pg() -> Iterator[PgServer]:
+    """A real PostgreSQL server on 127.0.0.1 for a test module's `pg` fixture: skips where none can
+    run here, and is stopped when the module is done."""
+    import pytest
+
+    bindir = server_binaries()
+    if bindir is None:
+        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) are not installed: apt-get install postgresql "
+                    "(.ci/run does this when it can)")
+    try:
+        process = PgProcess(bindir)
+    except KeyError:
+        pytest.skip("running as root and there is no `postgres` user to run the server as")
+    try:
+        yield process.start()
+    finally:
+        process.stop()

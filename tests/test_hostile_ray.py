@@ -10,12 +10,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 import optuna
 import pytest
 import yaml
 
-from pg_server import PgProcess, PgServer, server_binaries
+from pg_server import PgServer, serve_pg
 from test_search_e2e import space_file, trials_of
 
 pytestmark = pytest.mark.slow
@@ -66,18 +67,8 @@ def test_sigterm_stops_the_study_like_ctrl_c(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def pg() -> PgServer:
-    bindir = server_binaries()
-    if bindir is None:
-        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) are not installed")
-    try:
-        process = PgProcess(bindir)
-    except KeyError:
-        pytest.skip("running as root and there is no `postgres` user to run the server as")
-    try:
-        yield process.start()
-    finally:
-        process.stop()
+def pg() -> Iterator[PgServer]:
+    yield from serve_pg()
 
 
 @pytest.mark.parametrize("trials", [1, 3])

@@ -10,12 +10,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 import optuna
 import pytest
 import yaml
 
-from pg_server import PgProcess, PgServer, server_binaries
+from pg_server import PgServer, serve_pg
 from test_search_e2e import space_file
 
 pytestmark = pytest.mark.slow
@@ -23,19 +24,8 @@ AUTOFL = [sys.executable, "-m", "autofl.cli"]
 
 
 @pytest.fixture(scope="module")
-def pg() -> PgServer:
-    bindir = server_binaries()
-    if bindir is None:
-        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) are not installed: apt-get install postgresql "
-                    "(.ci/run does this when it can)")
-    try:
-        process = PgProcess(bindir)
-    except KeyError:
-        pytest.skip("running as root and there is no `postgres` user to run the server as")
-    try:
-        yield process.start()
-    finally:
-        process.stop()
+def pg() -> Iterator[PgServer]:
+    yield from serve_pg()
 
 
 def space(tmp_path: Path, study: str, trials: int, rounds: int, storage: str | None = None) -> Path:
