@@ -570,6 +570,9 @@ def cmd_live(args: argparse.Namespace) -> int:
                               capture_output=True, text=True)
         if proc.returncode != 0:
             print(proc.stdout[-2000:], proc.stderr[-3000:])
+            log = Path(tmp) / space.study / "logs" / "driver.log"
+            if log.exists():  # what Ray and Tune said: the live view keeps it off the terminal
+                print("logs/driver.log ends:", log.read_text(errors="replace")[-3000:])
             return proc.returncode
         study = optuna.load_study(study_name=space.study, storage=f"sqlite:///{Path(tmp) / space.study / 'optuna.db'}")
         trials = study.get_trials(deepcopy=False)

@@ -81,3 +81,27 @@ def test_budget_cut_orphans_and_the_run_budget(tmp_path):
     # the run's budget counts what its searcher handed out, not interrupted trials
     assert _ask(ledger, "a", known={"trained", "never"}, budget=2) is not None
     assert _ask(ledger, "b", known={"trained", "never", "a"}, budget=2) is None
+
+
+def test_tunes_last_results_complete_what_a_budget_cut_left_open(tmp_path):
+    """Tune stops the live trials when a budget stopper fires, without telling the searcher; the
+    last result it held of each is recorded, and closes the trial as the outcome rule says."""
+    ledger = _ledger(tmp_path)
+    full, _ = _ask(ledger, "full")
+    ledger.report(full, 0.5, 3)  # round 4, its last, was still held by Tune
+    cut, _ = _ask(ledger, "cut")
+    ledger.report(cut, 0.2, 1)
+    never, _ = _ask(ledger, "never")
+    other, _ = _ask(ledger, "other", run="run-2")
+    last = {"full": {"round": 4, "acc": 0.7, "personal_test_acc": 0.66}, "cut": {"round": 2, "acc": 0.3},
+            "other": {"round": 4, "acc": 0.9}}
+    assert ledger.record_last_results("run-1", last, "acc") == 2
+    assert ledger.record_last_results("run-1", last, "acc") == 0  # already recorded
+    assert sum(ledger.rounds_used().values()) == 6  # the other run's trial is not this run's
+    assert ledger.close_open("run-1", last, ["acc"], max_t=4) == 2
+    assert ledger.settle_run("run-1") == 1  # the one never started
+    by_id = {t.user_attrs["tune_trial_id"]: t for t in ledger.trials()}
+    assert by_id["full"].state.name == "COMPLETE" and by_id["full"].value == 0.7
+    assert by_id["full"].user_attrs["personal_test_acc"] == 0.66
+    assert by_id["cut"].state.name == "PRUNED" and by_id["cut"].intermediate_values == {1: 0.2, 2: 0.3}
+    assert by_id["never"].user_attrs.get("interrupted") and by_id["other"].state.name == "RUNNING"

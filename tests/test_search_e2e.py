@@ -174,6 +174,22 @@ def test_budget_rounds_stops_the_study_cleanly_and_status_shows_it(tmp_path):
     assert f"budget: {used} of 10 FL rounds used" in status.stdout
 
 
+def test_a_budget_ending_on_a_trials_last_round_completes_it(tmp_path):
+    """The budget stopper fires on the result that also ends a trial: Tune holds that result while
+    it saves the trial's last checkpoint and stops the trial without telling the searcher. CI saw
+    this exit 130 ("interrupted") from a study that had spent its budget."""
+    home = tmp_path / "home"
+    path = space_file(tmp_path, "exact", trials=8, rounds=4)
+    tree = yaml.safe_load(path.read_text())
+    tree.update(budget_rounds=8, scheduler={"kind": "none"}, resources={"cpu": 2})  # trials one at a time
+    path.write_text(yaml.safe_dump(tree))
+    proc = run(["search", "--space", path, "--dir", home])
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    real = [t for t in trials_of(home, "exact") if not t.user_attrs.get("interrupted")]
+    assert [(t.state.name, max(t.intermediate_values)) for t in real] == [("COMPLETE", 4), ("COMPLETE", 4)]
+    assert all("personal_test_acc" in t.user_attrs for t in real)
+
+
 def test_ctrl_c_stops_the_study_within_seconds_and_it_resumes(tmp_path):
     home = tmp_path / "home"
     space = space_file(tmp_path, "ctrlc", trials=6, rounds=8)

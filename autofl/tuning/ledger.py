@@ -337,6 +337,31 @@ class Ledger:
     def open_in_run(self, run_name: str) -> list[Any]:
         return [t for t in self.trials(OPEN_STATES) if t.user_attrs.get("tune_run") == run_name]
 
+    def record_last_results(self, run_name: str, last: dict[str, dict[str, Any]], metric: str) -> int:
+        """Record, for the trials of `run_name` still open, the round of Tune's last result
+        (`last`, by Tune trial id) that the ledger has not recorded. Returns how many."""
+        recorded = 0
+        for t in self.open_in_run(run_name):
+            result = last.get(str(t.user_attrs.get("tune_trial_id")))
+            if not result:
+                continue
+            rnd, value = int(result.get("round", 0)), result.get(metric)
+            if rnd and rnd not in t.intermediate_values and value is not None and math.isfinite(value):
+                recorded += self.report(t.number, float(value), rnd)
+        return recorded
+
+    def close_open(self, run_name: str, last: dict[str, dict[str, Any]], metrics: Sequence[str], max_t: int) -> int:
+        """A budget ended `run_name`: close each of its open trials that Tune holds a last result
+        of (`last`, by Tune trial id) as that result says (`outcome()`: all rounds trained is
+        COMPLETE, fewer PRUNED). Returns how many."""
+        closed = 0
+        for t in self.open_in_run(run_name):
+            result = last.get(str(t.user_attrs.get("tune_trial_id")))
+            if result and result.get("round"):
+                self.close(t.number, result, False, metrics, max_t)
+                closed += 1
+        return closed
+
     def settle_run(self, run_name: str) -> int:
         """A budget ended `run_name`: its trials still open are PRUNED if they trained (their last
         value stands), else interrupted (replaced if trials are added). Returns how many."""

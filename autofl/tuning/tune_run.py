@@ -134,19 +134,38 @@ def run_experiment(study: Study, trials: int, address: str | None, restore: str 
         )
     started = time.time()
     try:
-        tuner.fit()
+        grid = tuner.fit()
     finally:
         close_all()
     record_wall(study, run_name, time.time() - started)
-    settle_run(study, space, ledger, run_name)
+    settle_run(study, space, ledger, run_name, last_results(grid))
 
 
-def settle_run(study: Study, space: SearchSpace, ledger: Ledger, run: str) -> None:
+def last_results(grid: Any) -> dict[str, dict[str, Any]]:
+    """Each trial's last result as Tune kept it (ResultGrid), by Tune trial id."""
+    last = {}
+    for result in grid:
+        metrics = result.metrics or {}
+        if "trial_id" in metrics:
+            last[str(metrics["trial_id"])] = metrics
+    return last
+
+
+def settle_run(study: Study, space: SearchSpace, ledger: Ledger, run: str,
+               last: dict[str, dict[str, Any]] | None = None) -> None:
     """After Tune returns: if trials of this run are still open, either a budget ended the run (the
     ledger records the trials it cut PRUNED, those it never started interrupted) or the driver was
-    interrupted (Ctrl-C: Tune saved its state; the run stays resumable)."""
+    interrupted (Ctrl-C: Tune saved its state; the run stays resumable).
+
+    When the budget stopper ends the experiment, Tune stops the live trials without telling the
+    searcher, and a result Tune was still holding (a trial's last round, waiting for its end-of-trial
+    checkpoint) never reached the ledger; `last` (Tune's last result of each trial) is recorded
+    first, so the ledger counts the rounds the stopper counted, and a trial it holds a result of is
+    closed as that result says (a trial that trained every round is COMPLETE)."""
     if not ledger.open_in_run(run):
         return
+    if last and not space.multi_objective:
+        ledger.record_last_results(run, last, space.objective)
     walls = [r.get("tune_wall_s", 0.0) for r in study.meta()["runs"] if r["name"] == run]
     budget_spent = (
         (space.budget_rounds is not None and sum(ledger.rounds_used().values()) >= space.budget_rounds)
@@ -154,6 +173,8 @@ def settle_run(study: Study, space: SearchSpace, ledger: Ledger, run: str) -> No
     if not budget_spent:
         raise StudyInterrupted(f"interrupted; study {study.name!r} is saved: resume it with "
                                f"autofl search --resume {study.name!r}")
+    if last:
+        ledger.close_open(run, last, space.metrics if space.multi_objective else [space.objective], space.max_rounds)
     ledger.settle_run(run)
 
 
