@@ -4,8 +4,9 @@
 
 Runs a throw-away study (in a temporary folder) and prints: the whole command's wall time, the trials'
 summed training time (Tune's `time_total_s`: the rounds and their evaluation), the command's overhead
-over that training as a percentage when trials ran one at a time, and the size of the checkpoints
-written. Without --space it uses the FedFCD Table-1 scenario with fedavg for 40 rounds,
+over that training as a percentage when trials ran one at a time, the size of the checkpoints
+written, and the study's throughput: trials and FL rounds per hour of Tune's wall time (what a long
+study on this machine finishes; pruned trials count as trials) and of the whole command. Without --space it uses the FedFCD Table-1 scenario with fedavg for 40 rounds,
 no ASHA, one trial at a time on 2 CPUs (trials of 30-40 s here), needing Fashion-MNIST in
 $AUTOFL_DATA_ROOT. `--set` overrides keys of the space (dotted, e.g. base.fl.rounds=20).
 """
@@ -78,6 +79,8 @@ def main() -> None:
                   f"(trials ran one at a time)")
             print(f"overhead of the whole command over training {100 * (wall - trained) / trained:.1f}% "
                   f"(adds Python imports, Ray start and stop: {wall - tune_wall:.1f} s once per command)")
+        print(f"throughput: {3600 * len(trial_dirs) / tune_wall:.0f} trials/hour, {3600 * rounds / tune_wall:.0f} "
+              f"rounds/hour of Tune wall; {3600 * len(trial_dirs) / wall:.0f} trials/hour of the whole command")
         print(f"checkpoints {len(ckpts)}, {ckpt_bytes / 1e6:.2f} MB in all, "
               f"{ckpt_bytes / max(len(ckpts), 1) / 1e6:.2f} MB each")
     finally:
