@@ -223,6 +223,7 @@ def replay_search(table: Table, space, method: Method, seed: int, workers: int, 
     from optuna.trial import TrialState
 
     from autofl.tuning import asha
+    from autofl.tuning.repeats import ask_unseen
     from autofl.tuning.space import DefineByRun
     from autofl.tuning.strategy import make_sampler, study_start_points
 
@@ -243,8 +244,11 @@ def replay_search(table: Table, space, method: Method, seed: int, workers: int, 
     median_history: dict[int, list[float]] = {}
 
     def start(number: int) -> ReplayTrial:
-        ot = study.ask()
-        define(ot)
+        if mspace.sampler.skip_repeats:  # as the live ledger asks (autofl/tuning/repeats.py)
+            ot, _ = ask_unseen(study, define, space_size=len(table.configs))
+        else:
+            ot = study.ask()
+            define(ot)
         config = table.index[table.key({k.split(":", 1)[-1]: v for k, v in ot.params.items()})]
         bracket = int(bracket_rng.choice(len(bracket_p), p=bracket_p)) if len(bracket_p) > 1 else 0
         return ReplayTrial(number, config, ot, bracket, judged={})
@@ -372,6 +376,10 @@ def default_methods() -> list[Method]:
         Method("tpe+median", {"kind": "tpe"}, {"kind": "median", "grace_period": 2}),
         Method("random+asha+reeval3", {"kind": "random"}, asha, reeval_top=3),
         Method("tpe+asha+reeval3", {"kind": "tpe"}, asha, reeval_top=3),
+        # sampler.skip_repeats: a config already trained is told its outcome, not trained again
+        Method("random+asha(skip repeats)", {"kind": "random", "skip_repeats": True}, asha),
+        Method("tpe+asha(skip repeats)", {"kind": "tpe", "skip_repeats": True}, asha),
+        Method("tpe+asha(skip repeats)+reeval3", {"kind": "tpe", "skip_repeats": True}, asha, reeval_top=3),
     ]
     return methods
 

@@ -64,8 +64,9 @@ def shown_state(state: str, user_attrs: dict[str, Any], live_driver: bool) -> st
 
 
 def counted(trial: Any) -> bool:
-    """Whether a trial counts against the study's requested trials (interrupted ones are replaced)."""
-    return not trial.user_attrs.get("interrupted")
+    """Whether a trial counts against the study's requested trials (interrupted ones are replaced;
+    a repeat told its twin's outcome, autofl/tuning/repeats.py, trained nothing)."""
+    return not trial.user_attrs.get("interrupted") and "repeat_of" not in trial.user_attrs
 
 
 def rounds_used(trials: Iterable[Any]) -> dict[str, int]:
@@ -227,7 +228,8 @@ class Ledger:
         return engine is not None and engine.dialect.name == "postgresql"
 
     def ask(self, run_name: str, tune_trial_id: str, known: set[str], budget: int, sampler: Any,
-            define: Callable[[Any], dict[str, Any] | None]) -> tuple[int, dict[str, Any]] | None:
+            define: Callable[[Any], dict[str, Any] | None],
+            skip_repeats: bool = False) -> tuple[int, dict[str, Any]] | None:
         """A new trial for Tune trial `tune_trial_id` of `run_name`, tagged with both: its number
         and params; None when the run's `budget` (counting the `known` Tune ids its searcher
         handed out) or the study's requested total is reached. Count and create happen under
@@ -237,8 +239,16 @@ class Ledger:
             trials = study.get_trials(deepcopy=False)
             if self._run_budget_used(trials, run_name, known) >= budget or self._study_budget_reached(trials):
                 return None
-            trial = study.ask()
-            returned = define(trial)  # define-by-run: may return constants to add to the params
+            if skip_repeats:  # a config a finished trial trained is told its outcome, not trained again
+                from autofl.tuning.repeats import ask_unseen
+
+                from autofl.tuning.space import grid_size
+
+                space = getattr(define, "space", None)  # DefineByRun: its space's size, 0 if continuous
+                trial, returned = ask_unseen(study, define, space_size=grid_size(space) if space else None)
+            else:
+                trial = study.ask()
+                returned = define(trial)  # define-by-run: may return constants to add to the params
             trial.set_user_attr("tune_trial_id", tune_trial_id)  # inside the lock: untagged RUNNING = orphan
             trial.set_user_attr("tune_run", run_name)
         return trial.number, {**trial.params, **(returned if isinstance(returned, dict) else {})}

@@ -28,8 +28,9 @@ class StudySearcher(Searcher):
 
     def __init__(self, ledger: Ledger, define: Callable[[Any], dict[str, Any] | None], sampler: Any,
                  metric: str | list[str], mode: str | list[str], max_t: int, run_name: str, budget: int,
-                 points_to_evaluate: list[dict[str, Any]] | None = None):
+                 points_to_evaluate: list[dict[str, Any]] | None = None, skip_repeats: bool = False):
         super().__init__(metric=metric, mode=mode)
+        self._skip_repeats = skip_repeats  # sampler.skip_repeats: autofl/tuning/repeats.py
         self._ledger = ledger
         self._define = define  # Optuna define-by-run: suggests the trial's params
         self._sampler = sampler
@@ -58,7 +59,7 @@ class StudySearcher(Searcher):
         if self._max_concurrent and live >= self._max_concurrent:
             return None  # asked again when a trial completes
         asked = self._ledger.ask(self._run_name, trial_id, set(self._trials), self._budget, self._sampler,
-                                 self._define)
+                                 self._define, skip_repeats=getattr(self, "_skip_repeats", False))  # a searcher pickled before the option: off
         if asked is None:
             return Searcher.FINISHED
         number, params = asked

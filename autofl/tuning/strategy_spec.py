@@ -36,7 +36,7 @@ TPE_DEFAULTS: dict[str, Any] = {"n_startup_trials": 20, "multivariate": False, "
 
 def only_own_options(spec: Strict, owners: dict[str, tuple[str, ...]], section: str) -> None:
     kind = getattr(spec, "kind")
-    for name in sorted(spec.model_fields_set - {"kind"}):
+    for name in sorted(spec.model_fields_set - {"kind", "skip_repeats"}):  # skip_repeats: every sampler kind
         if name not in owners[kind]:
             takes = ", ".join(owners[kind]) or "no options"
             users = ", ".join(k for k, opts in owners.items() if name in opts)
@@ -64,6 +64,10 @@ class SamplerSpec(Strict):
     lr_adapt: bool | None = None
     qmc_type: Literal["sobol", "halton"] | None = None
     scramble: bool | None = Field(None, description="qmc: randomize the sequence with the space's seed")
+    skip_repeats: bool = Field(False, description="any kind: a proposed config that a finished trial already "
+                               "trained is told that trial's outcome instead of training again, and the sampler "
+                               "is asked again (for categorical or stepped spaces; see README 'How good is the "
+                               "search?')")
 
     def options(self) -> dict[str, Any]:
         """The keyword arguments of this kind's Optuna sampler (TPE: autofl's defaults where unset)."""

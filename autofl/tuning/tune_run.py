@@ -35,7 +35,8 @@ def make_searcher(space: SearchSpace, ledger: Ledger, run_name: str, trials: int
         max_t=space.max_rounds, run_name=run_name, budget=trials,
         # issue 18: never more start points than the run's budget (a cross-method study with fewer
         # trials than methods left the rest WAITING forever)
-        points_to_evaluate=study_start_points(space)[:trials] if with_start_point else None)
+        points_to_evaluate=study_start_points(space)[:trials] if with_start_point else None,
+        skip_repeats=space.sampler.skip_repeats)
 
 
 def make_scheduler(space: SearchSpace, ledger: Ledger):
