@@ -241,7 +241,6 @@ class Ledger:
                 return None
             if skip_repeats:  # a config a finished trial trained is told its outcome, not trained again
                 from autofl.tuning.repeats import ask_unseen
-
                 from autofl.tuning.space import grid_size
 
                 space = getattr(define, "space", None)  # DefineByRun: its space's size, 0 if continuous

@@ -58,8 +58,9 @@ class StudySearcher(Searcher):
         live = len(set(self._trials) - self._finished)
         if self._max_concurrent and live >= self._max_concurrent:
             return None  # asked again when a trial completes
+        skip_repeats = getattr(self, "_skip_repeats", False)  # a searcher pickled before the option: off
         asked = self._ledger.ask(self._run_name, trial_id, set(self._trials), self._budget, self._sampler,
-                                 self._define, skip_repeats=getattr(self, "_skip_repeats", False))  # a searcher pickled before the option: off
+                                 self._define, skip_repeats=skip_repeats)
         if asked is None:
             return Searcher.FINISHED
         number, params = asked
