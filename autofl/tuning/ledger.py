@@ -346,16 +346,21 @@ class Ledger:
     def open_in_run(self, run_name: str) -> list[Any]:
         return [t for t in self.trials(OPEN_STATES) if t.user_attrs.get("tune_run") == run_name]
 
+    def _open_with_last(self, run_name: str, last: dict[str, dict[str, Any]]) -> Iterator[tuple[Any, dict[str, Any]]]:
+        """The trials of `run_name` still open that `last` (Tune's last result, by Tune trial id)
+        holds a result with a round of, with that result."""
+        for t in self.open_in_run(run_name):
+            result = last.get(str(t.user_attrs.get("tune_trial_id")))
+            if result and result.get("round"):
+                yield t, result
+
     def record_last_results(self, run_name: str, last: dict[str, dict[str, Any]], metric: str) -> int:
         """Record, for the trials of `run_name` still open, the round of Tune's last result
         (`last`, by Tune trial id) that the ledger has not recorded. Returns how many."""
         recorded = 0
-        for t in self.open_in_run(run_name):
-            result = last.get(str(t.user_attrs.get("tune_trial_id")))
-            if not result:
-                continue
-            rnd, value = int(result.get("round", 0)), result.get(metric)
-            if rnd and rnd not in t.intermediate_values and value is not None and math.isfinite(value):
+        for t, result in self._open_with_last(run_name, last):
+            rnd, value = int(result["round"]), result.get(metric)
+            if rnd not in t.intermediate_values and value is not None and math.isfinite(value):
                 recorded += self.report(t.number, float(value), rnd)
         return recorded
 
@@ -364,11 +369,9 @@ class Ledger:
         of (`last`, by Tune trial id) as that result says (`outcome()`: all rounds trained is
         COMPLETE, fewer PRUNED). Returns how many."""
         closed = 0
-        for t in self.open_in_run(run_name):
-            result = last.get(str(t.user_attrs.get("tune_trial_id")))
-            if result and result.get("round"):
-                self.close(t.number, result, False, metrics, max_t)
-                closed += 1
+        for t, result in self._open_with_last(run_name, last):
+            self.close(t.number, result, False, metrics, max_t)
+            closed += 1
         return closed
 
     def settle_run(self, run_name: str) -> int:

@@ -22,14 +22,20 @@ def is_repeat(trial: Any) -> bool:
     return "repeat_of" in trial.user_attrs
 
 
-def twin_of(study: Any, params: dict[str, Any]) -> Any | None:
-    """The first COMPLETE or PRUNED trial (not itself a told repeat) with exactly `params`."""
+def config_key(params: dict[str, Any]) -> tuple:
+    return tuple(sorted(params.items()))
+
+
+def trained_configs(study: Any) -> dict[tuple, Any]:
+    """Each config COMPLETE or PRUNED trials trained (not told repeats), by `config_key`: the first
+    such trial, the twin a repeat of it is told as."""
     from optuna.trial import TrialState
 
+    trained: dict[tuple, Any] = {}
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
-        if t.params == params and not is_repeat(t):
-            return t
-    return None
+        if not is_repeat(t):
+            trained.setdefault(config_key(t.params), t)
+    return trained
 
 
 def tell_as_twin(study: Any, trial: Any, twin: Any) -> None:
@@ -48,25 +54,18 @@ def tell_as_twin(study: Any, trial: Any, twin: Any) -> None:
         study.tell(trial, state=TrialState.PRUNED)
 
 
-def configs_trained(study: Any) -> int:
-    """How many distinct configs COMPLETE or PRUNED trials (not told repeats) trained."""
-    from optuna.trial import TrialState
-
-    return len({tuple(sorted(t.params.items())) for t in study.get_trials(
-        deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)) if not is_repeat(t)})
-
-
 def ask_unseen(study: Any, define: Callable[[Any], Any], tries: int = REPEAT_TRIES,
                space_size: int | None = None) -> tuple[Any, Any]:
     """`study.ask()` and `define(trial)` (define-by-run), skipping proposals a finished trial already
     trained (told as their twin). Returns the trial to train and what `define` returned. Once every
     one of a finite space's `space_size` configs was trained, nothing is unseen: a plain ask."""
-    if space_size and configs_trained(study) >= space_size:
+    trained = trained_configs(study)  # a told repeat adds no config: read once per ask
+    if space_size and len(trained) >= space_size:
         tries = 0
     for attempt in range(tries + 1):
         trial = study.ask()
         returned = define(trial)
-        twin = None if attempt == tries else twin_of(study, trial.params)
+        twin = None if attempt == tries else trained.get(config_key(trial.params))
         if twin is None:
             return trial, returned
         tell_as_twin(study, trial, twin)
