@@ -39,3 +39,15 @@ def require_example_plugin() -> None:
     if os.environ.get("CI"):
         pytest.fail(message + "; .ci/run installs it")
     pytest.skip(message)
+
+
+def new_ledger(tmp_path: Path):
+    """A study ledger on a fresh single-objective (maximize) study in tmp_path/s."""
+    from autofl.tuning.ledger import Ledger
+
+    root = tmp_path / "s"
+    root.mkdir()
+    (root / "space.yaml").write_text("study: s\n")
+    ledger = Ledger(root)
+    ledger.study(create_directions=["maximize"])
+    return ledger

@@ -10,15 +10,8 @@ import optuna
 import pytest
 
 from autofl.tuning.ledger import INTERRUPTED, Ledger, outcome, shown_state
+from conftest import new_ledger
 
-
-def _ledger(tmp_path) -> Ledger:
-    root = tmp_path / "s"
-    root.mkdir()
-    (root / "space.yaml").write_text("study: s\n")
-    ledger = Ledger(root)
-    ledger.study(create_directions=["maximize"])
-    return ledger
 
 
 def _ask(ledger: Ledger, tune_id: str, run: str = "run-1", known: set[str] | None = None, budget: int = 10):
@@ -54,7 +47,7 @@ def test_shown_state_marks_what_a_killed_driver_left_interrupted():
 
 
 def test_a_trial_is_closed_once_and_mapped_both_ways(tmp_path):
-    ledger = _ledger(tmp_path)
+    ledger = new_ledger(tmp_path)
     number, params = _ask(ledger, "t1")
     assert set(params) == {"x"} and ledger.number_of("t1") == number and ledger.state_of("t1") == "RUNNING"
     assert ledger.report(number, 0.5, 1) and ledger.report(number, 0.6, 2)
@@ -69,7 +62,7 @@ def test_a_trial_is_closed_once_and_mapped_both_ways(tmp_path):
 
 
 def test_budget_cut_orphans_and_the_run_budget(tmp_path):
-    ledger = _ledger(tmp_path)
+    ledger = new_ledger(tmp_path)
     trained, _ = _ask(ledger, "trained")
     ledger.report(trained, 0.4, 1)
     never, _ = _ask(ledger, "never")
@@ -86,7 +79,7 @@ def test_budget_cut_orphans_and_the_run_budget(tmp_path):
 def test_tunes_last_results_complete_what_a_budget_cut_left_open(tmp_path):
     """Tune stops the live trials when a budget stopper fires, without telling the searcher; the
     last result it held of each is recorded, and closes the trial as the outcome rule says."""
-    ledger = _ledger(tmp_path)
+    ledger = new_ledger(tmp_path)
     full, _ = _ask(ledger, "full")
     ledger.report(full, 0.5, 3)  # round 4, its last, was still held by Tune
     cut, _ = _ask(ledger, "cut")

@@ -7,9 +7,10 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autofl.tuning.ledger import Ledger, counted
+from autofl.tuning.ledger import counted
 from autofl.tuning.repeats import ask_unseen, is_repeat
 from autofl.tuning.space import SearchSpace
+from conftest import new_ledger
 
 
 def define(trial):
@@ -44,17 +45,9 @@ def test_trained_configs_are_told_not_retrained_until_the_grid_is_exhausted():
     assert sum(is_repeat(t) for t in study.trials[before:]) == 3 and trial.number == before + 3
 
 
-def _ledger(tmp_path) -> Ledger:
-    root = tmp_path / "s"
-    root.mkdir()
-    (root / "space.yaml").write_text("study: s\n")
-    ledger = Ledger(root)
-    ledger.study(create_directions=["maximize"])
-    return ledger
-
 
 def test_the_ledger_asks_past_repeats_and_they_count_against_no_budget(tmp_path):
-    ledger = _ledger(tmp_path)
+    ledger = new_ledger(tmp_path)
     sampler = optuna.samplers.RandomSampler(seed=1)
     known: set[str] = set()
     for i in range(4):
@@ -95,7 +88,7 @@ def test_the_study_searcher_takes_the_option_from_the_space(tmp_path):
         "params": {"fl.lr": {"type": "categorical", "choices": [0.1, 0.01]},
                    "fl.momentum": {"type": "categorical", "choices": [0.0, 0.9]}},
         "sampler": {"kind": "random", "skip_repeats": True}, "scheduler": {"kind": "none"}})
-    ledger = _ledger(tmp_path)
+    ledger = new_ledger(tmp_path)
     searcher = make_searcher(space, ledger, "run-1", trials=4, with_start_point=False)
     configs = []
     for i in range(4):

@@ -156,13 +156,18 @@ def test_a_second_driver_on_a_sqlite_study_is_refused_while_the_first_runs(tmp_p
     assert again.returncode == 0, again.stderr[-2000:]
 
 
-def test_budget_rounds_stops_the_study_cleanly_and_status_shows_it(tmp_path):
+def run_budget_study(tmp_path: Path, study: str, budget_rounds: int):
+    """An 8-trial, 4-round study, trials one at a time and never pruned, ended by `budget_rounds`."""
     home = tmp_path / "home"
-    path = space_file(tmp_path, "budget", trials=8, rounds=4)
+    path = space_file(tmp_path, study, trials=8, rounds=4)
     tree = yaml.safe_load(path.read_text())
-    tree.update(budget_rounds=10, scheduler={"kind": "none"}, resources={"cpu": 2})  # trials one at a time
+    tree.update(budget_rounds=budget_rounds, scheduler={"kind": "none"}, resources={"cpu": 2})
     path.write_text(yaml.safe_dump(tree))
-    proc = run(["search", "--space", path, "--dir", home])
+    return home, run(["search", "--space", path, "--dir", home])
+
+
+def test_budget_rounds_stops_the_study_cleanly_and_status_shows_it(tmp_path):
+    home, proc = run_budget_study(tmp_path, "budget", budget_rounds=10)
     assert proc.returncode == 0, proc.stderr[-3000:]
     trials = trials_of(home, "budget")
     used = sum(max(t.intermediate_values, default=0) for t in trials)
@@ -178,12 +183,7 @@ def test_a_budget_ending_on_a_trials_last_round_completes_it(tmp_path):
     """The budget stopper fires on the result that also ends a trial: Tune holds that result while
     it saves the trial's last checkpoint and stops the trial without telling the searcher. CI saw
     this exit 130 ("interrupted") from a study that had spent its budget."""
-    home = tmp_path / "home"
-    path = space_file(tmp_path, "exact", trials=8, rounds=4)
-    tree = yaml.safe_load(path.read_text())
-    tree.update(budget_rounds=8, scheduler={"kind": "none"}, resources={"cpu": 2})  # trials one at a time
-    path.write_text(yaml.safe_dump(tree))
-    proc = run(["search", "--space", path, "--dir", home])
+    home, proc = run_budget_study(tmp_path, "exact", budget_rounds=8)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     real = [t for t in trials_of(home, "exact") if not t.user_attrs.get("interrupted")]
     assert [(t.state.name, max(t.intermediate_values)) for t in real] == [("COMPLETE", 4), ("COMPLETE", 4)]
