@@ -64,3 +64,21 @@ def test_a_step_is_compiled_once_per_key_and_reused_across_trials():
     other_loss = compiled.compiled(compiled.client_loss, compiled.step_key(loss_b, 0, 0), cpu)
     assert first is again
     assert len({id(first), id(other_update), id(other_loss)}) == 3
+
+
+@pytest.mark.parametrize("method", ["fedeccr", "fedavg"])
+def test_a_compiled_step_does_not_recompile_across_rounds(method):
+    """What changes between rounds reaches the compiled step as tensor inputs (FedECCR's loss weight
+    alpha = 1 - r/R is a 0-dim tensor), so rounds 2 and 3 replay what round 1 compiled: torch raises
+    under the "fail_on_recompile" stance otherwise."""
+    from autofl.engine.simulation import Simulation
+    from autofl.methods.registry import get_method_class
+
+    exp = load_experiment(None, [f"method.name={method}", "fl.rounds=3", "data.num_clients=4",
+                                 "runtime.executor=vectorized", "runtime.compile=on"])
+    sim = Simulation(exp, get_method_class(method))
+    sim.run_round()
+    with torch.compiler.set_stance("fail_on_recompile"):
+        sim.run_round()
+        sim.run_round()
+    assert sim.round == 3

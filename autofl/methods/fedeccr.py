@@ -110,14 +110,17 @@ class FedECCR(Method):
     # ----- client ----------------------------------------------------------------------------
     def local_stages(self, rnd: int, server: FedECCRState) -> list[Stage]:
         """alpha * L_pc + (1 - alpha) * CE, alpha = 1 - r/R, against this round's global prototypes."""
-        alpha = 1.0 - rnd / self.exp.fl.rounds
         protos, has, tau = server.prototypes, server.has_prototype, self.params.tau
         assert protos is not None and has is not None
+        # alpha changes every round: 0-dim tensors (each rounded from the float, as a Python scalar
+        # would be) so a compiled step takes them as inputs instead of recompiling each round
+        alpha_f = 1.0 - rnd / self.exp.fl.rounds
+        alpha, one_minus_alpha = (torch.tensor(v, dtype=protos.dtype, device=protos.device) for v in (alpha_f, 1 - alpha_f))
 
         def loss(ws: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
             f = ws.model.encoder(x)
             ce = F.cross_entropy(ws.model.head(f), y)
-            return alpha * prototype_contrast(f, y, protos, has, tau) + (1 - alpha) * ce
+            return alpha * prototype_contrast(f, y, protos, has, tau) + one_minus_alpha * ce
 
         return [Stage((Update(("model.",), loss),))]
 
