@@ -146,7 +146,8 @@ class RuntimeConfig(Strict):
                                      "None: all sampled clients")
     compile: Literal["auto", "off", "on"] = Field(
         "auto", description="the executor's per-step function compiled with torch.compile (CUDA graphs on a GPU): "
-        "auto = where it pays for its compile time (never on CPU), on, off")
+        "auto = where it pays for its compile time (CPU: vectorized trials of enough lockstep steps; "
+        "CUDA: long trials), on, off")
 
     @field_validator("compile", mode="before")
     @classmethod

@@ -28,16 +28,40 @@ def test_unknown_compile_value_is_one_line_naming_the_field():
     assert "\n" not in line and "runtime.compile" in line and "auto" in line and "off" in line
 
 
-def test_auto_is_eager_on_cpu_and_compiles_long_cuda_trials_only():
+def test_auto_compiles_long_vectorized_cpu_trials_and_long_cuda_trials_only():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert compiled.choose_compile("auto", cpu, 10_000)[0] is False
-    assert "CPU" in compiled.choose_compile("auto", cpu, 10_000)[1]
+    need = compiled.AUTO_MIN_STEPS_CPU
+    assert compiled.choose_compile("auto", cpu, 10, "vectorized", need // 10)[0] is True
+    short, why = compiled.choose_compile("auto", cpu, 10, "vectorized", need // 10 - 1)
+    assert short is False and f"{need - 10} lockstep steps are too few" in why
+    # per-client steps stay eager on CPU however long the trial; unknown steps (the search's banner) too
+    seq, why = compiled.choose_compile("auto", cpu, 10_000, "sequential", 10_000)
+    assert seq is False and "per-client steps" in why
+    banner, why = compiled.choose_compile("auto", cpu, 10_000, "vectorized", None)
+    assert banner is False and f"at least {need}" in why
     short, why = compiled.choose_compile("auto", cuda, compiled.AUTO_MIN_ROUNDS_CUDA - 1)
     assert short is False and "too few" in why
     assert compiled.choose_compile("auto", cuda, compiled.AUTO_MIN_ROUNDS_CUDA)[0] is True
     assert compiled.choose_compile("on", cpu, 1) == (True, "runtime.compile=on, default mode")
     assert compiled.choose_compile("on", cuda, 1)[1].endswith("reduce-overhead mode")
     assert compiled.choose_compile("off", cuda, 10_000)[0] is False
+
+
+@pytest.mark.parametrize("rounds,compiles", [(3, False), (2000, True)])
+def test_a_trials_lockstep_steps_decide_auto_on_cpu(rounds, compiles):
+    """The simulation counts its lockstep steps from its data (the longest client's batches x epochs);
+    only building it, nothing is compiled here."""
+    from autofl.engine.simulation import Simulation
+    from autofl.methods.registry import get_method_class
+
+    exp = load_experiment(None, [f"fl.rounds={rounds}", "fl.batch_size=8", "runtime.executor=vectorized",
+                                 "runtime.compile=auto"])
+    sim = Simulation(exp, get_method_class(exp.method.name))
+    per_round = sim.lockstep_steps_per_round()
+    longest = max(len(c.train) for c in sim.data.clients)
+    assert per_round == -(-longest // 8) * exp.fl.local_epochs
+    assert sim.executor.compile_steps is compiles
+    assert f"{rounds * per_round} lockstep steps" in sim.executor_line
 
 
 @pytest.mark.parametrize("executor", ["sequential", "vectorized"])

@@ -22,7 +22,8 @@ generated kernels are cached on disk (`TORCHINDUCTOR_CACHE_DIR`, torch's default
 `/tmp/torchinductor_<user>`), so a new process compiles the same step from cache.
 
 On CUDA the mode is "reduce-overhead" (CUDA graphs: one launch per step); on CPU inductor's
-default mode. `auto` decides with `choose_compile`.
+default mode. `auto` decides with `choose_compile`: on CUDA by the trial's rounds, on CPU by the
+vectorized trial's lockstep steps (the sequential executor stays eager on CPU).
 """
 
 from __future__ import annotations
@@ -37,6 +38,15 @@ from torch.func import functional_call, grad, vmap
 # (less from inductor's disk cache); the issue measured 1.11 s for an eager fedfcd-t1 round on an
 # H100 against a 50 ms target, so compiling pays after some 30-60 rounds. Provisional until measured.
 AUTO_MIN_ROUNDS_CUDA = 50
+
+# lockstep steps (rounds x the longest client's batches a round) a vectorized trial must run before
+# `auto` compiles on CPU. Measured on 2 cores with an empty inductor cache (README Benchmarks,
+# fedfcd-t1, 263 steps a round): compiling cost 10-37 s and the compiled round was 1.5-2.7x faster,
+# so it paid from round 3 (fedrep) to round 40 (fedgh: 14 s of compile, 0.35 s saved a round;
+# fedavg 13 s, 0.84 -> 0.37 s, from round 29). 11,000 steps (round 42 there) is past every method's
+# break-even, so `auto` never makes those runs slower. The sequential executor's per-client steps
+# ran slower compiled (fedavg 4.10 s against 2.26 s a round), so `auto` keeps them eager on CPU.
+AUTO_MIN_STEPS_CPU = 11_000
 
 
 def batched_grads(ws: torch.nn.Module, loss: Callable[..., torch.Tensor], rest_dims: dict[str, int | None],
@@ -90,15 +100,26 @@ def before_call(device: torch.device) -> None:
         torch.compiler.cudagraph_mark_step_begin()
 
 
-def choose_compile(choice: str, device: torch.device, rounds: int) -> tuple[bool, str]:
-    """Whether to compile under runtime.compile = `choice`, and the reason for the log line."""
+def choose_compile(choice: str, device: torch.device, rounds: int, executor: str = "vectorized",
+                   steps_per_round: int | None = None) -> tuple[bool, str]:
+    """Whether to compile under runtime.compile = `choice`, and the reason for the log line.
+    `steps_per_round`: the executor's lockstep steps a round (the longest client's batches times its
+    epochs), None where the data is not loaded yet (the search's banner)."""
     if choice == "on":
         return True, f"runtime.compile=on, {compile_mode(device)} mode"
     if choice == "off":
         return False, "runtime.compile=off"
     if device.type != "cuda":
-        return False, ("runtime.compile=auto: eager on CPU (compiled steps measured no faster there; "
-                       "see README Benchmarks)")
+        if executor != "vectorized":
+            return False, "runtime.compile=auto: eager, per-client steps on CPU gain nothing from compiling"
+        if steps_per_round is None:
+            return False, (f"runtime.compile=auto: each trial compiles if it runs at least {AUTO_MIN_STEPS_CPU} "
+                           f"lockstep steps")
+        steps = rounds * steps_per_round
+        if steps < AUTO_MIN_STEPS_CPU:
+            return False, (f"runtime.compile=auto: eager, {steps} lockstep steps are too few to pay the compile "
+                           f"time on CPU (compiles from {AUTO_MIN_STEPS_CPU})")
+        return True, f"runtime.compile=auto: compiled with inductor ({steps} lockstep steps pay the compile time)"
     if rounds < AUTO_MIN_ROUNDS_CUDA:
         return False, (f"runtime.compile=auto: eager, {rounds} rounds are too few to pay the compile time "
                        f"(compiles from {AUTO_MIN_ROUNDS_CUDA})")

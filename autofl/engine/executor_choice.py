@@ -40,19 +40,22 @@ def slower_vectorized(ws: Workspace, device: torch.device) -> str | None:
 
 def make_executor(choice: str, ws: Workspace, client_chunk: int | None,
                   device: torch.device = torch.device("cpu"), compile_choice: str = "off",
-                  rounds: int = 1) -> tuple[Executor, str]:
+                  rounds: int = 1, steps_per_round: int | None = None) -> tuple[Executor, str]:
     """The executor for runtime.executor = `choice` and runtime.compile = `compile_choice` on
-    `device` for a trial of `rounds` rounds, and a line saying which and why."""
-    compile_steps, compile_why = choose_compile(compile_choice, device, rounds)
-    steps = f"; steps: {'compiled' if compile_steps else 'eager'} ({compile_why})"
-    if choice == "sequential":
-        return SequentialExecutor(ws, compile_steps), f"executor: sequential (runtime.executor=sequential){steps}"
-    unsupported = vectorizable(ws)
+    `device` for a trial of `rounds` rounds of `steps_per_round` lockstep steps (None: not known
+    yet), and a line saying which and why."""
+    unsupported = vectorizable(ws) if choice != "sequential" else None
     if unsupported is not None and choice == "vectorized":
         raise ConfigError(f"runtime.executor: vectorized cannot run this model: {unsupported}; "
                           f"allowed here: auto, sequential")
     blocker = unsupported or (slower_vectorized(ws, device) if choice == "auto" else None)
-    if blocker is None:
+    vectorized = choice != "sequential" and blocker is None
+    compile_steps, compile_why = choose_compile(compile_choice, device, rounds,
+                                                "vectorized" if vectorized else "sequential", steps_per_round)
+    steps = f"; steps: {'compiled' if compile_steps else 'eager'} ({compile_why})"
+    if choice == "sequential":
+        return SequentialExecutor(ws, compile_steps), f"executor: sequential (runtime.executor=sequential){steps}"
+    if vectorized:
         chunk = f", {client_chunk} clients per chunk" if client_chunk else ""
         return (VectorizedExecutor(ws, client_chunk, compile_steps),
                 f"executor: vectorized (runtime.executor={choice}{chunk}){steps}")

@@ -49,7 +49,8 @@ class Simulation:
         self.workspace = Workspace(self.model, self.method.copies)
         self.executor, self.executor_line = make_executor(exp.runtime.executor, self.workspace,
                                                           exp.runtime.client_chunk, self.device,
-                                                          exp.runtime.compile, exp.fl.rounds)
+                                                          exp.runtime.compile, exp.fl.rounds,
+                                                          self.lockstep_steps_per_round())
         self.client_states: dict[int, dict[str, Any]] = {}
         self.round = 0  # rounds completed
         self.history: list[dict[str, float]] = []
@@ -58,6 +59,11 @@ class Simulation:
         self.clients_done: Callable[[int], None] | None = None
         self._set_round_seed()
         self.apply(self.method.init_server(self.server_context(trained=False)))
+
+    def lockstep_steps_per_round(self) -> int:
+        """The vectorized executor's steps in a round: the longest client's batches times its local epochs."""
+        longest = max((len(c.train) for c in self.data.clients), default=0)
+        return -(-longest // self.exp.fl.batch_size) * self.exp.fl.local_epochs
 
     @property
     def num_clients(self) -> int:
