@@ -106,3 +106,16 @@ def test_a_compiled_step_does_not_recompile_across_rounds(method):
         sim.run_round()
         sim.run_round()
     assert sim.round == 3
+
+
+def test_auto_stays_eager_on_cpu_without_a_cpp_compiler(monkeypatch, tmp_path):
+    """Inductor builds CPU kernels with $CXX (default g++): where none is installed, `auto` says so and
+    runs eager instead of failing at the first step; `on` is the user's explicit choice and stays on."""
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    cpu = torch.device("cpu")
+    eager, why = compiled.choose_compile("auto", cpu, 10_000, "vectorized", 10_000)
+    assert eager is False and "no C++ compiler" in why and "no-such-compiler" in why
+    assert compiled.choose_compile("on", cpu, 10_000, "vectorized", 10_000)[0] is True
+    monkeypatch.delenv("CXX")
+    assert compiled.cpu_compiler() is not None  # this machine (and CI) has g++: the compiled tests run
+    assert compiled.choose_compile("auto", cpu, 10_000, "vectorized", 10_000)[0] is True

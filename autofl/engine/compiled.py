@@ -28,6 +28,9 @@ vectorized trial's lockstep steps (the sequential executor stays eager on CPU).
 
 from __future__ import annotations
 
+import os
+import shutil
+import sys
 import types
 from typing import Any, Callable, Hashable
 
@@ -100,6 +103,13 @@ def before_call(device: torch.device) -> None:
         torch.compiler.cudagraph_mark_step_begin()
 
 
+def cpu_compiler() -> str | None:
+    """The C++ compiler inductor builds CPU kernels with ($CXX, else g++; clang++ on macOS), if it is
+    installed; None where it is not (then compiling on CPU would fail at the first step)."""
+    name = os.environ.get("CXX", "clang++" if sys.platform == "darwin" else "g++")
+    return shutil.which(name)
+
+
 def choose_compile(choice: str, device: torch.device, rounds: int, executor: str = "vectorized",
                    steps_per_round: int | None = None) -> tuple[bool, str]:
     """Whether to compile under runtime.compile = `choice`, and the reason for the log line.
@@ -112,6 +122,9 @@ def choose_compile(choice: str, device: torch.device, rounds: int, executor: str
     if device.type != "cuda":
         if executor != "vectorized":
             return False, "runtime.compile=auto: eager, per-client steps on CPU gain nothing from compiling"
+        if cpu_compiler() is None:
+            return False, ("runtime.compile=auto: eager, no C++ compiler for inductor's CPU kernels "
+                           f"({os.environ.get('CXX', 'g++')} not found; install it or set $CXX)")
         if steps_per_round is None:
             return False, (f"runtime.compile=auto: each trial compiles if it runs at least {AUTO_MIN_STEPS_CPU} "
                            f"lockstep steps")
