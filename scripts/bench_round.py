@@ -3,6 +3,7 @@
     python scripts/bench_round.py [--scenario fedfcd-t1|fmnist-cnn|cifar10-cnn|digits]
                                   [--method fedavg|all] [--executor sequential|vectorized|both] [--repeats 3]
                                   [--device cpu|cuda] [--synthetic] [--compile off|on|auto|both]
+                                  [--peer /path/to/PFLlib]
 
 `--compile both` times each executor eager and compiled (runtime.compile off, then on) and prints
 `compile[METHOD EXECUTOR] compile_s .. eager_round_s .. compiled_round_s .. pays_at_round N`:
@@ -26,16 +27,23 @@ Scenarios (real data from $AUTOFL_DATA_ROOT, except digits):
 (labels uniform, fixed seed) where the files are missing, e.g. CIFAR-10 on a machine with no network:
 the arithmetic and the steps are the same, the accuracy is meaningless.
 
+`--peer PFLLIB` (fedfcd-t1 only) then times PFLlib's own rounds of the same methods in the same run
+(`scripts/peer_pfllib.py`: PFLlib's generator and DNN on the same workload) and prints
+`peer[METHOD] pfllib ALGO round_s .. speedup_EXECUTOR ..` (autofl's fastest mode per executor).
+
 Prints one line per method and executor, then `speedup[METHOD]` (sequential / vectorized) when
-both run; the last line is the smallest speedup (or the worst floor ratio with one executor).
+both run; then the smallest speedup (or the worst floor ratio with one executor).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -48,6 +56,11 @@ from autofl.engine.executor import batch_cuts
 from autofl.engine.simulation import Simulation
 from autofl.experiment import load_experiment
 from autofl.methods.registry import get_method_class, method_names
+
+# PFLlib's algorithm for each method (--peer); FedFCD is not in PFLlib: the issue compared it with
+# FedProto, the prototype method FedFCD builds on
+PFLLIB_PEERS = {"fedavg": "FedAvg", "fedprox": "FedProx", "fedper": "FedPer", "moon": "MOON", "ditto": "Ditto",
+                "fedrep": "FedRep", "fedproto": "FedProto", "fedgh": "FedGH", "fedfcd": "FedProto"}
 
 SCENARIOS: dict[str, list[str]] = {
     "fedfcd-t1": ["data.dataset=fmnist", "model.arch=mlp", "data.partition.kind=pathological",
@@ -188,7 +201,12 @@ def main() -> None:
                         help="runtime.compile of the timed runs (default: the config's, auto); both = off then on, "
                         "with the compile time and the round at which compiling pays")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--peer", type=Path, default=None, metavar="PFLLIB",
+                        help="a PFLlib checkout: after autofl's rounds, time PFLlib's own rounds of the same "
+                        "methods on fedfcd-t1 (scripts/peer_pfllib.py) and print autofl's speedup over them")
     args = parser.parse_args()
+    if args.peer is not None and args.scenario != "fedfcd-t1":
+        parser.error("--peer: PFLlib is timed on fedfcd-t1 only (allowed: --scenario fedfcd-t1)")
     executors = ["sequential", "vectorized"] if args.executor == "both" else [args.executor]
     device = resolve_device(args.device)
     flops_per_s = matmul_flops_per_second(device)
@@ -214,6 +232,28 @@ def main() -> None:
     else:
         worst = max(results, key=lambda m: results[m][executors[0]] / results[m]["floor"])
         print(f"worst_x_floor {worst} {results[worst][executors[0]] / results[worst]['floor']:.2f}")
+    if args.peer is not None:
+        peer(args.peer, results, executors)
+
+
+def peer(pfllib: Path, results: dict[str, dict[str, float]], executors: list[str]) -> None:
+    """PFLlib's rounds of the timed methods, in the same run: `peer[METHOD] pfllib ALGO round_s ..` and
+    autofl's speedup over it for each executor timed (its fastest mode when --compile both)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import peer_pfllib
+
+    data_root = os.environ.get("AUTOFL_DATA_ROOT")
+    if not data_root:
+        sys.exit("--peer: set AUTOFL_DATA_ROOT to the folder holding FashionMNIST/raw")
+    peer_pfllib.generate(pfllib, Path(data_root))
+    for method, r in results.items():
+        algo = PFLLIB_PEERS.get(method)
+        if algo is None:
+            print(f"peer[{method}] none: PFLlib has no such method", flush=True)
+            continue
+        seconds = statistics.median(peer_pfllib.round_seconds(pfllib, algo, 4)[1:])
+        ratios = "  ".join(f"speedup_{e} {seconds / r[e]:.2f}" for e in executors)
+        print(f"peer[{method}] pfllib {algo} round_s {seconds:.3f}  {ratios}", flush=True)
 
 
 if __name__ == "__main__":

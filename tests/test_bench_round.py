@@ -48,3 +48,26 @@ def test_compiling_pays_at_the_round_its_saving_covers_the_compile_time():
     assert bench.pays_at_round(-1.0, eager_s=1.0, compiled_s=0.5) == 0  # first round no slower: pays at once
     assert bench.pays_at_round(10.0, eager_s=1.0, compiled_s=1.0) == float("inf")  # never
     assert bench.pays_at_round(10.0, eager_s=1.0, compiled_s=1.2) == float("inf")
+
+
+PEER = SCRIPT.parent / "peer_pfllib.py"
+
+
+def test_peer_reads_pfllibs_round_times_in_both_of_its_formats():
+    spec = importlib.util.spec_from_file_location("peer_pfllib", PEER)
+    peer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(peer)
+    lines = ["------------------------- time cost ------------------------- 3.4877495765686035",  # serveravg
+             "-" * 50 + " 5.846229791641235",  # serverproto
+             "-------------Round number: 0-------------", "Average time cost: 22.17s.", "-" * 50]
+    assert [float(m.group(1)) for line in lines if (m := peer.ROUND_LINE.match(line))] == [3.4877495765686035,
+                                                                                          5.846229791641235]
+
+
+def test_peer_runs_pfllib_scripts_with_stand_ins_for_what_they_import_but_never_call(tmp_path):
+    script = tmp_path / "main.py"
+    script.write_text("import sys, ujson, cvxpy as cp, h5py\nfrom calmsize import size\n"
+                      "ujson.dump({'argv': sys.argv[1:], 'cp': cp.__name__}, open('out.json', 'w'))\n")
+    subprocess.run([sys.executable, str(PEER), "--inside", str(script), "-gr", "2"], cwd=tmp_path, check=True,
+                   timeout=60)
+    assert (tmp_path / "out.json").read_text() == '{"argv": ["-gr", "2"], "cp": "cvxpy"}'
