@@ -61,7 +61,8 @@ class Simulation:
         self.apply(self.method.init_server(self.server_context(trained=False)))
 
     def lockstep_steps_per_round(self) -> int:
-        """The vectorized executor's steps in a round: the longest client's batches times its local epochs."""
+        """The vectorized executor's steps in a round: the longest client's batches times fl.local_epochs
+        (a method's stages with epochs of their own, e.g. FedRep's head epochs, are counted as one)."""
         longest = max((len(c.train) for c in self.data.clients), default=0)
         return -(-longest // self.exp.fl.batch_size) * self.exp.fl.local_epochs
 

@@ -115,7 +115,8 @@ class FedECCR(Method):
         # alpha changes every round: 0-dim tensors (each rounded from the float, as a Python scalar
         # would be) so a compiled step takes them as inputs instead of recompiling each round
         alpha_f = 1.0 - rnd / self.exp.fl.rounds
-        alpha, one_minus_alpha = (torch.tensor(v, dtype=protos.dtype, device=protos.device) for v in (alpha_f, 1 - alpha_f))
+        alpha, one_minus_alpha = (torch.tensor(v, dtype=protos.dtype, device=protos.device)
+                                  for v in (alpha_f, 1 - alpha_f))
 
         def loss(ws: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
             f = ws.model.encoder(x)
