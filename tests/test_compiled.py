@@ -90,22 +90,34 @@ def test_a_step_is_compiled_once_per_key_and_reused_across_trials():
     assert len({id(first), id(other_update), id(other_loss)}) == 3
 
 
+def exp_overrides(method: str) -> list[str]:
+    return [f"method.name={method}", "fl.rounds=3", "data.num_clients=4", "runtime.executor=vectorized"]
+
+
 @pytest.mark.parametrize("method", ["fedeccr", "fedavg"])
 def test_a_compiled_step_does_not_recompile_across_rounds(method):
     """What changes between rounds reaches the compiled step as tensor inputs (FedECCR's loss weight
     alpha = 1 - r/R is a 0-dim tensor), so rounds 2 and 3 replay what round 1 compiled: torch raises
-    under the "fail_on_recompile" stance otherwise."""
+    under the "fail_on_recompile" stance otherwise. The compiled run's metrics are the eager run's."""
     from autofl.engine.simulation import Simulation
     from autofl.methods.registry import get_method_class
 
-    exp = load_experiment(None, [f"method.name={method}", "fl.rounds=3", "data.num_clients=4",
-                                 "runtime.executor=vectorized", "runtime.compile=on"])
+    exp = load_experiment(None, [*exp_overrides(method), "runtime.compile=on"])
     sim = Simulation(exp, get_method_class(method))
     sim.run_round()
     with torch.compiler.set_stance("fail_on_recompile"):
         sim.run_round()
         sim.run_round()
     assert sim.round == 3
+    # and what it replays is the eager step: the same metrics every round (float32, the executors' tolerance)
+    eager = Simulation(load_experiment(None, [*exp_overrides(method), "runtime.compile=off"]), get_method_class(method))
+    for _ in range(3):
+        eager.run_round()
+    assert len(eager.history) == len(sim.history) == 3
+    for a, b in zip(eager.history, sim.history):
+        assert set(a) == set(b)
+        for key in a:
+            assert abs(a[key] - b[key]) <= 1e-4, (key, a[key], b[key])
 
 
 def test_auto_stays_eager_on_cpu_without_a_cpp_compiler(monkeypatch, tmp_path):
