@@ -87,21 +87,23 @@ def _last_round(trial) -> int:
 
 def _uninterrupted_asha(trials: list, space: dict) -> list[int]:
     """The round at which ASHA, in one uninterrupted run, stops each trial (or max_t): Tune's own
-    ASHA bracket fed the trials' round values in the order they ran."""
+    AsyncHyperBandScheduler, through its public hooks, fed the trials' round values in the order they ran."""
     sched = space["scheduler"]
     max_t = space["base"]["fl"]["rounds"]
-    bracket = AsyncHyperBandScheduler(time_attr="round", metric="personal_val_acc", mode="max", max_t=max_t,
-                                      grace_period=sched["grace_period"],
-                                      reduction_factor=sched["reduction_factor"])._brackets[0]
+    tune_asha = AsyncHyperBandScheduler(time_attr="round", metric="personal_val_acc", mode="max", max_t=max_t,
+                                        grace_period=sched["grace_period"],
+                                        reduction_factor=sched["reduction_factor"])
     stops = []
     for t in sorted(trials, key=lambda t: t.number):
+        trial = SimpleNamespace(trial_id=str(t.number))
+        tune_asha.on_trial_add(None, trial)
         stop = max_t
         for rnd in range(1, max_t + 1):
             if rnd not in t.intermediate_values:  # it stopped where ASHA would not have: the lists differ
                 stop = rnd - 1
                 break
-            if bracket.on_result(SimpleNamespace(trial_id=str(t.number)), rnd,
-                                 t.intermediate_values[rnd]) == TrialScheduler.STOP:
+            result = {"round": rnd, "personal_val_acc": t.intermediate_values[rnd]}
+            if tune_asha.on_trial_result(None, trial, result) == TrialScheduler.STOP:
                 stop = rnd
                 break
         stops.append(stop)
