@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from autofl.tuning.objectives import REPORTED_KEYS
+from autofl.tuning.repeats import ask_unseen, is_repeat
 
 FINISHED_STATES = ("COMPLETE", "PRUNED", "FAIL")
 OPEN_STATES = ("RUNNING", "WAITING")
@@ -66,7 +67,7 @@ def shown_state(state: str, user_attrs: dict[str, Any], live_driver: bool) -> st
 def counted(trial: Any) -> bool:
     """Whether a trial counts against the study's requested trials (interrupted ones are replaced;
     a repeat told its twin's outcome, autofl/tuning/repeats.py, trained nothing)."""
-    return not trial.user_attrs.get("interrupted") and "repeat_of" not in trial.user_attrs
+    return not trial.user_attrs.get("interrupted") and not is_repeat(trial)
 
 
 def rounds_used(trials: Iterable[Any]) -> dict[str, int]:
@@ -240,7 +241,6 @@ class Ledger:
             if self._run_budget_used(trials, run_name, known) >= budget or self._study_budget_reached(trials):
                 return None
             if skip_repeats:  # a config a finished trial trained is told its outcome, not trained again
-                from autofl.tuning.repeats import ask_unseen
                 from autofl.tuning.space import grid_size
 
                 space = getattr(define, "space", None)  # DefineByRun: its space's size, 0 if continuous
