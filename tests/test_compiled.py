@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from autofl.engine import compiled
-from autofl.engine.executor import Workspace
+from autofl.engine.executor import Workspace, batch_cuts
 from autofl.engine.executor_choice import make_executor
 from autofl.errors import ConfigError
 from autofl.experiment import load_experiment
@@ -59,7 +59,7 @@ def test_a_trials_lockstep_steps_decide_auto_on_cpu(rounds, compiles):
     sim = Simulation(exp, get_method_class(exp.method.name))
     per_round = sim.lockstep_steps_per_round()
     longest = max(len(c.train) for c in sim.data.clients)
-    assert per_round == -(-longest // 8) * exp.fl.local_epochs
+    assert per_round == len(batch_cuts(longest, 8)) * exp.fl.local_epochs  # the executors' own batches
     assert sim.executor.compile_steps is compiles
     assert f"{rounds * per_round} lockstep steps" in sim.executor_line
 

@@ -20,7 +20,7 @@ from autofl.config import Experiment
 from autofl.data.datasets import RawDataset, load_raw_dataset
 from autofl.data.federated import FederatedData, build_federated
 from autofl.device import resolve_device
-from autofl.engine.executor import ClientJob, RoundPlan, Workspace
+from autofl.engine.executor import ClientJob, RoundPlan, Workspace, batch_cuts
 from autofl.engine.executor_choice import make_executor
 from autofl.engine.metrics import evaluate
 from autofl.engine.plan import TrainedClient, Upload
@@ -64,7 +64,7 @@ class Simulation:
         """The vectorized executor's steps in a round: the longest client's batches times fl.local_epochs
         (a method's stages with epochs of their own, e.g. FedRep's head epochs, are counted as one)."""
         longest = max((len(c.train) for c in self.data.clients), default=0)
-        return -(-longest // self.exp.fl.batch_size) * self.exp.fl.local_epochs
+        return len(batch_cuts(longest, self.exp.fl.batch_size)) * self.exp.fl.local_epochs
 
     @property
     def num_clients(self) -> int:
