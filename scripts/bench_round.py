@@ -251,7 +251,7 @@ def peer(pfllib: Path, results: dict[str, dict[str, float]], executors: list[str
         if algo is None:
             print(f"peer[{method}] none: PFLlib has no such method", flush=True)
             continue
-        seconds = statistics.median(peer_pfllib.round_seconds(pfllib, algo, 4)[1:])
+        seconds = peer_pfllib.median_round(pfllib, algo)[0]
         ratios = "  ".join(f"speedup_{e} {seconds / r[e]:.2f}" for e in executors)
         print(f"peer[{method}] pfllib {algo} round_s {seconds:.3f}  {ratios}", flush=True)
 

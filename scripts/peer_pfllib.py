@@ -33,6 +33,7 @@ import types
 from pathlib import Path
 
 STAND_INS = {"cvxpy", "h5py", "calmsize"}
+TIMED_ROUNDS = 4  # rounds timed after round 0
 ROUND_LINE = re.compile(r"^-{25,}(?: time cost -+)? ([0-9.]+)\s*$")
 
 
@@ -90,6 +91,13 @@ def round_seconds(pfllib: Path, algo: str, rounds: int) -> list[float]:
     return seconds
 
 
+def median_round(pfllib: Path, algo: str, rounds: int = TIMED_ROUNDS) -> tuple[float, list[float], float]:
+    """The median of PFLlib's `rounds` timed rounds of `algo` (the rounds after round 0, which
+    evaluates), those rounds, and round 0's time."""
+    seconds = round_seconds(pfllib, algo, rounds)
+    return statistics.median(seconds[1:]), seconds[1:], seconds[0]
+
+
 def main() -> None:
     if len(sys.argv) > 2 and sys.argv[1] == "--inside":
         run_inside(sys.argv[2], sys.argv[3:])
@@ -97,17 +105,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pfllib", type=Path, required=True, help="a PFLlib checkout")
     parser.add_argument("--algo", nargs="+", default=["FedAvg", "FedProto"])
-    parser.add_argument("--rounds", type=int, default=4, help="timed rounds after round 0")
+    parser.add_argument("--rounds", type=int, default=TIMED_ROUNDS, help="timed rounds after round 0")
     opts = parser.parse_args()
     data_root = os.environ.get("AUTOFL_DATA_ROOT")
     if not data_root:
         sys.exit("set AUTOFL_DATA_ROOT to the folder holding FashionMNIST/raw")
     generate(opts.pfllib, Path(data_root))
     for algo in opts.algo:
-        seconds = round_seconds(opts.pfllib, algo, opts.rounds)
-        timed = seconds[1:]
-        print(f"pfllib {algo:10s} round_s {statistics.median(timed):7.3f}  rounds {' '.join(f'{s:.2f}' for s in timed)}"
-              f"  (round 0, which evaluates: {seconds[0]:.2f})", flush=True)
+        median, timed, first = median_round(opts.pfllib, algo, opts.rounds)
+        print(f"pfllib {algo:10s} round_s {median:7.3f}  rounds {' '.join(f'{s:.2f}' for s in timed)}"
+              f"  (round 0, which evaluates: {first:.2f})", flush=True)
 
 
 if __name__ == "__main__":
