@@ -6,9 +6,10 @@ Runs a throw-away study (in a temporary folder) and prints: the whole command's 
 summed training time (Tune's `time_total_s`: the rounds and their evaluation), the command's overhead
 over that training as a percentage when trials ran one at a time, the size of the checkpoints
 written, and the study's throughput: trials and FL rounds per hour of Tune's wall time (what a long
-study on this machine finishes; pruned trials count as trials) and of the whole command. Without --space it uses the FedFCD Table-1 scenario with fedavg for 40 rounds,
-no ASHA, one trial at a time on 2 CPUs (trials of 30-40 s here), needing Fashion-MNIST in
-$AUTOFL_DATA_ROOT. `--set` overrides keys of the space (dotted, e.g. base.fl.rounds=20).
+study on this machine finishes; pruned trials count as trials) and of the whole command. Without
+--space it uses the FedFCD Table-1 scenario with fedavg for 40 rounds, no ASHA, one trial at a time
+on 2 CPUs (trials of 30-40 s here), needing Fashion-MNIST in $AUTOFL_DATA_ROOT. `--set` overrides
+keys of the space (dotted, e.g. base.fl.rounds=20).
 """
 
 from __future__ import annotations
