@@ -97,6 +97,7 @@ def run_experiment(study: Study, trials: int, address: str | None, restore: str 
     driver (`join`) runs its own experiment and takes trials from the study's shared budget."""
     from ray import tune
 
+    from autofl.tuning import interrupt
     from autofl.tuning.checkpoints import checkpoints_to_keep
     from autofl.tuning.live_view import LiveView, close_all
     from autofl.tuning.ray_start import init_ray, max_concurrent
@@ -130,16 +131,18 @@ def run_experiment(study: Study, trials: int, address: str | None, restore: str 
                                                         checkpoint_at_end=True),
                 failure_config=tune.FailureConfig(max_failures=space.max_failures),
                 stop=make_stopper(space, ledger, run_name),
-                callbacks=[LiveView(ledger)], verbose=0,  # the live view replaces Tune's reporter
+                # the live view replaces Tune's reporter; the watch notes a Ctrl-C
+                callbacks=[LiveView(ledger), interrupt.InterruptWatch()], verbose=0,
             ),
         )
     started = time.time()
-    try:
-        grid = tuner.fit()
-    finally:
-        close_all()
+    with interrupt.watching():
+        try:
+            grid = tuner.fit()
+        finally:
+            close_all()
     record_wall(study, run_name, time.time() - started)
-    settle_run(study, space, ledger, run_name, last_results(grid))
+    settle_run(study, space, ledger, run_name, last_results(grid), interrupted=interrupt.received())
 
 
 def last_results(grid: Any) -> dict[str, dict[str, Any]]:
@@ -153,17 +156,18 @@ def last_results(grid: Any) -> dict[str, dict[str, Any]]:
 
 
 def settle_run(study: Study, space: SearchSpace, ledger: Ledger, run: str,
-               last: dict[str, dict[str, Any]] | None = None) -> None:
-    """After Tune returns: if trials of this run are still open, either a budget ended the run (the
-    ledger records the trials it cut PRUNED, those it never started interrupted) or the driver was
-    interrupted (Ctrl-C: Tune saved its state; the run stays resumable).
+               last: dict[str, dict[str, Any]] | None = None, interrupted: bool = False) -> None:
+    """After Tune returns: if trials of this run are still open, or a Ctrl-C stopped Tune
+    (`interrupted`, even at a moment no trial was open), either a budget ended the run (the ledger
+    records the trials it cut PRUNED, those it never started interrupted) or the driver was
+    interrupted (Tune saved its state; the run stays resumable).
 
     When the budget stopper ends the experiment, Tune stops the live trials without telling the
     searcher, and a result Tune was still holding (a trial's last round, waiting for its end-of-trial
     checkpoint) never reached the ledger; `last` (Tune's last result of each trial) is recorded
     first, so the ledger counts the rounds the stopper counted, and a trial it holds a result of is
     closed as that result says (a trial that trained every round is COMPLETE)."""
-    if not ledger.open_in_run(run):
+    if not ledger.open_in_run(run) and not interrupted:
         return
     if last and not space.multi_objective:
         ledger.record_last_results(run, last, space.objective)
