@@ -10,10 +10,10 @@
 compile_s is how much longer the compiled run's first round took than the eager run's, and N the
 round from which the compiled run is ahead (inf: never, the compiled round is not faster).
 
-The floor is the round's arithmetic divided by this machine's dense matmul rate: forward+backward
-FLOPs of every training sample (`train_passes` of the method's model), plus its extra no-grad
-forwards (`extra_forwards`), counted by torch's FlopCounterMode on the method's own model, over
-the FLOP/s of a large `torch.mm` measured here. Evaluation is not part of a round's time
+The floor is the round's arithmetic divided by this machine's dense matmul rate: the FLOPs of the
+method's second round (every stage, epoch, update, no-grad forward and post-training pass it
+runs), counted by torch's FlopCounterMode around an eager vectorized run of that round, over the
+FLOP/s of a large `torch.mm` measured here. Evaluation is not part of a round's time
 (`fl.eval_every` is set past the timed rounds).
 
 Scenarios (real data from $AUTOFL_DATA_ROOT, except digits):
@@ -46,13 +46,11 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from autofl.registry import DATASETS
 from autofl.data.datasets import RawDataset
 from autofl.device import resolve_device
-from autofl.engine.executor import batch_cuts
 from autofl.engine.simulation import Simulation
 from autofl.experiment import load_experiment
 from autofl.methods.registry import get_method_class, method_names
@@ -108,25 +106,17 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def round_flops(sim: Simulation) -> float:
-    """Forward+backward FLOPs of one round's local training (plus the method's no-grad forwards)."""
-    model = sim.method.build_model().to(sim.device)
-    x = sim.data.x[:16]
-    y = sim.data.y[:16]
-    with FlopCounterMode(display=False) as fwd:
-        with torch.no_grad():
-            model(x)
-    with FlopCounterMode(display=False) as both:
-        F.cross_entropy(model(x), y).backward()
-    per_sample_fwd = fwd.get_total_flops() / len(x)
-    per_sample_train = both.get_total_flops() / len(x)
-    fl = sim.exp.fl
-    samples = 0
-    for cid in sim.sample_clients(sim.round):
-        n = len(sim.data.clients[cid].train)
-        samples += sum(b - a for a, b in batch_cuts(n, fl.batch_size)) * fl.local_epochs
-    m = sim.method
-    return samples * (m.train_passes * per_sample_train + m.extra_forwards * per_sample_fwd)
+def round_flops(method: str, args: list[str], raw: RawDataset | None) -> float:
+    """The FLOPs of one round as the method runs it: its second round (the first takes
+    first-participation branches, and is not timed either) under torch's FlopCounterMode, run by
+    the eager vectorized executor (whose batched ops count exactly what the sequential one's per-
+    client ops do; padding is never computed eagerly)."""
+    exp = load_experiment(None, [*args, "runtime.executor=vectorized", "runtime.compile=off"])
+    sim = Simulation(exp, get_method_class(method), raw)
+    sim.run_round()
+    with FlopCounterMode(display=False) as counter:
+        sim.run_round()
+    return float(counter.get_total_flops())
 
 
 def time_rounds(sim: Simulation, repeats: int) -> tuple[float, float]:
@@ -158,15 +148,14 @@ def bench(method: str, scenario: str, executors: list[str], extra: list[str], re
           flops_per_s: float, raw: RawDataset | None = None, compile_modes: list[str | None] = [None]
           ) -> dict[str, float]:
     seconds: dict[str, float] = {}
-    floor = 0.0
+    args = [*SCENARIOS[scenario], f"method.name={method}", "fl.rounds=1000", "fl.eval_every=1000", *extra]
+    floor = round_flops(method, args, raw) / flops_per_s
     for executor in executors:
         for mode in compile_modes:
             label = executor if mode is None else f"{executor}/{mode}"
-            exp = load_experiment(None, [*SCENARIOS[scenario], f"method.name={method}", "fl.rounds=1000",
-                                         "fl.eval_every=1000", f"runtime.executor={executor}", *extra,
+            exp = load_experiment(None, [*args, f"runtime.executor={executor}",
                                          *([f"runtime.compile={mode}"] if mode else [])])
             sim = Simulation(exp, get_method_class(method), raw)
-            floor = round_flops(sim) / flops_per_s
             first, seconds[label] = time_rounds(sim, repeats)
             seconds[f"{label}:first"] = first
             print(f"{scenario} {method:10s} {label:10s} round_s {seconds[label]:7.3f}  floor_s {floor:8.4g}  "

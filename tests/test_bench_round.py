@@ -41,6 +41,36 @@ def test_bench_round_times_both_executors_on_digits():
     assert len(table) == 1 and float(table[0].split("|")[4]) > 0  # the floor is a positive time
 
 
+def _digits_round_flops(bench, method: str, *sets: str) -> float:
+    return bench.round_flops(method, [*bench.SCENARIOS["digits"], f"method.name={method}", "fl.rounds=3",
+                                      "fl.eval_every=1000", "data.num_clients=4", *sets], None)
+
+
+def test_the_floor_counts_every_sample_once_for_fedavg_and_every_head_epoch_of_fedrep():
+    """FedAvg's round is each sampled training row through one forward+backward of the MLP, and the
+    server's weighted average of the clients' models; FedRep's head stage (encoder frozen) adds the
+    same FLOPs for each further head epoch."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from autofl.engine.executor import batch_cuts
+    from autofl.engine.simulation import Simulation
+    from autofl.experiment import load_experiment
+    from autofl.methods.registry import get_method_class
+
+    bench = load_script()
+    exp = load_experiment(None, [*bench.SCENARIOS["digits"], "method.name=fedavg", "data.num_clients=4"])
+    sim = Simulation(exp, get_method_class("fedavg"), None)
+    clients = sim.sample_clients(2)
+    rows = sum(b - a for cid in clients for a, b in batch_cuts(len(sim.data.clients[cid].train), exp.fl.batch_size))
+    model = sim.method.build_model()
+    with FlopCounterMode(display=False) as one:
+        torch.nn.functional.cross_entropy(model(sim.data.x[:1]), sim.data.y[:1]).backward()
+    average = 2 * len(clients) * sum(p.numel() for p in model.parameters())  # weights (1, K) @ models (K, n)
+    assert _digits_round_flops(bench, "fedavg") == rows * one.get_total_flops() + average
+    by_epochs = [_digits_round_flops(bench, "fedrep", f"method.head_epochs={h}") for h in (1, 2, 3)]
+    assert by_epochs[2] - by_epochs[1] == by_epochs[1] - by_epochs[0] > 0
+
+
 def test_compiling_pays_at_the_round_its_saving_covers_the_compile_time():
     bench = load_script()
     assert bench.pays_at_round(10.0, eager_s=1.0, compiled_s=0.5) == 20

@@ -87,10 +87,6 @@ class Method:
     trains_encoder_features: ClassVar[bool] = False
     personal_is_global: ClassVar[bool] = True  # personal model = global model
     copies: ClassVar[tuple[str, ...]] = ()  # named model copies the local step reads (ws.glob, ws.prev ...)
-    # per training sample and local epoch, for the benchmark's compute floor: forward+backward passes of
-    # a model, and extra forwards without gradient (frozen global / previous copies)
-    train_passes: ClassVar[int] = 1
-    extra_forwards: ClassVar[int] = 0
 
     def __init__(self, params: MethodParams, exp: "Experiment", input_shape: tuple[int, ...], num_classes: int):
         self.params = params

@@ -42,7 +42,6 @@ class Ditto(Method):
     Params = DittoParams
     personal_is_global = False
     copies = ("glob",)  # the received global model: the personal model's proximal anchor
-    train_passes = 2  # the global and the personal model each train on every batch
 
     def build_model(self) -> SplitModel:
         model = super().build_model()

@@ -32,8 +32,6 @@ class DualFed(Method):
     default_projector_depth = 2
     min_projector_depth = 1
     personal_is_global = False
-    train_passes = 1  # stage 1 trains f, g, h_p
-    extra_forwards = 1  # stage 2 runs f (and the small g) without gradient and trains only the small head h_g
 
     def build_model(self) -> SplitModel:
         model = super().build_model()

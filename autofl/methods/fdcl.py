@@ -36,7 +36,6 @@ class FDCL(Method):
     Params = FDCLParams
     personal_is_global = False
     copies = ("glob", "prev")  # frozen: the received global model, the client's previous local model
-    extra_forwards = 2
 
     def client_start(self, global_state: StateDict, client_state: dict, server: ServerState) -> ClientStart:
         return self.start_with_previous(global_state, client_state)

@@ -98,7 +98,6 @@ class FedECCR(Method):
     trains_encoder_features = True
     Params = FedECCRParams
     State = FedECCRState
-    extra_forwards = 1  # the class-mean (prototype) pass over the client's data after training
 
     # ----- server ----------------------------------------------------------------------------
     def init_server(self, ctx: ServerContext) -> ServerUpdate:

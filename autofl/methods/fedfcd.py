@@ -54,7 +54,6 @@ class FedFCD(Method):
     State = FedFCDState
     has_global_model = False  # no whole global model: global_* metrics are not reported
     personal_is_global = False
-    extra_forwards = 2  # features recomputed for step (b) after step (a); the LFR pass after training
 
     def build_model(self) -> SplitModel:
         model = super().build_model()

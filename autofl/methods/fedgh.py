@@ -43,7 +43,6 @@ class FedGH(Method):
     Params = FedGHParams
     has_global_model = False  # the encoders stay on the clients: no whole global model
     personal_is_global = False
-    extra_forwards = 1  # the class-mean pass over the client's data after training
 
     def shared_keys(self, model: SplitModel) -> list[str]:
         return []  # only class means go up; the global head is trained on the server

@@ -54,7 +54,6 @@ class FedProto(Method):
     trains_encoder_features = True
     has_global_model = False  # no weights are aggregated: there is no global model
     personal_is_global = False
-    extra_forwards = 1  # the prototype pass over the client's data after training
 
     def shared_keys(self, model: SplitModel) -> list[str]:
         return []  # only prototypes go up

@@ -52,8 +52,6 @@ class FedSiamDA(Method):
     projector_out_dim = EMBED_DIM
     personal_is_global = False
     copies = ("siamese", "hist")  # f' (trained, discarded after the round); the frozen history model
-    train_passes = 2  # local model and f'
-    extra_forwards = 3  # z_local for the step of f', f' recomputed after its step, the history model
 
     def build_model(self) -> SplitModel:
         model = super().build_model()

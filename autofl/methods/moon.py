@@ -26,7 +26,6 @@ class Moon(Method):
     uses_projector = True
     default_projector_depth = 0
     copies = ("glob", "prev")  # frozen: the received global model, the client's previous local model
-    extra_forwards = 2
 
     def client_start(self, global_state: StateDict, client_state: dict, server: ServerState) -> ClientStart:
         return self.start_with_previous(global_state, client_state)
