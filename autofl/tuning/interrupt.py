@@ -62,5 +62,5 @@ class InterruptWatch(Callback):
         if threading.current_thread() is not threading.main_thread():
             return
         current = signal.getsignal(signal.SIGINT)
-        if getattr(current, "forwards_to", None) is None:  # not wrapped already
+        if not hasattr(current, "forwards_to"):  # not wrapped already
             signal.signal(signal.SIGINT, note_and_forward(current))
