@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent / "search_benchmark"
-TASKS = ("digits-fdcl", "digits-fedprox")
+TASKS = ("digits-fdcl", "digits-fedprox", "fmnist-fdcl", "fmnist-fedprox")
 TABLE_SEEDS = (0, 1000, 1001)  # the search's seed, then autofl's re-evaluation seeds (SEED_OFFSET + k)
 VAL_KEY, TEST_KEY = "personal_val_acc", "personal_test_acc"
 
@@ -444,8 +444,25 @@ def cmd_replay(args: argparse.Namespace) -> None:
                "methods": [vars(m) | {} for m in methods], "rows": rows,
                "best_test": {t: Table(load_table(t)).best_test for t in args.task},
                "seconds": round(time.time() - started, 1)}
+    if args.merge and out.exists():
+        summary = merged(json.loads(out.read_text()), json.loads(json.dumps(summary, default=lambda o: o.__dict__)))
     out.write_text(json.dumps(summary, default=lambda o: o.__dict__))
     print(f"replayed {len(jobs)} searches in {time.time() - started:.0f} s; wrote {out}")
+
+
+def merged(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """`new`'s tasks replace theirs in `old`, the other tasks' rows kept (`replay --merge`): both
+    replays must share seeds, trials in flight and budgets; a task's rows say which methods ran on it."""
+    for key in ("seeds", "workers", "budgets"):
+        if old.get(key) != new[key]:
+            raise SystemExit(f"--merge: the replay in the output file has other {key}; replay every task instead")
+    tasks = set(new["best_test"])
+    known = {m["name"] for m in old["methods"]}
+    return {**new, "command": f"{old['command']}; {new['command']}",
+            "methods": old["methods"] + [m for m in new["methods"] if m["name"] not in known],
+            "rows": [r for r in old["rows"] if r["task"] not in tasks] + new["rows"],
+            "best_test": {**{t: v for t, v in old["best_test"].items() if t not in tasks}, **new["best_test"]},
+            "seconds": round(old["seconds"] + new["seconds"], 1)}
 
 
 # ----------------------------------------------------------------------------------------- report
@@ -496,9 +513,13 @@ def plot(replay: dict[str, Any], path: Path) -> None:
     stats = summarize(replay["rows"])
     tasks = sorted({r["task"] for r in replay["rows"]})
     methods = list(dict.fromkeys(r["method"] for r in replay["rows"]))
-    fig, axes = plt.subplots(1, len(tasks), figsize=(6.5 * len(tasks), 4.6), squeeze=False)
+    cols = min(2, len(tasks))
+    rows = math.ceil(len(tasks) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6.5 * cols, 4.6 * rows), squeeze=False)
+    for ax in axes.flat[len(tasks):]:
+        ax.set_visible(False)
     cmap = plt.get_cmap("tab20")
-    for ax, task in zip(axes[0], tasks):
+    for ax, task in zip(axes.flat, tasks):
         for i, method in enumerate(methods):
             pts = [(b, stats[(task, method, b)]) for b in replay["budgets"] if (task, method, b) in stats]
             xs = [100 * b for b, _ in pts]
@@ -512,7 +533,7 @@ def plot(replay: dict[str, Any], path: Path) -> None:
         ax.set_yscale("symlog", linthresh=1.0)
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=7, loc="upper right")
+    axes.flat[cols - 1].legend(fontsize=7, loc="upper right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -617,6 +638,8 @@ def main(argv: list[str] | None = None) -> int:
     replay.add_argument("--jobs", type=int, default=2, help="processes")
     replay.add_argument("--methods", nargs="*", help="only these methods (names as in the table)")
     replay.add_argument("--out", default=str(HERE / "replay.json"))
+    replay.add_argument("--merge", action="store_true",
+                        help="keep the other tasks' searches already in --out (same seeds, budgets and methods)")
     report = sub.add_parser("report", help="markdown table and PNG from a replay")
     report.add_argument("--replay", default=str(HERE / "replay.json"))
     report.add_argument("--out-dir", default=str(HERE))

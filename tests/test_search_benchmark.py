@@ -127,3 +127,20 @@ def test_a_live_search_lands_inside_the_replays_distribution():
                           capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "inside the replay's distribution" in proc.stdout
+
+
+def test_a_merged_replay_replaces_the_replayed_tasks_and_keeps_the_others(bench):
+    def replay(tasks, regret, command):
+        return {"command": command, "seeds": 30, "workers": 2, "budgets": [0.5, 1.0], "methods": [{"name": "tpe"}],
+                "rows": [{"task": t, "method": "tpe", "seed": 0, "budget": 1.0, "regret": regret} for t in tasks],
+                "best_test": {t: regret for t in tasks}, "seconds": 10.0}
+
+    old, new = replay(["a", "b"], 1.0, "replay"), replay(["b", "c"], 2.0, "replay --task b c --merge")
+    new["methods"] = [{"name": "tpe"}, {"name": "grid"}]
+    out = bench.merged(old, new)
+    assert out["methods"] == [{"name": "tpe"}, {"name": "grid"}]
+    assert sorted((r["task"], r["regret"]) for r in out["rows"]) == [("a", 1.0), ("b", 2.0), ("c", 2.0)]
+    assert out["best_test"] == {"a": 1.0, "b": 2.0, "c": 2.0} and out["seconds"] == 20.0
+    assert out["command"] == "replay; replay --task b c --merge"
+    with pytest.raises(SystemExit, match="--merge: the replay in the output file has other seeds"):
+        bench.merged({**old, "seeds": 10}, new)
