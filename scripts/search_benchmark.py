@@ -499,7 +499,8 @@ def markdown_table(replay: dict[str, Any]) -> str:
             for b in budgets:
                 st = stats.get((task, method, b))
                 cells.append("" if st is None else f"{st['median']:.2f} [{st['q25']:.2f}-{st['q75']:.2f}]")
-            lines.append(f"| {method} | " + " | ".join(cells) + " |")
+            if any(cells):  # a method not replayed on this task has no row
+                lines.append(f"| {method} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
 
