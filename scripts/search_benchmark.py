@@ -445,7 +445,7 @@ def cmd_replay(args: argparse.Namespace) -> None:
                "best_test": {t: Table(load_table(t)).best_test for t in args.task},
                "seconds": round(time.time() - started, 1)}
     if args.merge and out.exists():
-        summary = merged(json.loads(out.read_text()), json.loads(json.dumps(summary, default=lambda o: o.__dict__)))
+        summary = merged(json.loads(out.read_text()), summary)  # summary holds plain values already (vars(m) | {})
     out.write_text(json.dumps(summary, default=lambda o: o.__dict__))
     print(f"replayed {len(jobs)} searches in {time.time() - started:.0f} s; wrote {out}")
 
