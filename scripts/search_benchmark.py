@@ -185,6 +185,7 @@ class Method:
     sampler: dict[str, Any]
     scheduler: dict[str, Any]
     reeval_top: int = 0  # 0: the best single-seed validation value; k: re-run the top k and the default
+    continuous: bool = False  # the grid's numeric params of 3+ choices searched as log ranges (see `relaxed`)
 
 
 def method_space(space, method: Method, seed: int):
@@ -193,7 +194,47 @@ def method_space(space, method: Method, seed: int):
 
     tree = space.model_dump(mode="json", exclude_unset=True)
     tree.update(sampler=method.sampler, scheduler=method.scheduler, seed=seed, trials=1)
+    if method.continuous:
+        tree["params"] = {key: relaxed(spec) for key, spec in tree["params"].items()}
     return SearchSpace.model_validate(tree)
+
+
+def numeric_choices(spec: dict[str, Any]) -> list[float] | None:
+    """A categorical param's choices when they are 3 or more numbers (lr, mu), else None."""
+    choices = spec.get("choices") or []
+    numeric = all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in choices)
+    return sorted(choices) if spec.get("type") == "categorical" and numeric and len(choices) >= 3 else None
+
+
+def relaxed(spec: dict[str, Any]) -> dict[str, Any]:
+    """How a user would write the param without a grid: a log-scale float range over its choices (a
+    choice of 0 stands for a tenth of the smallest positive one). The replay looks a proposal up at
+    the nearest choice on that scale (`snapped`): a nearest-neighbour surrogate of the continuous
+    space, in which a model-based sampler sees distinct values and never re-proposes a point."""
+    choices = numeric_choices(spec)
+    if choices is None:
+        return spec
+    return {"type": "float", "low": low_end(choices), "high": max(choices), "log": True}
+
+
+def low_end(choices: list[float]) -> float:
+    """The log range's low end: the smallest choice, or a tenth of the smallest positive one for 0."""
+    positive = [c for c in choices if c > 0]
+    return min(positive) / 10 if len(positive) < len(choices) else min(choices)
+
+
+def snapped(space, params: dict[str, Any]) -> dict[str, Any]:
+    """`params` proposed in a relaxed space, each numeric one moved to the grid's nearest choice on
+    the log scale (0 at the range's low end)."""
+    out = {}
+    for key, value in params.items():
+        choices = numeric_choices(space.params[key].model_dump(mode="json"))
+        if choices is None:
+            out[key] = value
+            continue
+        low = low_end(choices)
+        out[key] = min(choices, key=lambda c: abs(math.log(max(c, low)) - math.log(value)))
+    return out
 
 
 @dataclass
@@ -249,7 +290,8 @@ def replay_search(table: Table, space, method: Method, seed: int, workers: int, 
         else:
             ot = study.ask()
             define(ot)
-        config = table.index[table.key({k.split(":", 1)[-1]: v for k, v in ot.params.items()})]
+        params = {k.split(":", 1)[-1]: v for k, v in ot.params.items()}
+        config = table.index[table.key(snapped(space, params) if method.continuous else params)]
         bracket = int(bracket_rng.choice(len(bracket_p), p=bracket_p)) if len(bracket_p) > 1 else 0
         return ReplayTrial(number, config, ot, bracket, judged={})
 
@@ -351,44 +393,55 @@ def choose(table: Table, space, finished: list[tuple[int, int, str, float]], bud
     return candidates[int(np.nanargmax(fresh))]
 
 
-DEFAULT_METHOD = "tpe+asha"  # what a space that names no sampler or scheduler runs
+DEFAULT_METHOD = "random+asha(skip repeats)"  # what a space that names no sampler or scheduler runs
 BUDGETS = (0.05, 0.1, 0.15, 0.25, 0.35, 0.5, 0.75, 1.0)  # fractions of the grid's compute
 
 
 def default_methods() -> list[Method]:
     """The samplers x schedulers the replay compares. cmaes cannot search the tables' categorical
-    grids (refused by the space check); gp is left out of the default list for its time (minutes per
-    search at a few hundred trials): `--methods gp+asha` adds it."""
+    grids (refused by the space check); gp and TPE with skip_repeats are left out for their time
+    (minutes per search at a few hundred trials; EXTRA_METHODS): `--methods gp+asha` adds one. Every
+    method but the default names skip_repeats, so a change of the default changes no other row."""
     asha = {"kind": "asha", "grace_period": 1, "reduction_factor": 2}
     methods = [
-        Method("grid", {"kind": "grid"}, {"kind": "none"}),
-        Method("random", {"kind": "random"}, {"kind": "none"}),
-        Method("random+asha", {"kind": "random"}, asha),
-        Method("qmc+asha", {"kind": "qmc", "scramble": True}, asha),
-        Method("tpe", {"kind": "tpe"}, {"kind": "none"}),
-        Method("tpe+asha", {"kind": "tpe"}, asha),
-        Method("tpe(startup10)+asha", {"kind": "tpe", "n_startup_trials": 10}, asha),  # Optuna's 10
-        Method("tpe(multivariate)+asha", {"kind": "tpe", "multivariate": True}, asha),
-        Method("tpe+asha(g2,rf3)", {"kind": "tpe"}, {"kind": "asha", "grace_period": 2, "reduction_factor": 3}),
-        Method("tpe+asha(g4,rf2)", {"kind": "tpe"}, {"kind": "asha", "grace_period": 4, "reduction_factor": 2}),
-        Method("tpe+hyperband", {"kind": "tpe"}, {"kind": "hyperband", "grace_period": 1, "reduction_factor": 2,
+        Method("grid", {"kind": "grid", "skip_repeats": False}, {"kind": "none"}),
+        Method("random", {"kind": "random", "skip_repeats": False}, {"kind": "none"}),
+        Method("random+asha", {"kind": "random", "skip_repeats": False}, asha),
+        Method("qmc+asha", {"kind": "qmc", "scramble": True, "skip_repeats": False}, asha),
+        Method("tpe", {"kind": "tpe", "skip_repeats": False}, {"kind": "none"}),
+        Method("tpe+asha", {"kind": "tpe", "skip_repeats": False}, asha),
+        Method("tpe(startup10)+asha", {"kind": "tpe", "n_startup_trials": 10, "skip_repeats": False}, asha),  # Optuna's 10
+        Method("tpe(multivariate)+asha", {"kind": "tpe", "multivariate": True, "skip_repeats": False}, asha),
+        Method("tpe+asha(g2,rf3)", {"kind": "tpe", "skip_repeats": False}, {"kind": "asha", "grace_period": 2, "reduction_factor": 3}),
+        Method("tpe+asha(g4,rf2)", {"kind": "tpe", "skip_repeats": False}, {"kind": "asha", "grace_period": 4, "reduction_factor": 2}),
+        Method("tpe+hyperband", {"kind": "tpe", "skip_repeats": False}, {"kind": "hyperband", "grace_period": 1, "reduction_factor": 2,
                                                    "brackets": 3}),
-        Method("tpe+median", {"kind": "tpe"}, {"kind": "median", "grace_period": 2}),
-        Method("random+asha+reeval3", {"kind": "random"}, asha, reeval_top=3),
-        Method("tpe+asha+reeval3", {"kind": "tpe"}, asha, reeval_top=3),
+        Method("tpe+median", {"kind": "tpe", "skip_repeats": False}, {"kind": "median", "grace_period": 2}),
+        Method("random+asha+reeval3", {"kind": "random", "skip_repeats": False}, asha, reeval_top=3),
+        Method("tpe+asha+reeval3", {"kind": "tpe", "skip_repeats": False}, asha, reeval_top=3),
         # sampler.skip_repeats: a config already trained is told its outcome, not trained again
         Method("random+asha(skip repeats)", {"kind": "random", "skip_repeats": True}, asha),
-        Method("tpe+asha(skip repeats)", {"kind": "tpe", "skip_repeats": True}, asha),
-        Method("tpe+asha(skip repeats)+reeval3", {"kind": "tpe", "skip_repeats": True}, asha, reeval_top=3),
+        # a grid in random order (each config once), with ASHA
+        Method("grid+asha", {"kind": "grid", "skip_repeats": False}, asha),
+        # the numeric params of 3+ choices searched as log ranges, looked up at the nearest choice
+        # (`relaxed`): how the samplers fare where nothing repeats
+        Method("random+asha(continuous)", {"kind": "random", "skip_repeats": False}, asha, continuous=True),
+        Method("tpe+asha(continuous)", {"kind": "tpe", "skip_repeats": False}, asha, continuous=True),
+        Method("tpe(multivariate)+asha(continuous)", {"kind": "tpe", "multivariate": True, "skip_repeats": False},
+               asha, continuous=True),
     ]
     return methods
 
 
 _ASHA = {"kind": "asha", "grace_period": 1, "reduction_factor": 2}
 EXTRA_METHODS = [  # not in the default comparison: `--methods NAME ...` replays them
-    Method("gp+asha", {"kind": "gp"}, _ASHA),
-    Method("tpe(startup5)+asha", {"kind": "tpe", "n_startup_trials": 5}, _ASHA),
-    Method("tpe(no liar)+asha", {"kind": "tpe", "constant_liar": False}, _ASHA),
+    Method("gp+asha", {"kind": "gp", "skip_repeats": False}, _ASHA),
+    Method("tpe(startup5)+asha", {"kind": "tpe", "n_startup_trials": 5, "skip_repeats": False}, _ASHA),
+    Method("tpe(no liar)+asha", {"kind": "tpe", "constant_liar": False, "skip_repeats": False}, _ASHA),
+    # TPE refits over every told repeat: 2-3 minutes per search on a Fashion-MNIST table (replayed
+    # on the digits tables only)
+    Method("tpe+asha(skip repeats)", {"kind": "tpe", "skip_repeats": True}, _ASHA),
+    Method("tpe+asha(skip repeats)+reeval3", {"kind": "tpe", "skip_repeats": True}, _ASHA, reeval_top=3),
 ]
 
 
@@ -451,17 +504,18 @@ def cmd_replay(args: argparse.Namespace) -> None:
 
 
 def merged(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
-    """`new`'s tasks replace theirs in `old`, the other tasks' rows kept (`replay --merge`): both
-    replays must share seeds, trials in flight and budgets; a task's rows say which methods ran on it."""
+    """`new`'s searches replace those of the same task and method in `old`, every other task's and
+    method's rows kept (`replay --merge`): both replays must share seeds, trials in flight and
+    budgets; a task's rows say which methods ran on it."""
     for key in ("seeds", "workers", "budgets"):
         if old.get(key) != new[key]:
             raise SystemExit(f"--merge: the replay in the output file has other {key}; replay every task instead")
-    tasks = set(new["best_test"])
+    replaced = {(r["task"], r["method"]) for r in new["rows"]}
     known = {m["name"] for m in old["methods"]}
     return {**new, "command": f"{old['command']}; {new['command']}",
             "methods": old["methods"] + [m for m in new["methods"] if m["name"] not in known],
-            "rows": [r for r in old["rows"] if r["task"] not in tasks] + new["rows"],
-            "best_test": {**{t: v for t, v in old["best_test"].items() if t not in tasks}, **new["best_test"]},
+            "rows": [r for r in old["rows"] if (r["task"], r["method"]) not in replaced] + new["rows"],
+            "best_test": {**old["best_test"], **new["best_test"]},
             "seconds": round(old["seconds"] + new["seconds"], 1)}
 
 
@@ -500,9 +554,42 @@ def markdown_table(replay: dict[str, Any]) -> str:
                 st = stats.get((task, method, b))
                 cells.append("" if st is None else f"{st['median']:.2f} [{st['q25']:.2f}-{st['q75']:.2f}]")
             if any(cells):  # a method not replayed on this task has no row
-                lines.append(f"| {method} | " + " | ".join(cells) + " |")
+                label = f"**{method}** (default)" if method == DEFAULT_METHOD else method
+                lines.append(f"| {label} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
+
+
+TARGET_REGRET, TARGET_BUDGET, BASELINE = 0.5, 0.25, "random+asha"  # issue 17's targets for the default
+
+
+def targets_table(replay: dict[str, Any]) -> str:
+    """Per method and task, the issue's two targets for a default search: the smallest budget whose
+    median regret is <= TARGET_REGRET (met when it is <= TARGET_BUDGET), and the budgets at which its
+    median is above BASELINE's (random search with ASHA), with the largest gap."""
+    stats = summarize(replay["rows"])
+    budgets = replay["budgets"]
+    tasks = sorted({r["task"] for r in replay["rows"]})
+    methods = list(dict.fromkeys(r["method"] for r in replay["rows"]))
+    lines = [f"Targets: median regret <= {TARGET_REGRET} pt by {int(100 * TARGET_BUDGET)}% of the grid's compute; "
+             f"at every budget no worse than {BASELINE} (its median; the worst gap in points)", "",
+             "| method | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
+    for method in methods:
+        cells = []
+        for task in tasks:
+            medians = {b: stats[(task, method, b)]["median"] for b in budgets if (task, method, b) in stats}
+            if not medians:
+                cells.append("")
+                continue
+            reach = next((b for b in budgets if medians.get(b, math.inf) <= TARGET_REGRET), None)
+            first = "never" if reach is None else f"{int(round(100 * reach))}%"
+            met = reach is not None and reach <= TARGET_BUDGET
+            base = {b: stats[(task, BASELINE, b)]["median"] for b in budgets if (task, BASELINE, b) in stats}
+            gaps = [medians[b] - base[b] for b in medians if b in base and medians[b] > base[b] + 1e-9]
+            versus = "" if not base else ("never worse" if not gaps else f"worse at {len(gaps)} (by <= {max(gaps):.2f})")
+            cells.append(f"{'met' if met else 'unmet'}: <= {TARGET_REGRET} from {first}; {versus}".rstrip("; "))
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def plot(replay: dict[str, Any], path: Path) -> None:
@@ -524,7 +611,10 @@ def plot(replay: dict[str, Any], path: Path) -> None:
         for i, method in enumerate(methods):
             pts = [(b, stats[(task, method, b)]) for b in replay["budgets"] if (task, method, b) in stats]
             xs = [100 * b for b, _ in pts]
-            ax.plot(xs, [st["median"] for _, st in pts], marker="o", ms=3, color=cmap(i), label=method)
+            default = method == DEFAULT_METHOD  # drawn black and thick
+            ax.plot(xs, [st["median"] for _, st in pts], marker="o", ms=3, color="black" if default else cmap(i),
+                    lw=2.6 if default else 1.2, zorder=3 if default else 2,
+                    label=f"{method} (default)" if default else method)
             ax.fill_between(xs, [st["q25"] for _, st in pts], [st["q75"] for _, st in pts], color=cmap(i), alpha=0.12)
         ax.axhline(0.5, color="grey", lw=0.8, ls="--")
         ax.axvline(25, color="grey", lw=0.8, ls=":")
@@ -541,7 +631,7 @@ def plot(replay: dict[str, Any], path: Path) -> None:
 
 def cmd_report(args: argparse.Namespace) -> None:
     replay = json.loads(Path(args.replay).read_text())
-    table = markdown_table(replay)
+    table = markdown_table(replay) + "\n" + targets_table(replay)
     md = Path(args.out_dir) / "report.md"
     png = Path(args.out_dir) / "report.png"
     md.write_text(f"<!-- {replay['command']} ({replay['seconds']} s); then python scripts/search_benchmark.py "
@@ -640,7 +730,7 @@ def main(argv: list[str] | None = None) -> int:
     replay.add_argument("--methods", nargs="*", help="only these methods (names as in the table)")
     replay.add_argument("--out", default=str(HERE / "replay.json"))
     replay.add_argument("--merge", action="store_true",
-                        help="keep the other tasks' searches already in --out (same seeds, budgets and methods)")
+                        help="keep the searches already in --out of other tasks or methods (same seeds, budgets, workers)")
     report = sub.add_parser("report", help="markdown table and PNG from a replay")
     report.add_argument("--replay", default=str(HERE / "replay.json"))
     report.add_argument("--out-dir", default=str(HERE))

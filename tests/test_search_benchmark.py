@@ -52,7 +52,8 @@ def table(bench, tmp_path, monkeypatch):
 
 def test_a_smaller_budgets_study_is_a_prefix_and_spends_exactly_its_budget(bench, table):
     space = bench.task_space(TASK)
-    method = bench.Method("tpe+asha", {"kind": "tpe"}, {"kind": "asha", "grace_period": 1, "reduction_factor": 2})
+    method = bench.Method("tpe+asha", {"kind": "tpe", "skip_repeats": False},
+                          {"kind": "asha", "grace_period": 1, "reduction_factor": 2})
     small = bench.replay_search(table, space, method, seed=3, workers=2, budget_rounds=200)
     large = bench.replay_search(table, space, method, seed=3, workers=2, budget_rounds=400)
     assert small and small == [row for row in large if row[0] <= 200]
@@ -65,7 +66,7 @@ def test_a_smaller_budgets_study_is_a_prefix_and_spends_exactly_its_budget(bench
 
 def test_the_grid_trains_every_config_once_and_chooses_the_best_validation(bench, table):
     space = bench.task_space(TASK)
-    grid = bench.Method("grid", {"kind": "grid"}, {"kind": "none"})
+    grid = bench.Method("grid", {"kind": "grid", "skip_repeats": False}, {"kind": "none"})
     finished = bench.replay_search(table, space, grid, seed=0, workers=2, budget_rounds=table.grid_rounds)
     assert sorted(config for _, config, _, _ in finished) == list(range(len(table.configs)))
     assert all(state == "COMPLETE" for _, _, state, _ in finished)
@@ -75,7 +76,7 @@ def test_the_grid_trains_every_config_once_and_chooses_the_best_validation(bench
 
 def test_reevaluation_picks_the_best_mean_on_the_other_seeds_and_pays_for_it(bench, table):
     space = bench.task_space(TASK)
-    grid = bench.Method("grid", {"kind": "grid"}, {"kind": "none"})
+    grid = bench.Method("grid", {"kind": "grid", "skip_repeats": False}, {"kind": "none"})
     finished = bench.replay_search(table, space, grid, seed=0, workers=1, budget_rounds=table.grid_rounds)
     cost = (3 + 1) * 2 * table.max_rounds  # top 3 and the default, on 2 other seeds
     budget = table.grid_rounds
@@ -129,18 +130,60 @@ def test_a_live_search_lands_inside_the_replays_distribution():
     assert "inside the replay's distribution" in proc.stdout
 
 
-def test_a_merged_replay_replaces_the_replayed_tasks_and_keeps_the_others(bench):
-    def replay(tasks, regret, command):
-        return {"command": command, "seeds": 30, "workers": 2, "budgets": [0.5, 1.0], "methods": [{"name": "tpe"}],
-                "rows": [{"task": t, "method": "tpe", "seed": 0, "budget": 1.0, "regret": regret} for t in tasks],
-                "best_test": {t: regret for t in tasks}, "seconds": 10.0}
+def test_a_merged_replay_replaces_the_replayed_tasks_methods_and_keeps_the_others(bench):
+    def replay(pairs, regret, command):
+        return {"command": command, "seeds": 30, "workers": 2, "budgets": [0.5, 1.0],
+                "methods": [{"name": m} for m in dict.fromkeys(m for _, m in pairs)],
+                "rows": [{"task": t, "method": m, "seed": 0, "budget": 1.0, "regret": regret} for t, m in pairs],
+                "best_test": {t: regret for t, _ in pairs}, "seconds": 10.0}
 
-    old, new = replay(["a", "b"], 1.0, "replay"), replay(["b", "c"], 2.0, "replay --task b c --merge")
-    new["methods"] = [{"name": "tpe"}, {"name": "grid"}]
+    old = replay([("a", "tpe"), ("b", "tpe"), ("b", "random")], 1.0, "replay")
+    new = replay([("b", "tpe"), ("b", "grid"), ("c", "tpe")], 2.0, "replay --task b c --merge")
     out = bench.merged(old, new)
-    assert out["methods"] == [{"name": "tpe"}, {"name": "grid"}]
-    assert sorted((r["task"], r["regret"]) for r in out["rows"]) == [("a", 1.0), ("b", 2.0), ("c", 2.0)]
+    assert out["methods"] == [{"name": "tpe"}, {"name": "random"}, {"name": "grid"}]
+    assert sorted((r["task"], r["method"], r["regret"]) for r in out["rows"]) == [
+        ("a", "tpe", 1.0), ("b", "grid", 2.0), ("b", "random", 1.0), ("b", "tpe", 2.0), ("c", "tpe", 2.0)]
     assert out["best_test"] == {"a": 1.0, "b": 2.0, "c": 2.0} and out["seconds"] == 20.0
     assert out["command"] == "replay; replay --task b c --merge"
     with pytest.raises(SystemExit, match="--merge: the replay in the output file has other seeds"):
         bench.merged({**old, "seeds": 10}, new)
+
+
+def test_a_relaxed_param_is_a_log_range_over_its_choices_and_snaps_to_the_nearest(bench):
+    mu = {"type": "categorical", "choices": [0.0, 0.01, 0.1, 1.0]}
+    assert bench.relaxed(mu) == {"type": "float", "low": 0.001, "high": 1.0, "log": True}  # 0 stands for 0.001
+    two = {"type": "categorical", "choices": [16, 64]}
+    assert bench.relaxed(two) == two  # two choices stay a choice
+    space = bench.task_space(TASK)
+    assert bench.relaxed(space.params["fl.lr"].model_dump(mode="json"))["low"] == 0.003  # no 0: its smallest
+    snap = {"method.mu": [(0.0012, 0.0), (0.0031, 0.0), (0.0032, 0.01), (0.09, 0.01), (0.11, 1.0)],  # [0, .01, 1]
+            "fl.lr": [(0.0031, 0.003), (0.0054, 0.003), (0.0056, 0.01), (0.29, 0.3)]}
+    for key, pairs in snap.items():
+        for value, expected in pairs:
+            assert bench.snapped(space, {key: value})[key] == expected, (key, value)
+    assert bench.snapped(space, {"fl.momentum": 0.9}) == {"fl.momentum": 0.9}
+
+
+def test_a_continuous_replay_proposes_distinct_values_and_trains_only_table_configs(bench, table):
+    space = bench.task_space(TASK)
+    method = bench.Method("tpe+asha(continuous)", {"kind": "tpe", "skip_repeats": False},
+                          {"kind": "asha", "grace_period": 1, "reduction_factor": 2}, continuous=True)
+    mspace = bench.method_space(space, method, seed=0)
+    assert mspace.params["fl.lr"].type == "float" and mspace.params["fl.lr"].log
+    finished = bench.replay_search(table, space, method, seed=1, workers=2, budget_rounds=table.grid_rounds // 4)
+    assert finished and all(0 <= config < len(table.configs) for _, config, _, _ in finished)
+    for spent, config, state, value in finished:
+        assert value in table.val[config, 0]
+
+
+def test_the_targets_table_says_where_a_method_meets_them_against_random_asha(bench):
+    def rows(method, regrets):
+        return [{"task": "t", "method": method, "seed": s, "budget": b, "regret": r}
+                for b, per_seed in zip((0.1, 0.25, 0.5), regrets) for s, r in enumerate(per_seed)]
+
+    replay = {"budgets": [0.1, 0.25, 0.5], "rows": rows("random+asha", [[1.0, 1.0, 1.0], [0.4, 0.4, 0.4], [0.0] * 3])
+              + rows("slow", [[2.0] * 3, [0.6] * 3, [0.3] * 3]) + rows("quick", [[0.5] * 3, [0.0] * 3, [0.0] * 3])}
+    table = bench.targets_table(replay)
+    assert "| slow | unmet: <= 0.5 from 50%; worse at 3 (by <= 1.00) |" in table
+    assert "| quick | met: <= 0.5 from 10%; never worse |" in table
+    assert "| random+asha | met: <= 0.5 from 25%; never worse |" in table
