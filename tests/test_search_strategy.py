@@ -30,11 +30,12 @@ def _write(tmp_path, **changes):
     return path
 
 
-def test_default_is_seeded_tpe_with_autofl_options_and_asha(tmp_path):
-    space = load_space(_write(tmp_path, seed=7))
-    sampler = make_sampler(space)
-    assert type(sampler) is optuna.samplers.TPESampler
-    # the seed fixes TPE's proposals: two samplers built from one space propose the same values
+@pytest.mark.parametrize("sampler,cls", [(None, optuna.samplers.RandomSampler),
+                                         ({"kind": "tpe"}, optuna.samplers.TPESampler)])
+def test_default_is_seeded_random_search_tpe_has_autofl_options_and_asha(tmp_path, sampler, cls):
+    space = load_space(_write(tmp_path, seed=7, **({"sampler": sampler} if sampler else {})))
+    assert type(make_sampler(space)) is cls and space.sampler.skip_repeats
+    # the seed fixes the proposals: two samplers built from one space propose the same values
     values = []
     for _ in range(2):
         study = optuna.create_study(sampler=make_sampler(space), direction="maximize")
@@ -128,7 +129,8 @@ def test_multi_objective_takes_samplers_that_can_rank_fronts(tmp_path):
     for kind in ("tpe", "random", "gp", "qmc"):
         space = load_space(_write(tmp_path, sampler={"kind": kind}, scheduler={"kind": "none"}, **MULTI))
         assert space.multi_objective and make_sampler(space) is not None
-    assert SearchSpace.model_validate({"study": "x"}).sampler.kind == "tpe"
+    default = SearchSpace.model_validate({"study": "x"}).sampler
+    assert default.kind == "random" and default.skip_repeats  # the benchmark's choice (README)
 
 
 @pytest.mark.slow
@@ -146,3 +148,23 @@ def test_a_study_with_qmc_sampler_and_hyperband_runs(tmp_path):
     assert len(trials) == 4 and {t.state.name for t in trials} <= {"COMPLETE", "PRUNED"}
     assert all(t.system_attrs.get("fixed_params") or "fl.lr" in t.params for t in trials)
     assert len({t.params["fl.lr"] for t in trials}) == 4  # QMC: four different points
+
+
+def test_a_study_keeps_the_sampler_defaults_it_was_created_with(tmp_path, monkeypatch):
+    """A resumed study goes on with the sampler it started with, whatever today's default is."""
+    from autofl.tuning.study import Study, create_study
+
+    monkeypatch.delenv("AUTOFL_STORAGE", raising=False)
+    path = _write(tmp_path)  # names no sampler
+    study = create_study(tmp_path / "home", path, load_space(path), None)
+    assert study.meta()["default_sampler"] == {"kind": "random", "skip_repeats": True}
+    assert type(make_sampler(Study(study.root).space())) is optuna.samplers.RandomSampler
+    # a study created before the defaults were recorded started with TPE, trained repeats, and goes on so
+    (study.root / "study.json").write_text('{"runs": []}')
+    legacy = Study(study.root).space()
+    assert type(make_sampler(legacy)) is optuna.samplers.TPESampler and not legacy.sampler.skip_repeats
+    # what the space's own sampler section sets wins; only what it leaves unset is the recorded default
+    (study.root / "space.yaml").write_text(yaml.safe_dump({**yaml.safe_load(path.read_text()),
+                                                          "sampler": {"kind": "qmc", "scramble": True}}))
+    spec = Study(study.root).space().sampler
+    assert spec.kind == "qmc" and spec.scramble and not spec.skip_repeats

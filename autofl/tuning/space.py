@@ -92,7 +92,7 @@ class SearchSpace(Strict):
     objective: str = "personal_val_acc"
     mode: Literal["max", "min"] = "max"
     objectives: list[str] | None = Field(None, description="2 or more validation metrics: a multi-objective "
-                                         "study (Optuna's multi-objective TPE, a Pareto front; scheduler none)")
+                                         "study (a Pareto front; scheduler none)")
     modes: list[Literal["max", "min"]] | None = Field(None, description="one per objective; default max, and min "
                                                       "for a spread (*_std)")
     trials: int = Field(20, ge=1, le=100_000)

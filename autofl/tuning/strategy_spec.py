@@ -25,11 +25,9 @@ SCHEDULER_OPTIONS: dict[str, tuple[str, ...]] = {
     "median": ("grace_period", "min_samples_required"),
     "none": (),
 }
-# TPE's settings when the space names none: Optuna's, except 20 random trials before the model
-# (Optuna: 10), measured by scripts/search_benchmark.py (README "How good is the search?"): with 10,
-# TPE re-proposed configs it had already trained and trailed random search + ASHA at 10-25% of a
-# grid's compute; with 20 and independent (univariate) densities it was at or below random search +
-# ASHA at every budget on both tasks, and multivariate TPE was never better than it
+# TPE's settings where a space picks `kind: tpe` and leaves them unset: Optuna's, except 20 random
+# trials before the model (Optuna: 10); on the search benchmark's tables (README "How good is the
+# search?") Optuna's 10 was worse on every task, and no TPE setting beat random search with ASHA
 TPE_DEFAULTS: dict[str, Any] = {"n_startup_trials": 20, "multivariate": False, "group": False, "constant_liar": True,
                                 "n_ei_candidates": 24}
 
@@ -46,7 +44,10 @@ def only_own_options(spec: Strict, owners: dict[str, tuple[str, ...]], section: 
 class SamplerSpec(Strict):
     """`sampler:` of a space: Optuna's sampler of that kind with these options (unset: its defaults)."""
 
-    kind: Literal["tpe", "random", "grid", "gp", "cmaes", "qmc"] = "tpe"
+    # the default, random search that never trains a config twice (with the default ASHA), was at or
+    # below every other sampler x scheduler on the search benchmark's four tables but one budget of
+    # one (README "How good is the search?"); a study keeps the default it was created with
+    kind: Literal["tpe", "random", "grid", "gp", "cmaes", "qmc"] = "random"
     n_startup_trials: int | None = Field(None, ge=0, description="random trials before the model is used "
                                          "(tpe 20, gp 10, cmaes 1)")
     multivariate: bool | None = Field(None, description="tpe: one joint density over all params instead of one "
@@ -64,10 +65,10 @@ class SamplerSpec(Strict):
     lr_adapt: bool | None = None
     qmc_type: Literal["sobol", "halton"] | None = None
     scramble: bool | None = Field(None, description="qmc: randomize the sequence with the space's seed")
-    skip_repeats: bool = Field(False, description="any kind: a proposed config that a finished trial already "
+    skip_repeats: bool = Field(True, description="any kind: a proposed config that a finished trial already "
                                "trained is told that trial's outcome instead of training again, and the sampler "
-                               "is asked again (for categorical or stepped spaces; see README 'How good is the "
-                               "search?')")
+                               "is asked again (matters on categorical or stepped spaces; false: train repeats; "
+                               "see README 'How good is the search?')")
 
     def options(self) -> dict[str, Any]:
         """The keyword arguments of this kind's Optuna sampler (TPE: autofl's defaults where unset)."""

@@ -16,12 +16,31 @@ import yaml
 from autofl.errors import AutoFLError, ConfigError, StorageError
 from autofl.files import write_atomic
 from autofl.tuning.space import SearchSpace, load_space
+from autofl.tuning.strategy_spec import SamplerSpec
 
 HOME_ENV = "AUTOFL_HOME"
 SPACE_FILE = "space.yaml"
 META_FILE = "study.json"
 TUNE_DIR = "tune"
 FINISHED = ("COMPLETE", "PRUNED", "FAIL")
+DEFAULT_SAMPLER_KEY = "default_sampler"  # study.json: the default sampler when the space names none
+LEGACY_DEFAULT_SAMPLER = {"kind": "tpe", "skip_repeats": False}  # autofl's default until 2026-11-24
+
+
+def with_created_default_sampler(space: SearchSpace, meta: dict[str, Any]) -> SearchSpace:
+    """The space with what its `sampler:` section leaves unset (the kind, skip_repeats) as the autofl
+    that created its study defaulted them (recorded in study.json), so a study resumed after an
+    upgrade goes on as it started; a study created before they were recorded had TPE, no skipping."""
+    given = space.sampler.model_dump(exclude_unset=True) if "sampler" in space.model_fields_set else {}
+    created = meta.get(DEFAULT_SAMPLER_KEY, LEGACY_DEFAULT_SAMPLER)
+    sampler = SamplerSpec.model_validate({**created, **given})
+    return space if sampler == space.sampler else space.model_copy(update={"sampler": sampler})
+
+
+def created_default_sampler() -> dict[str, Any]:
+    """What study.json records of this autofl's sampler defaults (see with_created_default_sampler)."""
+    default = SamplerSpec()
+    return {"kind": default.kind, "skip_repeats": default.skip_repeats}
 
 
 def studies_dir(explicit: str | None = None) -> Path:
@@ -46,7 +65,7 @@ class Study:
 
     def space(self) -> SearchSpace:
         if self._space is None:
-            self._space = load_space(self.space_file)
+            self._space = with_created_default_sampler(load_space(self.space_file), self.meta())
         return self._space
 
     def meta(self) -> dict[str, Any]:
@@ -171,7 +190,8 @@ def create_study(home: Path, space_path: Path | None, space: SearchSpace, name: 
         probe_storage(storage)
     root.mkdir(parents=True, exist_ok=True)
     study = Study(root)
-    recorded = {"storage": storage if not space.storage else None, "storage_path": storage_path}
+    recorded = {"storage": storage if not space.storage else None, "storage_path": storage_path,
+                DEFAULT_SAMPLER_KEY: created_default_sampler()}
     if any(recorded.values()):
         study.write_meta({**study.meta(), **{k: v for k, v in recorded.items() if v}})
     text = space_text if space_text is not None else space_path.read_text()  # type: ignore[union-attr]
