@@ -26,6 +26,7 @@ import json
 import math
 import os
 import platform
+import shlex
 import sys
 import time
 from dataclasses import dataclass
@@ -492,7 +493,7 @@ def cmd_replay(args: argparse.Namespace) -> None:
             pool.join()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    summary = {"command": "python scripts/search_benchmark.py " + " ".join(sys.argv[1:]),
+    summary = {"command": "python scripts/search_benchmark.py " + shlex.join(sys.argv[1:]),
                "seeds": args.seeds, "workers": args.workers, "budgets": list(BUDGETS),
                "methods": [vars(m) | {} for m in methods], "rows": rows,
                "best_test": {t: Table(load_table(t)).best_test for t in args.task},
@@ -588,7 +589,8 @@ def targets_table(replay: dict[str, Any]) -> str:
             gaps = [medians[b] - base[b] for b in medians if b in base and medians[b] > base[b] + 1e-9]
             versus = "" if not base else ("never worse" if not gaps else f"worse at {len(gaps)} (by <= {max(gaps):.2f})")
             cells.append(f"{'met' if met else 'unmet'}: <= {TARGET_REGRET} from {first}; {versus}".rstrip("; "))
-        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+        label = f"**{method}** (default)" if method == DEFAULT_METHOD else method
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
