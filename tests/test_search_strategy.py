@@ -168,3 +168,20 @@ def test_a_study_keeps_the_sampler_defaults_it_was_created_with(tmp_path, monkey
                                                           "sampler": {"kind": "qmc", "scramble": True}}))
     spec = Study(study.root).space().sampler
     assert spec.kind == "qmc" and spec.scramble and not spec.skip_repeats
+
+
+def test_a_later_run_of_a_study_draws_other_configs_than_its_first(tmp_path):
+    """An extension or a joined driver seeds its sampler from (seed, run name): restarted with the
+    first run's seed it would propose the first run's configs again."""
+    from autofl.tuning.strategy import run_seed
+
+    space = load_space(_write(tmp_path, seed=7))
+    assert run_seed(7) == run_seed(7, "run-1") == 7
+    assert run_seed(7, "run-2") == run_seed(7, "run-2") != run_seed(7, "run-3") != 7
+
+    def draws(run_name):
+        study = optuna.create_study(sampler=make_sampler(space, run_name), direction="maximize")
+        return [study.ask().suggest_float("x", 0, 1) for _ in range(5)]
+
+    assert draws("run-1") == draws(None) and draws("run-2") == draws("run-2")
+    assert not set(draws("run-1")) & set(draws("run-2"))

@@ -29,7 +29,7 @@ def make_searcher(space: SearchSpace, ledger: Ledger, run_name: str, trials: int
     from autofl.tuning.strategy import make_sampler, study_start_points
 
     return StudySearcher(
-        ledger, DefineByRun(space), sampler if sampler is not None else make_sampler(space),
+        ledger, DefineByRun(space), sampler if sampler is not None else make_sampler(space, run_name),
         metric=space.metrics if space.multi_objective else space.objective,
         mode=space.modes if space.multi_objective else space.mode,
         max_t=space.max_rounds, run_name=run_name, budget=trials,
