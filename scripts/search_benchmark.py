@@ -402,7 +402,7 @@ def default_methods() -> list[Method]:
     """The samplers x schedulers the replay compares. cmaes cannot search the tables' categorical
     grids (refused by the space check); gp and TPE with skip_repeats are left out for their time
     (minutes per search at a few hundred trials; EXTRA_METHODS): `--methods gp+asha` adds one. Every
-    method but the default names skip_repeats, so a change of the default changes no other row."""
+    method names skip_repeats, so a change of autofl's default changes no row."""
     asha = {"kind": "asha", "grace_period": 1, "reduction_factor": 2}
     methods = [
         Method("grid", {"kind": "grid", "skip_repeats": False}, {"kind": "none"}),
@@ -461,9 +461,10 @@ def _replay_one(job: tuple[str, Method, int, int]) -> list[dict[str, Any]]:
     for fraction in BUDGETS:
         rounds = int(round(fraction * table.grid_rounds))
         chosen = choose(table, space, finished, rounds, method.reeval_top)
+        within = [state for spent, _, state, _ in finished if spent <= rounds]  # trials that ended by then
         rows.append({"task": task, "method": method.name, "seed": seed, "budget": fraction,
                      "regret": None if chosen is None else round(table.regret(chosen), 4),
-                     "config": chosen})
+                     "config": chosen, "trials": len(within), "complete": within.count("COMPLETE")})
     return rows
 
 
@@ -512,9 +513,9 @@ def merged(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
         if old.get(key) != new[key]:
             raise SystemExit(f"--merge: the replay in the output file has other {key}; replay every task instead")
     replaced = {(r["task"], r["method"]) for r in new["rows"]}
-    known = {m["name"] for m in old["methods"]}
+    fresh = {m["name"] for m in new["methods"]}  # a method replayed again: its new definition
     return {**new, "command": f"{old['command']}; {new['command']}",
-            "methods": old["methods"] + [m for m in new["methods"] if m["name"] not in known],
+            "methods": [m for m in old["methods"] if m["name"] not in fresh] + new["methods"],
             "rows": [r for r in old["rows"] if (r["task"], r["method"]) not in replaced] + new["rows"],
             "best_test": {**old["best_test"], **new["best_test"]},
             "seconds": round(old["seconds"] + new["seconds"], 1)}
@@ -562,6 +563,29 @@ def markdown_table(replay: dict[str, Any]) -> str:
 
 
 TARGET_REGRET, TARGET_BUDGET, BASELINE = 0.5, 0.25, "random+asha"  # issue 17's targets for the default
+
+
+def trials_table(replay: dict[str, Any], method: str = DEFAULT_METHOD) -> str:
+    """How many trials `method` trained (ended within the budget; told repeats not counted) and how
+    many of them ran every round, median over search seeds, per task and budget: what a space's
+    `trials` should be for that share of a grid's compute."""
+    import numpy as np
+
+    budgets = replay["budgets"]
+    rows = [r for r in replay["rows"] if r["method"] == method and "trials" in r]
+    tasks = sorted({r["task"] for r in rows})
+    if not rows:
+        return ""
+    lines = [f"Trials {method} trained by each budget (median over search seeds; in brackets: run to the "
+             f"last round)", "", "| task | " + " | ".join(f"{int(round(100 * b))}%" for b in budgets) + " |",
+             "|---|" + "---|" * len(budgets)]
+    for task in tasks:
+        cells = []
+        for b in budgets:
+            sel = [r for r in rows if r["task"] == task and r["budget"] == b]
+            cells.append(f"{np.median([r['trials'] for r in sel]):g} ({np.median([r['complete'] for r in sel]):g})")
+        lines.append(f"| {task} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def targets_table(replay: dict[str, Any]) -> str:
@@ -633,7 +657,7 @@ def plot(replay: dict[str, Any], path: Path) -> None:
 
 def cmd_report(args: argparse.Namespace) -> None:
     replay = json.loads(Path(args.replay).read_text())
-    table = markdown_table(replay) + "\n" + targets_table(replay)
+    table = markdown_table(replay) + "\n" + targets_table(replay) + "\n" + trials_table(replay)
     md = Path(args.out_dir) / "report.md"
     png = Path(args.out_dir) / "report.png"
     md.write_text(f"<!-- {replay['command']} ({replay['seconds']} s); then python scripts/search_benchmark.py "
@@ -680,7 +704,12 @@ def cmd_live(args: argparse.Namespace) -> int:
 
     table = Table(load_table(args.task))
     space = task_space(args.task)
-    method = {m.name: m for m in default_methods()}[args.method]
+    known = {m.name: m for m in default_methods() + EXTRA_METHODS}
+    if args.method not in known:
+        raise SystemExit(f"--method: {args.method!r} is not a method; allowed: {', '.join(known)}")
+    method = known[args.method]
+    if method.continuous:
+        raise SystemExit(f"--method: {method.name} is replayed on a relaxed space; the live check runs the task's grid")
     budget_rounds = int(round(args.budget * table.grid_rounds))
     with tempfile.TemporaryDirectory(prefix="autofl-live-") as tmp:
         tree = yaml.safe_load((HERE / f"{args.task}.yaml").read_text())

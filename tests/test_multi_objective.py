@@ -1,4 +1,4 @@
-"""Multi-objective studies: `objectives: [...]` runs Optuna's multi-objective TPE (no ASHA), and
+"""Multi-objective studies: `objectives: [...]` runs the space's Optuna sampler over several objectives (no ASHA), and
 status, report and `best-config export --pareto` show the Pareto front."""
 
 from __future__ import annotations

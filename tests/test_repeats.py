@@ -59,6 +59,9 @@ def test_the_ledger_asks_past_repeats_and_they_count_against_no_budget(tmp_path)
     tagged = [t for t in trials if "tune_trial_id" in t.user_attrs]
     assert len(tagged) == 4 and len({tuple(t.params.values()) for t in tagged}) == 4
     assert all(counted(t) != is_repeat(t) for t in trials)  # a told repeat is never counted
+    # nor do its copied rounds spend the study's budget_rounds
+    assert any(is_repeat(t) and t.intermediate_values for t in trials)
+    assert ledger.rounds_used() == {str(t.user_attrs["tune_trial_id"]): 2 for t in tagged}
     assert ledger.ask("run-1", "t4", known, budget=4, sampler=sampler, define=define, skip_repeats=True) is None
 
 

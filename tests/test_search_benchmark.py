@@ -140,7 +140,7 @@ def test_a_merged_replay_replaces_the_replayed_tasks_methods_and_keeps_the_other
     old = replay([("a", "tpe"), ("b", "tpe"), ("b", "random")], 1.0, "replay")
     new = replay([("b", "tpe"), ("b", "grid"), ("c", "tpe")], 2.0, "replay --task b c --merge")
     out = bench.merged(old, new)
-    assert out["methods"] == [{"name": "tpe"}, {"name": "random"}, {"name": "grid"}]
+    assert out["methods"] == [{"name": "random"}, {"name": "tpe"}, {"name": "grid"}]  # tpe: new's definition
     assert sorted((r["task"], r["method"], r["regret"]) for r in out["rows"]) == [
         ("a", "tpe", 1.0), ("b", "grid", 2.0), ("b", "random", 1.0), ("b", "tpe", 2.0), ("c", "tpe", 2.0)]
     assert out["best_test"] == {"a": 1.0, "b": 2.0, "c": 2.0} and out["seconds"] == 20.0
@@ -187,3 +187,10 @@ def test_the_targets_table_says_where_a_method_meets_them_against_random_asha(be
     assert "| slow | unmet: <= 0.5 from 50%; worse at 3 (by <= 1.00) |" in table
     assert "| quick | met: <= 0.5 from 10%; never worse |" in table
     assert "| random+asha | met: <= 0.5 from 25%; never worse |" in table
+
+
+def test_the_trials_table_gives_the_defaults_trained_and_complete_trials_by_budget(bench):
+    rows = [{"task": "t", "method": bench.DEFAULT_METHOD, "seed": s, "budget": 0.5, "regret": 0.0,
+             "trials": n, "complete": c} for s, (n, c) in enumerate([(10, 2), (12, 3), (20, 5)])]
+    table = bench.trials_table({"budgets": [0.5], "rows": rows})
+    assert "| t | 12 (3) |" in table and bench.trials_table({"budgets": [0.5], "rows": []}) == ""

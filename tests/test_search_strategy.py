@@ -152,6 +152,7 @@ def test_a_study_with_qmc_sampler_and_hyperband_runs(tmp_path):
 
 def test_a_study_keeps_the_sampler_defaults_it_was_created_with(tmp_path, monkeypatch):
     """A resumed study goes on with the sampler it started with, whatever today's default is."""
+    from autofl.errors import StorageError
     from autofl.tuning.study import Study, create_study
 
     monkeypatch.delenv("AUTOFL_STORAGE", raising=False)
@@ -168,6 +169,15 @@ def test_a_study_keeps_the_sampler_defaults_it_was_created_with(tmp_path, monkey
                                                           "sampler": {"kind": "qmc", "scramble": True}}))
     spec = Study(study.root).space().sampler
     assert spec.kind == "qmc" and spec.scramble and not spec.skip_repeats
+    # TPE's options without a kind were valid when TPE was the default, and stay valid for that study
+    (study.root / "space.yaml").write_text(yaml.safe_dump({**yaml.safe_load(path.read_text()),
+                                                          "sampler": {"n_startup_trials": 30}}))
+    spec = Study(study.root).space().sampler
+    assert spec.kind == "tpe" and spec.options()["n_startup_trials"] == 30
+    # a damaged record is one line naming the field, not a traceback
+    (study.root / "study.json").write_text('{"runs": [], "default_sampler": {"kind": "bohb"}}')
+    with pytest.raises(StorageError, match="study.json: default_sampler must be"):
+        Study(study.root).space()
 
 
 def test_a_later_run_of_a_study_draws_other_configs_than_its_first(tmp_path):

@@ -71,9 +71,10 @@ def counted(trial: Any) -> bool:
 
 
 def rounds_used(trials: Iterable[Any]) -> dict[str, int]:
-    """Rounds each trial reached (its last reported round), keyed by Tune trial id."""
+    """Rounds each trial trained (its last reported round), keyed by Tune trial id; a repeat told
+    its twin's rounds trained none."""
     return {str(t.user_attrs.get("tune_trial_id", f"#{t.number}")): max(t.intermediate_values, default=0)
-            for t in trials}
+            for t in trials if not is_repeat(t)}
 
 
 class Ledger:

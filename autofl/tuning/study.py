@@ -15,8 +15,9 @@ import yaml
 
 from autofl.errors import AutoFLError, ConfigError, StorageError
 from autofl.files import write_atomic
-from autofl.tuning.space import SearchSpace, load_space
-from autofl.tuning.strategy_spec import SamplerSpec
+from autofl.config import read_yaml
+from autofl.tuning.space import SearchSpace, load_space, parse_space
+from autofl.tuning.strategy_spec import SAMPLER_OPTIONS, SamplerSpec
 
 HOME_ENV = "AUTOFL_HOME"
 SPACE_FILE = "space.yaml"
@@ -27,14 +28,20 @@ DEFAULT_SAMPLER_KEY = "default_sampler"  # study.json: the default sampler when 
 LEGACY_DEFAULT_SAMPLER = {"kind": "tpe", "skip_repeats": False}  # autofl's default until 2026-11-24
 
 
-def with_created_default_sampler(space: SearchSpace, meta: dict[str, Any]) -> SearchSpace:
-    """The space with what its `sampler:` section leaves unset (the kind, skip_repeats) as the autofl
-    that created its study defaulted them (recorded in study.json), so a study resumed after an
-    upgrade goes on as it started; a study created before they were recorded had TPE, no skipping."""
-    given = space.sampler.model_dump(exclude_unset=True) if "sampler" in space.model_fields_set else {}
+def with_created_default_sampler(tree: Any, meta: dict[str, Any]) -> Any:
+    """The space file's mapping with what its `sampler:` section leaves unset (the kind, skip_repeats)
+    as the autofl that created its study defaulted them (recorded in study.json), so a study resumed
+    after an upgrade goes on as it started and its sampler options stay valid for their kind; a study
+    created before they were recorded had TPE, no skipping."""
     created = meta.get(DEFAULT_SAMPLER_KEY, LEGACY_DEFAULT_SAMPLER)
-    sampler = SamplerSpec.model_validate({**created, **given})
-    return space if sampler == space.sampler else space.model_copy(update={"sampler": sampler})
+    if not (isinstance(created, dict) and created.get("kind") in SAMPLER_OPTIONS
+            and isinstance(created.get("skip_repeats"), bool)):
+        raise StorageError(f"study.json: {DEFAULT_SAMPLER_KEY} must be {{kind: one of "
+                           f"{', '.join(SAMPLER_OPTIONS)}, skip_repeats: true|false}}; got {created!r}")
+    if not isinstance(tree, dict) or not isinstance(tree.get("sampler", {}), dict):
+        return tree  # not a space: the space's own check says so
+    return {**tree, "sampler": {"kind": created["kind"], "skip_repeats": created["skip_repeats"],
+                                **tree.get("sampler", {})}}
 
 
 def created_default_sampler() -> dict[str, Any]:
@@ -65,7 +72,8 @@ class Study:
 
     def space(self) -> SearchSpace:
         if self._space is None:
-            self._space = with_created_default_sampler(load_space(self.space_file), self.meta())
+            tree = with_created_default_sampler(read_yaml(self.space_file), self.meta())
+            self._space = parse_space(tree, self.space_file)
         return self._space
 
     def meta(self) -> dict[str, Any]:
