@@ -13,9 +13,9 @@ from typing import Any
 
 import yaml
 
+from autofl.config import read_yaml
 from autofl.errors import AutoFLError, ConfigError, StorageError
 from autofl.files import write_atomic
-from autofl.config import read_yaml
 from autofl.tuning.space import SearchSpace, load_space, parse_space
 from autofl.tuning.strategy_spec import SAMPLER_OPTIONS, SamplerSpec
 
@@ -28,7 +28,7 @@ DEFAULT_SAMPLER_KEY = "default_sampler"  # study.json: the default sampler when 
 LEGACY_DEFAULT_SAMPLER = {"kind": "tpe", "skip_repeats": False}  # autofl's default until 2026-11-24
 
 
-def with_created_default_sampler(tree: Any, meta: dict[str, Any]) -> Any:
+def with_created_default_sampler(tree: Any, meta: dict[str, Any], where: str | Path = META_FILE) -> Any:
     """The space file's mapping with what its `sampler:` section leaves unset (the kind, skip_repeats)
     as the autofl that created its study defaulted them (recorded in study.json), so a study resumed
     after an upgrade goes on as it started and its sampler options stay valid for their kind; a study
@@ -36,7 +36,7 @@ def with_created_default_sampler(tree: Any, meta: dict[str, Any]) -> Any:
     created = meta.get(DEFAULT_SAMPLER_KEY, LEGACY_DEFAULT_SAMPLER)
     if not (isinstance(created, dict) and created.get("kind") in SAMPLER_OPTIONS
             and isinstance(created.get("skip_repeats"), bool)):
-        raise StorageError(f"study.json: {DEFAULT_SAMPLER_KEY} must be {{kind: one of "
+        raise StorageError(f"{where}: {DEFAULT_SAMPLER_KEY} must be {{kind: one of "
                            f"{', '.join(SAMPLER_OPTIONS)}, skip_repeats: true|false}}; got {created!r}")
     if not isinstance(tree, dict) or not isinstance(tree.get("sampler", {}), dict):
         return tree  # not a space: the space's own check says so
@@ -72,7 +72,7 @@ class Study:
 
     def space(self) -> SearchSpace:
         if self._space is None:
-            tree = with_created_default_sampler(read_yaml(self.space_file), self.meta())
+            tree = with_created_default_sampler(read_yaml(self.space_file), self.meta(), self.root / META_FILE)
             self._space = parse_space(tree, self.space_file)
         return self._space
 
