@@ -131,3 +131,50 @@ def test_auto_stays_eager_on_cpu_without_a_cpp_compiler(monkeypatch, tmp_path):
     monkeypatch.delenv("CXX")
     assert compiled.cpu_compiler() is not None  # this machine (and CI) has g++: the compiled tests run
     assert compiled.choose_compile("auto", cpu, 10_000, "vectorized", 10_000)[0] is True
+
+
+def test_the_whole_cpu_step_replays_across_learning_rates_and_falls_back_with_momentum(monkeypatch):
+    """On CPU the vectorized step of plain SGD compiles with its update (engine/compiled.batched_sgd_step):
+    a decaying learning rate and another trial's rate replay the same graph; with momentum the update
+    stays torch's SGD.step outside the compiled gradients, so a search's momenta compile nothing more.
+    Every run's metrics and global model are eager's."""
+    from autofl.engine import vectorized
+    from autofl.engine.simulation import Simulation
+    from autofl.methods.registry import get_method_class
+
+    whole_steps: list[int] = []
+    original = vectorized._Step.whole_step
+
+    def counted(self, hi, rows, opt):
+        whole_steps.append(hi)
+        return original(self, hi, rows, opt)
+
+    monkeypatch.setattr(vectorized._Step, "whole_step", counted)
+
+    def sim(lr: float, momentum: float, compile_steps: str) -> Simulation:
+        exp = load_experiment(None, [*exp_overrides("fedavg"), "fl.rounds=2", "fl.batch_size=16", f"fl.lr={lr}",
+                                     f"fl.momentum={momentum}", "fl.lr_decay=0.5", f"runtime.compile={compile_steps}"])
+        return Simulation(exp, get_method_class("fedavg"))
+
+    def same_as_eager(run: Simulation, lr: float, momentum: float) -> None:
+        eager = sim(lr, momentum, "off")
+        list(eager.run())
+        for a, b in zip(eager.history, run.history, strict=True):
+            for key in a:
+                assert abs(a[key] - b[key]) <= 1e-4, (lr, momentum, key, a[key], b[key])
+        for key, value in eager.global_state.items():
+            torch.testing.assert_close(value, run.global_state[key], rtol=1e-4, atol=1e-5)
+
+    for momentum in (0.0, 0.5):  # compiles the whole step, then the gradients-only step
+        first = sim(0.05, momentum, "on")
+        list(first.run())
+        same_as_eager(first, 0.05, momentum)
+    assert whole_steps, "the whole step never ran"
+    whole_steps.clear()
+    with torch.compiler.set_stance("fail_on_recompile"):
+        for lr, momentum in [(0.1, 0.0), (0.02, 0.3), (0.2, 0.9)]:
+            run = sim(lr, momentum, "on")
+            list(run.run())  # rounds 1 and 2 at lr and lr / 2: the graphs compiled above
+            same_as_eager(run, lr, momentum)
+            assert bool(whole_steps) == (momentum == 0), (momentum, len(whole_steps))
+            whole_steps.clear()

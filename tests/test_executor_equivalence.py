@@ -54,14 +54,14 @@ def small_raw(side: int, n_train: int) -> RawDataset:
                       raw.test_y[:100], 10)
 
 
-def run(method: str, arch: str, executor: str, dtype: str, compile_steps: str = "off"
+def run(method: str, arch: str, executor: str, dtype: str, compile_steps: str = "off", extra: tuple[str, ...] = ()
         ) -> tuple[list[dict[str, float]], Simulation]:
     dataset, side, n_train = ("digits", 8, 600) if arch in ("mlp", "resnet18") else ("mnist", 28, 400)
     if arch == "resnet18":
         n_train = 150
     exp = load_experiment(None, [*SCENARIO, *SMALL.get(method, []), f"method.name={method}", f"model.arch={arch}",
                                  f"data.dataset={dataset}", f"runtime.executor={executor}", f"runtime.dtype={dtype}",
-                                 f"runtime.compile={compile_steps}"])
+                                 f"runtime.compile={compile_steps}", *extra])
     sim = Simulation(exp, get_method_class(method), raw=small_raw(side, n_train))
     return list(sim.run()), sim
 
@@ -138,17 +138,35 @@ def test_vectorized_equals_sequential_in_float32_without_batchnorm(method):
 #   compiled step, kept only for clients with a full batch), frozen statistics, three model copies;
 # - fedavg (sequential, float32): compiled forward + backward on the workspace's modules, in the precision
 #   runs use (dualfed sequential, two stages with SupCon and BatchNorm, passed too but compiles 3x longer).
+# - fedfcd and fedsiam_da again with plain SGD (momentum 0, no weight decay), where the vectorized
+#   step on CPU compiles with its SGD update (compiled.batched_sgd_step) and updates the rows of
+#   clients past their last batch too, which the epoch's end restores.
 # Every scenario is uneven (clients run out of batches at different steps, last batches are smaller),
 # so both the compiled whole-stack step and the eager remainder run.
-@pytest.mark.parametrize("method,executor,dtype", [("fedfcd", "vectorized", "float64"),
-                                                   ("fedsiam_da", "vectorized", "float64"),
-                                                   ("fedavg", "sequential", "float32")])
-def test_compiled_steps_equal_eager(method, executor, dtype):
-    eager_history, eager = run(method, "mlp", executor, dtype, "off")
-    compiled_history, comp = run(method, "mlp", executor, dtype, "on")
+PLAIN_SGD = ("fl.momentum=0", "fl.weight_decay=0")
+
+
+@pytest.mark.parametrize("method,executor,dtype,extra", [("fedfcd", "vectorized", "float64", ()),
+                                                         ("fedsiam_da", "vectorized", "float64", ()),
+                                                         ("fedavg", "sequential", "float32", ()),
+                                                         ("fedfcd", "vectorized", "float64", PLAIN_SGD),
+                                                         ("fedsiam_da", "vectorized", "float64", PLAIN_SGD)])
+def test_compiled_steps_equal_eager(method, executor, dtype, extra, monkeypatch):
+    from autofl.engine import vectorized
+
+    whole_steps: list[tuple[int, int]] = []  # (clients training, clients stacked)
+    original = vectorized._Step.whole_step
+    monkeypatch.setattr(vectorized._Step, "whole_step",
+                        lambda self, hi, rows, opt: whole_steps.append((hi, self.run.k)) or original(self, hi, rows, opt))
+    eager_history, eager = run(method, "mlp", executor, dtype, "off", extra)
+    compiled_history, comp = run(method, "mlp", executor, dtype, "on", extra)
     assert comp.executor.compile_steps and not eager.executor.compile_steps
     assert "steps: compiled (runtime.compile=on" in comp.executor_line
     assert_same_run(eager_history, eager, compiled_history, comp)
+    # the whole step (gradients and update compiled together) runs exactly where plain SGD is used,
+    # also on steps where some clients are past their last batch
+    assert bool(whole_steps) == (extra == PLAIN_SGD)
+    assert extra != PLAIN_SGD or any(hi < k for hi, k in whole_steps)
 
 
 @pytest.mark.parametrize("executor,chunk", [("sequential", None), ("vectorized", None), ("vectorized", 2)])

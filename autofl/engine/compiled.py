@@ -1,15 +1,20 @@
 """`runtime.compile`: the executors' per-step functions compiled with `torch.compile` and replayed.
 
 What is compiled (the executors keep their own loops, optimizers and bookkeeping):
-- vectorized: the batched step, `vmap(grad(loss))` over a run of clients: forward, the method's loss
-  and backward of every client at once (`batched_grads`);
+- vectorized on CPU: the whole lockstep step when every training client has a full batch (all steps
+  but an epoch's last few): the batches gathered from the pooled data, `vmap(grad(loss))` over the
+  stack (forward, the method's loss and backward of every client at once) and the optimizer's SGD
+  update, `torch.optim.sgd.sgd` -- the function `torch.optim.SGD.step` runs -- applied in place
+  (`batched_sgd_step`), for plain SGD (`fl.momentum: 0`, no weight decay: momentum and decay would be
+  constants of the graph, one compile per value a search tries). Other steps and optimizers, and
+  every step on CUDA, where a CUDA graph may not mutate its inputs, compile the gradients only
+  (`batched_grads`) and step `torch.optim.SGD` outside;
 - sequential: one client's forward and the method's loss (`client_loss`); AOTAutograd compiles its
   backward with it, so `loss.backward()` replays the compiled backward.
-The SGD update stays `torch.optim.SGD` (a few fused foreach kernels per step).
 
 Nothing recompiles across rounds: the compiled functions take the workspace, the loss and every
 tensor (parameters, per-client flags, the method's closure tensors such as FedFCD's GFRs) as inputs,
-and the learning rate never enters them. Shapes that change (the number of clients still training,
+and the whole step takes the learning rate as a 0-dim tensor (a decaying rate replays the same graph). Shapes that change (the number of clients still training,
 a smaller last batch) are compiled once more with that dimension symbolic (torch's automatic dynamic
 shapes), so uneven clients keep the executors' exact semantics: every client still sees exactly its
 own batch.
@@ -35,6 +40,7 @@ import types
 from typing import Any, Callable, Hashable
 
 import torch
+from torch.optim.sgd import sgd as sgd_update  # the functional SGD that torch.optim.SGD.step runs
 from torch.func import functional_call, grad, vmap
 
 # rounds a trial must run before `auto` compiles on CUDA: compiling a step costs tens of seconds once
@@ -44,12 +50,13 @@ AUTO_MIN_ROUNDS_CUDA = 50
 
 # lockstep steps (rounds x the longest client's batches a round) a vectorized trial must run before
 # `auto` compiles on CPU. Measured on 2 cores with an empty inductor cache (README Benchmarks,
-# fedfcd-t1, 263 steps a round): compiling cost 10-37 s and the compiled round was 1.5-2.7x faster,
-# so it paid from round 3 (fedrep) to round 40 (fedgh: 14 s of compile, 0.35 s saved a round;
-# fedavg 13 s, 0.84 -> 0.37 s, from round 29). 11,000 steps (round 42 there) is past every method's
-# break-even, so `auto` never makes those runs slower. The sequential executor's per-client steps
-# ran slower compiled (fedavg 4.10 s against 2.26 s a round), so `auto` keeps them eager on CPU.
-AUTO_MIN_STEPS_CPU = 11_000
+# fedfcd-t1, 263 steps a round, plain SGD so the whole step with its update compiles, 2026-11-24):
+# compiling cost 13-32 s and the compiled round was 1.5-5.1x faster, so it paid from round 5 (fedrep)
+# to round 54 (fedgh: 13 s of compile, 0.70 -> 0.46 s a round; fedavg 14 s, 0.66 -> 0.31 s, from
+# round 40). 15,000 steps (round 58 there) is past every method's break-even, so `auto` never makes
+# those runs slower. The sequential executor's per-client steps ran slower compiled (fedavg 4.10 s
+# against 2.26 s a round), so `auto` keeps them eager on CPU.
+AUTO_MIN_STEPS_CPU = 15_000
 
 
 def batched_grads(ws: torch.nn.Module, loss: Callable[..., torch.Tensor], rest_dims: dict[str, int | None],
@@ -64,6 +71,26 @@ def batched_grads(ws: torch.nn.Module, loss: Callable[..., torch.Tensor], rest_d
         return value, value.detach()
 
     return vmap(grad(one_client, has_aux=True), in_dims=(0, rest_dims, 0, 0, 0))(tr, rest, x, y, flags)
+
+
+def batched_sgd_step(ws: torch.nn.Module, loss: Callable[..., torch.Tensor], rest_dims: dict[str, int | None],
+                     tr: dict[str, torch.Tensor], rest: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
+                     rows: torch.Tensor, flags: dict[str, torch.Tensor], lr: torch.Tensor,
+                     group: dict[str, Any]) -> torch.Tensor:
+    """One whole lockstep step of the vectorized executor (CPU), for plain SGD (no momentum, no weight
+    decay): each client's batch gathered from the pooled data by `rows` (K, batch), the per-client
+    gradients (`batched_grads`), and the update of the stacked tensors `tr` in place by
+    `torch.optim.sgd.sgd`, the function `torch.optim.SGD.step` runs, with the optimizer's settings:
+    `lr` a 0-dim tensor (neither a trial's rate nor a decaying one recompiles), the rest of its param
+    group (`group`) constants of the graph. Returns each client's loss."""
+    grads, value = batched_grads(ws, loss, rest_dims, tr, rest, x[rows], y[rows], flags)
+    names = list(tr)
+    with torch.no_grad():
+        sgd_update([tr[n] for n in names], [grads[n] for n in names], [None] * len(names),
+                   weight_decay=group["weight_decay"], momentum=group["momentum"], lr=lr,
+                   dampening=group["dampening"], nesterov=group["nesterov"], maximize=group["maximize"],
+                   foreach=False)
+    return value
 
 
 def client_loss(ws: torch.nn.Module, loss: Callable[..., torch.Tensor], x: torch.Tensor, y: torch.Tensor,

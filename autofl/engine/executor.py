@@ -102,6 +102,7 @@ class Workspace(nn.Module):
             self.add_module(name, copy.deepcopy(model))
         self._mode_key: Any = None
         self._frozen_bn: list[nn.Module] = []
+        self._frozen_by_names: dict[Any, list[nn.Module]] = {}  # update.frozen_stats -> its BatchNorm modules
 
     def forward(self, x: torch.Tensor, y: torch.Tensor, flags: dict[str, torch.Tensor], loss: Any) -> torch.Tensor:
         return loss(self, x, y, flags)
@@ -119,12 +120,17 @@ class Workspace(nn.Module):
             return
         self.leave()
         for name, module in self.named_children():
-            module.train(name in trained_models)
-        for name in update.frozen_stats:
-            for module in self.get_submodule(name).modules():
-                if isinstance(module, (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)) and module.track_running_stats:
-                    module.track_running_stats = False
-                    self._frozen_bn.append(module)
+            # train() walks every submodule: only where the mode changes (a method alternating two
+            # updates every step, as FedSiam-DA does, enters twice a step)
+            if module.training != (name in trained_models):
+                module.train(name in trained_models)
+        if update.frozen_stats not in self._frozen_by_names:
+            self._frozen_by_names[update.frozen_stats] = [
+                module for name in update.frozen_stats for module in self.get_submodule(name).modules()
+                if isinstance(module, (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)) and module.track_running_stats]
+        self._frozen_bn = list(self._frozen_by_names[update.frozen_stats])
+        for module in self._frozen_bn:
+            module.track_running_stats = False
         self._mode_key = key
 
     def leave(self) -> None:

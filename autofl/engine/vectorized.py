@@ -178,23 +178,36 @@ class _ChunkRun:
 
     def _update(self, update: Update, names: list[str], step: "_Step", opt: torch.optim.Optimizer,
                 runs: list[tuple[int, int, int]], rows: torch.Tensor, active: int) -> None:
-        single = len(runs) == 1 and runs[0][0] == 0 and runs[0][1] == self.k
-        if not single:
+        lo0, hi0, size0 = runs[0] if runs else (0, 0, 0)
+        if step.whole is not None and len(runs) == 1 and size0 == self.plan.batch_size and step.fuses(opt):
+            # runtime.compile on CPU: every active client has a full batch, so the whole step (gather,
+            # gradients and SGD update) is one compiled call over the stack (see _Step.whole_step)
+            loss = step.whole_step(hi0, rows, opt)
+            if update.report is not None:
+                self._meter(update.report, lo0, hi0, loss[lo0:hi0] * size0, size0)
+            return
+        if step.compiled is not None and size0 == self.plan.batch_size:
+            # runtime.compile: the first run is a prefix of the stack with full-size batches; it runs
+            # compiled on the whole stack (one static shape, see _Step.prefix). Its gradients become the
+            # stack's: the other runs overwrite their own rows, and the rows of clients past their last
+            # batch (hi of the last run on) hold stale values, undone when their rows are restored
+            full = rows[:, :size0]
+            grads, loss = step.prefix(hi0, self.x[full], self.y[full])
             for n in names:
-                self.state[n].grad = torch.zeros_like(self.state[n])
-        for j, (lo, hi, size) in enumerate(runs):
+                self.state[n].grad = grads[n]
+            if update.report is not None:
+                self._meter(update.report, lo0, hi0, loss[lo0:hi0] * size0, size0)
+            later = runs[1:]
+        else:
+            if not (len(runs) == 1 and runs[0][0] == 0 and runs[0][1] == self.k):
+                for n in names:
+                    self.state[n].grad = torch.zeros_like(self.state[n])
+            later = runs
+        for lo, hi, size in later:
             idx = rows[lo:hi, :size]
-            # runtime.compile: the first run is a prefix of the stack; when its batches are full-size it
-            # runs compiled on the whole stack (one static shape), its rows kept (see _Step.prefix)
-            if j == 0 and step.compiled is not None and size == self.plan.batch_size:
-                full = rows[:, :size]
-                grads, loss = step.prefix(hi, self.x[full], self.y[full])
-                if hi < self.k:
-                    grads, loss = {n: g[:hi] for n, g in grads.items()}, loss[:hi]
-            else:
-                grads, loss = step(lo, hi)(self.x[idx], self.y[idx])
+            grads, loss = step(lo, hi)(self.x[idx], self.y[idx])
             for n in names:
-                if single:
+                if lo == 0 and hi == self.k:
                     self.state[n].grad = grads[n]
                 else:
                     self.state[n].grad[lo:hi] = grads[n]
@@ -247,10 +260,12 @@ class _Step:
         self.rest_dims = {n: 0 if run.batched[n] else None for n in self.rest_names}
         # stacked buffers a forward may write (BatchNorm running statistics)
         self.buffers = [n for n, _ in run.ws.named_buffers() if n in self.rest_dims and run.batched[n]]
-        self.compiled = None
+        self.compiled = self.whole = None
         if run.compile_steps:
-            self.compiled = compiled.compiled(compiled.batched_grads, compiled.step_key(update.loss, *where),
-                                              run.device)
+            key = compiled.step_key(update.loss, *where)
+            if run.device.type == "cpu":
+                self.whole = compiled.compiled(compiled.batched_sgd_step, key, run.device)
+            self.compiled = compiled.compiled(compiled.batched_grads, key, run.device)
 
     def __call__(self, lo: int, hi: int) -> Callable[..., Any]:
         """The eager step of clients lo:hi (views of their rows)."""
@@ -278,3 +293,34 @@ class _Step:
             for n, copy in copies.items():
                 run.state[n][:hi] = copy[:hi]
         return grads, loss
+
+    def whole_step(self, hi: int, rows: torch.Tensor, opt: torch.optim.Optimizer) -> torch.Tensor:
+        """The compiled whole step (CPU, plain SGD: see `fuses`) of the stack on (K, batch) rows when
+        clients 0:hi train and every one has a full batch: gradients and `opt`'s update in one call.
+        Rows from hi on (clients past their last batch, fed padding rows) are updated too, and
+        restored with the epoch's other stale rows; their stacked buffers (BatchNorm statistics) are
+        kept as they were. Returns each client's loss."""
+        run = self.run
+        assert self.whole is not None
+        group = opt.param_groups[0]
+        params = group["params"]
+        tr = dict(zip(self.trained, params))
+        rest = {n: run.state[n] for n in self.rest_names}
+        copies = {n: run.state[n].clone() for n in self.buffers} if hi < run.k else {}
+        rest.update(copies)
+        lr = torch.tensor(group["lr"], dtype=params[0].dtype)
+        settings = {k: group[k] for k in ("weight_decay", "momentum", "dampening", "nesterov", "maximize")}
+        loss = self.whole(run.ws, self.update.loss, self.rest_dims, tr, rest, run.x, run.y, rows, run.flags, lr,
+                          settings)
+        with torch.no_grad():
+            for n, copy in copies.items():
+                run.state[n][:hi] = copy[:hi]
+        return loss
+
+    @staticmethod
+    def fuses(opt: torch.optim.Optimizer) -> bool:
+        """Whether `whole_step` runs `opt`'s update: plain SGD, one param group, no momentum and no weight
+        decay (either would be a constant of the compiled graph: one compile per value a search tries)."""
+        group = opt.param_groups[0]
+        return (type(opt) is torch.optim.SGD and len(opt.param_groups) == 1 and group["momentum"] == 0
+                and group["weight_decay"] == 0 and not group["maximize"])
