@@ -76,6 +76,7 @@ class _ChunkRun:
                       for n in flag_names}
         self.totals: dict[str, torch.Tensor] = {}
         self.counts: dict[str, torch.Tensor] = {}
+        self._lockstep_plan: list[tuple[int, list[tuple[int, int, int]], int]] | None = None
 
     # ----- stacking ----------------------------------------------------------------------------
     def _stack_state(self) -> tuple[dict[str, torch.Tensor], dict[str, bool]]:
@@ -131,14 +132,11 @@ class _ChunkRun:
             idle = sum(1 for c in n_steps if c > 0)  # clients with no batch at all keep their start
             if idle < self.k:
                 self._save_rows(saved, saved_momentum, opts, param_names, idle, self.k)
-            for step in range(max_steps):
-                active = sum(1 for c in n_steps if c > step)
-                runs = self._runs(step, active)
+            for step, (active, runs, done_lo) in enumerate(self._lockstep(max_steps)):
                 for update, names, step_fn, opt in zip(stage.updates, param_names, steps, opts):
                     self.ws.enter(trained_models, update)
                     self._update(update, names, step_fn, opt, runs, batch_rows[:, step], active)
-                done_lo = sum(1 for c in n_steps if c > step + 1)  # these rows finished their epoch
-                if done_lo < active:
+                if done_lo < active:  # rows done_lo:active finished their epoch
                     self._save_rows(saved, saved_momentum, opts, param_names, done_lo, active)
             if finished_early < self.k:
                 self._restore_rows(saved, saved_momentum, opts, param_names, finished_early)
@@ -161,6 +159,18 @@ class _ChunkRun:
             for j, (a, b) in enumerate(cuts[full:], start=full):
                 rows[i, j, : b - a] = order[a:b]
         return rows
+
+    def _lockstep(self, max_steps: int) -> list[tuple[int, list[tuple[int, int, int]], int]]:
+        """Per step of an epoch (the same in every epoch and stage): the clients still training (a
+        prefix of the stack), their runs of one batch size, and how many train on after this step."""
+        if self._lockstep_plan is None:
+            n_steps = [len(c) for c in self.cuts]
+            plan = []
+            for step in range(max_steps):
+                active = sum(1 for c in n_steps if c > step)
+                plan.append((active, self._runs(step, active), sum(1 for c in n_steps if c > step + 1)))
+            self._lockstep_plan = plan
+        return self._lockstep_plan
 
     def _runs(self, step: int, active: int) -> list[tuple[int, int, int]]:
         """(lo, hi, batch size): contiguous runs of active clients whose batch at `step` has one size."""
@@ -261,6 +271,7 @@ class _Step:
         # stacked buffers a forward may write (BatchNorm running statistics)
         self.buffers = [n for n, _ in run.ws.named_buffers() if n in self.rest_dims and run.batched[n]]
         self.compiled = self.whole = None
+        self._lr: tuple[float, torch.Tensor] | None = None
         if run.compile_steps:
             key = compiled.step_key(update.loss, *where)
             if run.device.type == "cpu":
@@ -308,10 +319,11 @@ class _Step:
         rest = {n: run.state[n] for n in self.rest_names}
         copies = {n: run.state[n].clone() for n in self.buffers} if hi < run.k else {}
         rest.update(copies)
-        lr = torch.tensor(group["lr"], dtype=params[0].dtype)
+        if self._lr is None or self._lr[0] != group["lr"]:  # one tensor per stage's rate, not per step
+            self._lr = (group["lr"], torch.tensor(group["lr"], dtype=params[0].dtype))
         settings = {k: group[k] for k in ("weight_decay", "momentum", "dampening", "nesterov", "maximize")}
-        loss = self.whole(run.ws, self.update.loss, self.rest_dims, tr, rest, run.x, run.y, rows, run.flags, lr,
-                          settings)
+        loss = self.whole(run.ws, self.update.loss, self.rest_dims, tr, rest, run.x, run.y, rows, run.flags,
+                          self._lr[1], settings)
         with torch.no_grad():
             for n, copy in copies.items():
                 run.state[n][:hi] = copy[:hi]
