@@ -156,8 +156,12 @@ def test_compiled_steps_equal_eager(method, executor, dtype, extra, monkeypatch)
 
     whole_steps: list[tuple[int, int]] = []  # (clients training, clients stacked)
     original = vectorized._Step.whole_step
-    monkeypatch.setattr(vectorized._Step, "whole_step",
-                        lambda self, hi, rows, opt: whole_steps.append((hi, self.run.k)) or original(self, hi, rows, opt))
+
+    def recorded(self, hi, rows, opt):
+        whole_steps.append((hi, self.run.k))
+        return original(self, hi, rows, opt)
+
+    monkeypatch.setattr(vectorized._Step, "whole_step", recorded)
     eager_history, eager = run(method, "mlp", executor, dtype, "off", extra)
     compiled_history, comp = run(method, "mlp", executor, dtype, "on", extra)
     assert comp.executor.compile_steps and not eager.executor.compile_steps

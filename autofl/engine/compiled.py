@@ -14,10 +14,10 @@ What is compiled (the executors keep their own loops, optimizers and bookkeeping
 
 Nothing recompiles across rounds: the compiled functions take the workspace, the loss and every
 tensor (parameters, per-client flags, the method's closure tensors such as FedFCD's GFRs) as inputs,
-and the whole step takes the learning rate as a 0-dim tensor (a decaying rate replays the same graph). Shapes that change (the number of clients still training,
-a smaller last batch) are compiled once more with that dimension symbolic (torch's automatic dynamic
-shapes), so uneven clients keep the executors' exact semantics: every client still sees exactly its
-own batch.
+and the whole step takes the learning rate as a 0-dim tensor (a decaying rate replays the same
+graph). Shapes that change (the number of clients still training, a smaller last batch) are
+compiled once more with that dimension symbolic (torch's automatic dynamic shapes), so uneven
+clients keep the executors' exact semantics: every client still sees exactly its own batch.
 
 Caching: one compiled function per (executor, method's loss, stage, update, device, mode), held in
 a module-level dict, so the trials a worker process runs one after another reuse what the first
