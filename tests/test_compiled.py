@@ -178,3 +178,39 @@ def test_the_whole_cpu_step_replays_across_learning_rates_and_falls_back_with_mo
             same_as_eager(run, lr, momentum)
             assert bool(whole_steps) == (momentum == 0), (momentum, len(whole_steps))
             whole_steps.clear()
+
+
+def test_the_whole_steps_batch_rows_keep_one_layout_when_sampled_clients_differ(monkeypatch):
+    """With partial participation each round's clients have another longest client, so another
+    number of lockstep steps; the batch rows the whole step reads must still arrive contiguous with
+    the same strides (the compiled graph guards on them: one stride per step count was one recompile
+    per distinct count). Under the "fail_on_recompile" stance the later rounds replay round 1's graph."""
+    from autofl.engine import vectorized
+    from autofl.engine.simulation import Simulation
+    from autofl.methods.registry import get_method_class
+
+    layouts: set[tuple[tuple[int, ...], tuple[int, ...], bool]] = set()
+    original = vectorized._Step.whole_step
+
+    def recorded(self, hi, rows, opt):
+        layouts.add((tuple(rows.shape), rows.stride(), rows.is_contiguous()))
+        return original(self, hi, rows, opt)
+
+    monkeypatch.setattr(vectorized._Step, "whole_step", recorded)
+    overrides = ["method.name=fedavg", "fl.rounds=4", "data.num_clients=8", "fl.participation=0.5",
+                 "data.partition.alpha=0.1", "fl.momentum=0", "fl.batch_size=16", "runtime.executor=vectorized"]
+    sim = Simulation(load_experiment(None, [*overrides, "runtime.compile=on"]), get_method_class("fedavg"))
+    steps: set[int] = set()
+    original_lockstep = vectorized._ChunkRun._lockstep
+
+    def lockstep(self, max_steps):
+        steps.add(max_steps)
+        return original_lockstep(self, max_steps)
+
+    monkeypatch.setattr(vectorized._ChunkRun, "_lockstep", lockstep)
+    sim.run_round()
+    with torch.compiler.set_stance("fail_on_recompile"):
+        for _ in range(3):
+            sim.run_round()
+    assert len(steps) > 1, f"the sampled clients never changed the step count ({steps}): the test tests nothing"
+    assert len(layouts) == 1 and next(iter(layouts))[2], layouts

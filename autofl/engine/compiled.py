@@ -1,8 +1,8 @@
 """`runtime.compile`: the executors' per-step functions compiled with `torch.compile` and replayed.
 
 What is compiled (the executors keep their own loops, optimizers and bookkeeping):
-- vectorized on CPU: the whole lockstep step when every training client has a full batch (all steps
-  but an epoch's last few): the batches gathered from the pooled data, `vmap(grad(loss))` over the
+- vectorized on CPU: the whole lockstep step when every training client has a full batch (steps
+  where some client is on its shorter last batch take the gradients-only path below): the batches gathered from the pooled data, `vmap(grad(loss))` over the
   stack (forward, the method's loss and backward of every client at once) and the optimizer's SGD
   update, `torch.optim.sgd.sgd` -- the function `torch.optim.SGD.step` runs -- applied in place
   (`batched_sgd_step`), for plain SGD (`fl.momentum: 0`, no weight decay: momentum and decay would be
@@ -15,14 +15,15 @@ What is compiled (the executors keep their own loops, optimizers and bookkeeping
 Nothing recompiles across rounds: the compiled functions take the workspace, the loss and every
 tensor (parameters, per-client flags, the method's closure tensors such as FedFCD's GFRs) as inputs,
 and the whole step takes the learning rate as a 0-dim tensor (a decaying rate replays the same
-graph). Shapes that change (the number of clients still training, a smaller last batch) are
-compiled once more with that dimension symbolic (torch's automatic dynamic shapes), so uneven
-clients keep the executors' exact semantics: every client still sees exactly its own batch.
+graph), and its batch rows arrive as a contiguous (clients, batch) slice of a step-major tensor, the
+same strides whatever the round's step count. Shapes are static (`dynamic=False`): a shape that
+changes (the number of clients still training, a smaller last batch) compiles its own variant once,
+so uneven clients keep the executors' exact semantics: every client still sees exactly its own batch.
 
 Caching: one compiled function per (executor, method's loss, stage, update, device, mode), held in
 a module-level dict, so the trials a worker process runs one after another reuse what the first
 traced; each key gets its own code object, so torch's per-function recompile limit counts one
-key's variants (train/eval modes, static then dynamic shapes) and never another key's. Inductor's
+key's variants (train/eval modes, shapes) and never another key's. Inductor's
 generated kernels are cached on disk (`TORCHINDUCTOR_CACHE_DIR`, torch's default
 `/tmp/torchinductor_<user>`), so a new process compiles the same step from cache.
 

@@ -135,7 +135,7 @@ class _ChunkRun:
             for step, (active, runs, done_lo) in enumerate(self._lockstep(max_steps)):
                 for update, names, step_fn, opt in zip(stage.updates, param_names, steps, opts):
                     self.ws.enter(trained_models, update)
-                    self._update(update, names, step_fn, opt, runs, batch_rows[:, step], active)
+                    self._update(update, names, step_fn, opt, runs, batch_rows[step], active)
                 if done_lo < active:  # rows done_lo:active finished their epoch
                     self._save_rows(saved, saved_momentum, opts, param_names, done_lo, active)
             if finished_early < self.k:
@@ -148,16 +148,18 @@ class _ChunkRun:
                 self.flags[key] = torch.full((self.k,), value, dtype=self.x.dtype, device=self.device)
 
     def _batch_rows(self, s: int, e: int, max_steps: int) -> torch.Tensor:
-        """(K, steps, batch) row indices of epoch e of stage s (padding rows are never read)."""
+        """(steps, K, batch) row indices of epoch e of stage s (padding rows are never read); step-major,
+        so a step's (K, batch) slice is contiguous with the same strides in every chunk and round (the
+        compiled whole step guards on them: a stride per `steps` would recompile it)."""
         bs = self.plan.batch_size
-        rows = torch.zeros(self.k, max_steps, bs, dtype=torch.int64, device=self.device)
+        rows = torch.zeros(max_steps, self.k, bs, dtype=torch.int64, device=self.device)
         for i, cuts in enumerate(self.cuts):
             order = self.orders[i][s][e]
             full = sum(1 for a, b in cuts if b - a == bs)
             if full:
-                rows[i, :full] = order[: full * bs].view(full, bs)
+                rows[:full, i] = order[: full * bs].view(full, bs)
             for j, (a, b) in enumerate(cuts[full:], start=full):
-                rows[i, j, : b - a] = order[a:b]
+                rows[j, i, : b - a] = order[a:b]
         return rows
 
     def _lockstep(self, max_steps: int) -> list[tuple[int, list[tuple[int, int, int]], int]]:
@@ -170,6 +172,7 @@ class _ChunkRun:
                 active = sum(1 for c in n_steps if c > step)
                 plan.append((active, self._runs(step, active), sum(1 for c in n_steps if c > step + 1)))
             self._lockstep_plan = plan
+        assert len(self._lockstep_plan) == max_steps  # cuts, hence steps, are fixed per chunk
         return self._lockstep_plan
 
     def _runs(self, step: int, active: int) -> list[tuple[int, int, int]]:
