@@ -94,23 +94,35 @@ def exp_overrides(method: str) -> list[str]:
     return [f"method.name={method}", "fl.rounds=3", "data.num_clients=4", "runtime.executor=vectorized"]
 
 
-@pytest.mark.parametrize("method", ["fedeccr", "fedavg"])
-def test_a_compiled_step_does_not_recompile_across_rounds(method):
+@pytest.mark.parametrize("method,extra", [("fedeccr", ()), ("fedavg", ()), ("ditto", ("fl.momentum=0",))])
+def test_a_compiled_step_does_not_recompile_across_rounds(method, extra, monkeypatch):
     """What changes between rounds reaches the compiled step as tensor inputs (FedECCR's loss weight
     alpha = 1 - r/R is a 0-dim tensor), so rounds 2 and 3 replay what round 1 compiled: torch raises
-    under the "fail_on_recompile" stance otherwise. The compiled run's metrics are the eager run's."""
+    under the "fail_on_recompile" stance otherwise. The compiled run's metrics are the eager run's.
+    Ditto with plain SGD runs its two updates a step (w, then v) as one compiled call."""
+    from autofl.engine import vectorized
     from autofl.engine.simulation import Simulation
     from autofl.methods.registry import get_method_class
 
-    exp = load_experiment(None, [*exp_overrides(method), "runtime.compile=on"])
+    together: list[int] = []
+    original = vectorized._StageStep.whole_step
+
+    def recorded(self, hi, rows, opts):
+        together.append(hi)
+        return original(self, hi, rows, opts)
+
+    monkeypatch.setattr(vectorized._StageStep, "whole_step", recorded)
+    exp = load_experiment(None, [*exp_overrides(method), *extra, "runtime.compile=on"])
     sim = Simulation(exp, get_method_class(method))
     sim.run_round()
     with torch.compiler.set_stance("fail_on_recompile"):
         sim.run_round()
         sim.run_round()
     assert sim.round == 3
+    assert bool(together) == (method == "ditto")
     # and what it replays is the eager step: the same metrics every round (float32, the executors' tolerance)
-    eager = Simulation(load_experiment(None, [*exp_overrides(method), "runtime.compile=off"]), get_method_class(method))
+    eager = Simulation(load_experiment(None, [*exp_overrides(method), *extra, "runtime.compile=off"]),
+                       get_method_class(method))
     for _ in range(3):
         eager.run_round()
     assert len(eager.history) == len(sim.history) == 3

@@ -139,8 +139,9 @@ def test_vectorized_equals_sequential_in_float32_without_batchnorm(method):
 # - fedavg (sequential, float32): compiled forward + backward on the workspace's modules, in the precision
 #   runs use (dualfed sequential, two stages with SupCon and BatchNorm, passed too but compiles 3x longer).
 # - fedfcd and fedsiam_da again with plain SGD (momentum 0, no weight decay), where the vectorized
-#   step on CPU compiles with its SGD update (compiled.batched_sgd_step) and updates the rows of
-#   clients past their last batch too, which the epoch's end restores.
+#   step on CPU compiles with its SGD update (compiled.batched_sgd_step; both updates of a step in one
+#   call, compiled.batched_sgd_steps) and updates the rows of clients past their last batch too,
+#   which the epoch's end restores.
 # Every scenario is uneven (clients run out of batches at different steps, last batches are smaller),
 # so both the compiled whole-stack step and the eager remainder run.
 PLAIN_SGD = ("fl.momentum=0", "fl.weight_decay=0")
@@ -155,13 +156,13 @@ def test_compiled_steps_equal_eager(method, executor, dtype, extra, monkeypatch)
     from autofl.engine import vectorized
 
     whole_steps: list[tuple[int, int]] = []  # (clients training, clients stacked)
-    original = vectorized._Step.whole_step
+    together_steps: list[tuple[int, int]] = []  # the same, for a stage's updates in one call
+    for cls, calls in ((vectorized._Step, whole_steps), (vectorized._StageStep, together_steps)):
+        def recorded(self, hi, rows, opt, original=cls.whole_step, calls=calls):
+            calls.append((hi, self.run.k))
+            return original(self, hi, rows, opt)
 
-    def recorded(self, hi, rows, opt):
-        whole_steps.append((hi, self.run.k))
-        return original(self, hi, rows, opt)
-
-    monkeypatch.setattr(vectorized._Step, "whole_step", recorded)
+        monkeypatch.setattr(cls, "whole_step", recorded)
     eager_history, eager = run(method, "mlp", executor, dtype, "off", extra)
     compiled_history, comp = run(method, "mlp", executor, dtype, "on", extra)
     assert comp.executor.compile_steps and not eager.executor.compile_steps
@@ -169,8 +170,13 @@ def test_compiled_steps_equal_eager(method, executor, dtype, extra, monkeypatch)
     assert_same_run(eager_history, eager, compiled_history, comp)
     # the whole step (gradients and update compiled together) runs exactly where plain SGD is used,
     # also on steps where some clients are past their last batch
-    assert bool(whole_steps) == (extra == PLAIN_SGD)
-    assert extra != PLAIN_SGD or any(hi < k for hi, k in whole_steps)
+    # fedfcd and fedsiam_da train two updates a step: with plain SGD both run in one compiled call
+    # (compiled.batched_sgd_steps; FedSiam-DA's second update freezes BatchNorm statistics the first
+    # writes), and each update on its own only where some client is on a shorter last batch
+    steps = whole_steps + together_steps
+    assert bool(steps) == (extra == PLAIN_SGD)
+    assert extra != PLAIN_SGD or any(hi < k for hi, k in steps)
+    assert bool(together_steps) == (extra == PLAIN_SGD and method in ("fedfcd", "fedsiam_da"))
 
 
 @pytest.mark.parametrize("executor,chunk", [("sequential", None), ("vectorized", None), ("vectorized", 2)])

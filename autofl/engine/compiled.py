@@ -2,10 +2,12 @@
 
 What is compiled (the executors keep their own loops, optimizers and bookkeeping):
 - vectorized on CPU: the whole lockstep step when every training client has a full batch (steps
-  where some client is on its shorter last batch take the gradients-only path below): the batches gathered from the pooled data, `vmap(grad(loss))` over the
-  stack (forward, the method's loss and backward of every client at once) and the optimizer's SGD
-  update, `torch.optim.sgd.sgd` -- the function `torch.optim.SGD.step` runs -- applied in place
-  (`batched_sgd_step`), for plain SGD (`fl.momentum: 0`, no weight decay: momentum and decay would be
+  where some client is on its shorter last batch take the gradients-only path below): the batches
+  gathered from the pooled data, `vmap(grad(loss))` over the stack (forward, the method's loss and
+  backward of every client at once) and the optimizer's SGD update, `torch.optim.sgd.sgd` -- the
+  function `torch.optim.SGD.step` runs -- applied in place (`batched_sgd_step`; a stage with several
+  updates a step, such as Ditto's, FedFCD's or FedSiam-DA's, runs them all in one call,
+  `batched_sgd_steps`), for plain SGD (`fl.momentum: 0`, no weight decay: momentum and decay would be
   constants of the graph, one compile per value a search tries). Other steps and optimizers, and
   every step on CUDA, where a CUDA graph may not mutate its inputs, compile the gradients only
   (`batched_grads`) and step `torch.optim.SGD` outside;
@@ -92,6 +94,38 @@ def batched_sgd_step(ws: torch.nn.Module, loss: Callable[..., torch.Tensor], res
                    dampening=group["dampening"], nesterov=group["nesterov"], maximize=group["maximize"],
                    foreach=False)
     return value
+
+
+def batched_sgd_steps(ws: torch.nn.Module, losses: tuple[Callable[..., torch.Tensor], ...],
+                      trained: tuple[tuple[str, ...], ...], frozen: tuple[tuple[str, ...], ...],
+                      dims: dict[str, int | None], state: dict[str, torch.Tensor],
+                      x: torch.Tensor, y: torch.Tensor, rows: torch.Tensor, flags: dict[str, torch.Tensor],
+                      lr: torch.Tensor, group: dict[str, Any]) -> list[torch.Tensor]:
+    """All the updates of one lockstep step of a stage with several (Ditto's w then v, FedFCD's
+    extractor then head, FedSiam-DA's f' then the local model) in one compiled call, for plain SGD:
+    `batched_sgd_step` for each update in declaration order, on the batch gathered once. The
+    updates share the workspace's tensors (`state`; `dims[name]` 0 where stacked, None where
+    shared), so an update reads what the ones before it wrote this step, as in the executor's
+    one-call-per-update loop. Returns each update's per-client loss. One call instead of one per
+    update: the guards of the workspace (which grow with its models) are checked once a step.
+
+    The workspace runs with every BatchNorm tracking its statistics; `frozen[i]` names the running-
+    statistics buffers update i freezes (its `frozen_stats`), which it gets as copies whose writes are
+    dropped: a BatchNorm in training mode normalizes by the batch's statistics either way, so this is
+    what `track_running_stats = False` (`Workspace.enter`) does."""
+    xb, yb = x[rows], y[rows]
+    values = []
+    for loss, names, frozen_names in zip(losses, trained, frozen):
+        tr = {n: state[n] for n in names}
+        rest = {n: t.clone() if n in frozen_names else t for n, t in state.items() if n not in tr}
+        grads, value = batched_grads(ws, loss, {n: dims[n] for n in rest}, tr, rest, xb, yb, flags)
+        with torch.no_grad():
+            sgd_update([tr[n] for n in names], [grads[n] for n in names], [None] * len(names),
+                       weight_decay=group["weight_decay"], momentum=group["momentum"], lr=lr,
+                       dampening=group["dampening"], nesterov=group["nesterov"], maximize=group["maximize"],
+                       foreach=False)
+        values.append(value)
+    return values
 
 
 def client_loss(ws: torch.nn.Module, loss: Callable[..., torch.Tensor], x: torch.Tensor, y: torch.Tensor,

@@ -124,14 +124,26 @@ class Workspace(nn.Module):
             # updates every step, as FedSiam-DA does, enters twice a step)
             if module.training != (name in trained_models):
                 module.train(name in trained_models)
-        if update.frozen_stats not in self._frozen_by_names:
-            self._frozen_by_names[update.frozen_stats] = [
-                module for name in update.frozen_stats for module in self.get_submodule(name).modules()
-                if isinstance(module, (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)) and module.track_running_stats]
-        self._frozen_bn = list(self._frozen_by_names[update.frozen_stats])
+        self._frozen_bn = list(self.frozen_batchnorms(update.frozen_stats))
         for module in self._frozen_bn:
             module.track_running_stats = False
         self._mode_key = key
+
+    def frozen_batchnorms(self, frozen_stats: tuple[str, ...]) -> list[nn.Module]:
+        """The BatchNorm modules under `frozen_stats` whose running statistics an update leaves alone
+        (cached per tuple of names; read before `enter` changes any of them)."""
+        if frozen_stats not in self._frozen_by_names:
+            self._frozen_by_names[frozen_stats] = [
+                module for name in frozen_stats for module in self.get_submodule(name).modules()
+                if isinstance(module, (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)) and module.track_running_stats]
+        return self._frozen_by_names[frozen_stats]
+
+    def frozen_buffer_names(self, frozen_stats: tuple[str, ...]) -> tuple[str, ...]:
+        """The workspace names of the running-statistics buffers `frozen_stats` freezes (what an
+        update in those modes must not write: running mean, variance and batch count)."""
+        frozen = {id(m) for m in self.frozen_batchnorms(frozen_stats)}
+        return tuple(f"{name}.{b}" for name, m in self.named_modules() if id(m) in frozen
+                     for b, _ in m.named_buffers(recurse=False))
 
     def leave(self) -> None:
         for module in self._frozen_bn:
