@@ -94,12 +94,16 @@ def exp_overrides(method: str) -> list[str]:
     return [f"method.name={method}", "fl.rounds=3", "data.num_clients=4", "runtime.executor=vectorized"]
 
 
-@pytest.mark.parametrize("method,extra", [("fedeccr", ()), ("fedavg", ()), ("ditto", ("fl.momentum=0",))])
+@pytest.mark.parametrize("method,extra", [("fedeccr", ()), ("fedavg", ()), ("ditto", ("fl.momentum=0",)),
+                                          ("fedsiam_da", ("fl.momentum=0", "runtime.dtype=float64"))])
 def test_a_compiled_step_does_not_recompile_across_rounds(method, extra, monkeypatch):
     """What changes between rounds reaches the compiled step as tensor inputs (FedECCR's loss weight
     alpha = 1 - r/R is a 0-dim tensor), so rounds 2 and 3 replay what round 1 compiled: torch raises
     under the "fail_on_recompile" stance otherwise. The compiled run's metrics are the eager run's.
-    Ditto with plain SGD runs its two updates a step (w, then v) as one compiled call."""
+    Ditto and FedSiam-DA with plain SGD run their two updates a step as one compiled call (FedSiam-DA's
+    second update with frozen BatchNorm statistics, its history flag a tensor; in float64, as in the
+    executor-equivalence tests: its cosine losses through BatchNorm flip a validation sample in float32
+    between any two summation orders, compiled per update or in one call alike)."""
     from autofl.engine import vectorized
     from autofl.engine.simulation import Simulation
     from autofl.methods.registry import get_method_class
@@ -119,7 +123,7 @@ def test_a_compiled_step_does_not_recompile_across_rounds(method, extra, monkeyp
         sim.run_round()
         sim.run_round()
     assert sim.round == 3
-    assert bool(together) == (method == "ditto")
+    assert bool(together) == (method in ("ditto", "fedsiam_da"))
     # and what it replays is the eager step: the same metrics every round (float32, the executors' tolerance)
     eager = Simulation(load_experiment(None, [*exp_overrides(method), *extra, "runtime.compile=off"]),
                        get_method_class(method))

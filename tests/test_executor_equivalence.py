@@ -141,7 +141,7 @@ def test_vectorized_equals_sequential_in_float32_without_batchnorm(method):
 # - fedfcd and fedsiam_da again with plain SGD (momentum 0, no weight decay), where the vectorized
 #   step on CPU compiles with its SGD update (compiled.batched_sgd_step; both updates of a step in one
 #   call, compiled.batched_sgd_steps) and updates the rows of clients past their last batch too,
-#   which the epoch's end restores.
+#   which the epoch's end restores; moon with plain SGD, one update a step through BatchNorm.
 # Every scenario is uneven (clients run out of batches at different steps, last batches are smaller),
 # so both the compiled whole-stack step and the eager remainder run.
 PLAIN_SGD = ("fl.momentum=0", "fl.weight_decay=0")
@@ -151,7 +151,8 @@ PLAIN_SGD = ("fl.momentum=0", "fl.weight_decay=0")
                                                          ("fedsiam_da", "vectorized", "float64", ()),
                                                          ("fedavg", "sequential", "float32", ()),
                                                          ("fedfcd", "vectorized", "float64", PLAIN_SGD),
-                                                         ("fedsiam_da", "vectorized", "float64", PLAIN_SGD)])
+                                                         ("fedsiam_da", "vectorized", "float64", PLAIN_SGD),
+                                                         ("moon", "vectorized", "float64", PLAIN_SGD)])
 def test_compiled_steps_equal_eager(method, executor, dtype, extra, monkeypatch):
     from autofl.engine import vectorized
 
@@ -172,11 +173,15 @@ def test_compiled_steps_equal_eager(method, executor, dtype, extra, monkeypatch)
     # also on steps where some clients are past their last batch
     # fedfcd and fedsiam_da train two updates a step: with plain SGD both run in one compiled call
     # (compiled.batched_sgd_steps; FedSiam-DA's second update freezes BatchNorm statistics the first
-    # writes), and each update on its own only where some client is on a shorter last batch
+    # writes); moon trains one (compiled.batched_sgd_step), through a BatchNorm projector whose
+    # statistics the rows of clients past their last batch must leave alone. Steps where some client
+    # is on a shorter last batch take the gradients-only or eager path.
     steps = whole_steps + together_steps
     assert bool(steps) == (extra == PLAIN_SGD)
     assert extra != PLAIN_SGD or any(hi < k for hi, k in steps)
-    assert bool(together_steps) == (extra == PLAIN_SGD and method in ("fedfcd", "fedsiam_da"))
+    two_updates = method in ("fedfcd", "fedsiam_da")
+    assert bool(together_steps) == (extra == PLAIN_SGD and two_updates)
+    assert not (two_updates and whole_steps)
 
 
 @pytest.mark.parametrize("executor,chunk", [("sequential", None), ("vectorized", None), ("vectorized", 2)])

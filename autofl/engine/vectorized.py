@@ -122,9 +122,11 @@ class _ChunkRun:
                     raise RuntimeError(f"{n}: a trained tensor must be stacked")
         opts = [self.plan.optimizer([self.state[n] for n in names]) for names in param_names]
         steps = [self._make_step(u, names, (s, i)) for i, (u, names) in enumerate(zip(stage.updates, param_names))]
-        # runtime.compile on CPU, several updates a step: all of them in one call where it applies
+        # runtime.compile on CPU, several updates a step with plain SGD at one learning rate: all of them
+        # in one call on the steps where every active client has a full batch
         together = (_StageStep(self, stage, param_names, s, opts)
-                    if self.compile_steps and self.device.type == "cpu" and len(stage.updates) > 1 else None)
+                    if self.compile_steps and self.device.type == "cpu" and len(stage.updates) > 1
+                    and _StageStep.fuses(opts) else None)
         n_steps = [len(c) for c in self.cuts]
         max_steps = max(n_steps, default=0)
         for e in range(self.plan.epochs(stage)):
@@ -137,7 +139,7 @@ class _ChunkRun:
             if idle < self.k:
                 self._save_rows(saved, saved_momentum, opts, param_names, idle, self.k)
             for step, (active, runs, done_lo) in enumerate(self._lockstep(max_steps)):
-                if together is not None and together.applies(runs, opts):
+                if together is not None and len(runs) == 1 and runs[0][2] == self.plan.batch_size:
                     self.ws.enter(trained_models, together.tracking)
                     losses = together.whole_step(runs[0][1], batch_rows[step], opts)
                     for update, loss in zip(stage.updates, losses):
@@ -354,7 +356,7 @@ class _Step:
 
 class _StageStep:
     """All the updates of a stage's lockstep step in one compiled call (`compiled.batched_sgd_steps`:
-    CPU, plain SGD at one learning rate, every active client on a full batch): the same gradients and
+    CPU, plain SGD at one learning rate, steps where every active client has a full batch): the same gradients and
     updates as one `_Step.whole_step` per update, with one call's overhead a step (Ditto 0.95-1.1 s a
     fedfcd-t1 round as two calls, 0.62-0.71 s as one). The workspace runs with every BatchNorm
     tracking its statistics; the statistics an update freezes reach it as copies."""
@@ -376,11 +378,11 @@ class _StageStep:
         self.fn = compiled.compiled(compiled.batched_sgd_steps, key, run.device)
         self._lr: tuple[float, torch.Tensor] | None = None
 
-    def applies(self, runs: list[tuple[int, int, int]], opts: list[torch.optim.Optimizer]) -> bool:
-        """One run of full batches (a prefix of the stack), and every update's optimizer is plain SGD
-        at one learning rate."""
-        return (len(runs) == 1 and runs[0][2] == self.run.plan.batch_size and all(_Step.fuses(o) for o in opts)
-                and len({o.param_groups[0]["lr"] for o in opts}) == 1)
+    @staticmethod
+    def fuses(opts: list[torch.optim.Optimizer]) -> bool:
+        """Every update's optimizer is plain SGD (`_Step.fuses`), all at one learning rate (fixed for a
+        stage: its optimizers are made at its start)."""
+        return all(_Step.fuses(o) for o in opts) and len({o.param_groups[0]["lr"] for o in opts}) == 1
 
     def whole_step(self, hi: int, rows: torch.Tensor, opts: list[torch.optim.Optimizer]) -> list[torch.Tensor]:
         """Every update on the stack's (K, batch) rows when clients 0:hi train (rows from hi on as in
