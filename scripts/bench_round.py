@@ -87,8 +87,9 @@ def synthetic_dataset(name: str, seed: int = 0) -> RawDataset:
     return RawDataset(name, x[:n_train], y[:n_train], x[n_train:], y[n_train:], num_classes)
 
 
-def matmul_flops_per_second(device: torch.device, n: int = 2048, repeats: int = 5) -> float:
-    """Dense float32 matmul rate of this machine: median over `repeats` of an n x n x n product."""
+def matmul_flops_per_second(device: torch.device, n: int = 2048, repeats: int = 15) -> float:
+    """Dense float32 matmul rate of this machine: median over `repeats` of an n x n x n product (15: on a
+    shared 2-core VM the median of 5 varied up to 1.5x between processes, and with it every floor)."""
     a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
     torch.mm(a, b)
     times = []
