@@ -356,10 +356,10 @@ class _Step:
 
 class _StageStep:
     """All the updates of a stage's lockstep step in one compiled call (`compiled.batched_sgd_steps`:
-    CPU, plain SGD at one learning rate, steps where every active client has a full batch): the same gradients and
-    updates as one `_Step.whole_step` per update, with one call's overhead a step (Ditto 0.95-1.1 s a
-    fedfcd-t1 round as two calls, 0.62-0.71 s as one). The workspace runs with every BatchNorm
-    tracking its statistics; the statistics an update freezes reach it as copies."""
+    CPU, plain SGD at one learning rate, steps where every active client has a full batch): the same
+    gradients and updates as one `_Step.whole_step` per update, with one call's overhead a step (Ditto
+    0.95-1.1 s a fedfcd-t1 round as two calls, 0.62-0.71 s as one). The workspace runs with every
+    BatchNorm tracking its statistics; the statistics an update freezes reach it as copies."""
 
     def __init__(self, run: _ChunkRun, stage: Stage, param_names: list[list[str]], s: int,
                  opts: list[torch.optim.Optimizer]):
@@ -394,7 +394,7 @@ class _StageStep:
         copies = {n: run.state[n].clone() for n in self.buffers} if hi < run.k else {}
         state.update(copies)
         if self._lr is None or self._lr[0] != group["lr"]:  # one tensor per stage's rate, not per step
-            self._lr = (group["lr"], torch.tensor(group["lr"], dtype=run.state[self.trained[0][0]].dtype))
+            self._lr = (group["lr"], torch.tensor(group["lr"], dtype=group["params"][0].dtype))
         settings = {k: group[k] for k in ("weight_decay", "momentum", "dampening", "nesterov", "maximize")}
         losses = self.fn(run.ws, tuple(u.loss for u in self.updates), self.trained, self.frozen, self.dims, state,
                          run.x, run.y, rows, run.flags, self._lr[1], settings)
