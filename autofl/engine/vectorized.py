@@ -29,8 +29,9 @@ model), plus the activations of K x batch_size samples. Roughly 5 x K x P for Fe
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from autofl.engine import compiled
@@ -72,6 +73,9 @@ class _ChunkRun:
         self.orders = [epoch_orders(job, plan) for job in jobs]  # [client][stage][epoch] -> rows
         self.cuts = [batch_cuts(len(job.train_idx), plan.batch_size) for job in jobs]
         self.state, self.batched = self._stack_state()
+        # stacked buffers a forward may write (BatchNorm running statistics)
+        self.stacked_buffers = [n for n, _ in ws.named_buffers() if self.batched.get(n, False)]
+        self._lr: tuple[float, torch.Tensor] | None = None  # the SGD rate as a tensor, one per stage's rate
         flag_names = list(jobs[0].start.flags)
         self.flags = {n: torch.tensor([job.start.flags[n] for job in jobs], dtype=x.dtype, device=self.device)
                       for n in flag_names}
@@ -98,6 +102,24 @@ class _ChunkRun:
 
     def _stacked_names(self) -> list[str]:
         return [n for n, b in self.batched.items() if b]
+
+    @contextlib.contextmanager
+    def kept_buffers(self, hi: int) -> Iterator[dict[str, torch.Tensor]]:
+        """Copies of the stacked buffers for a compiled call on the whole stack when only clients 0:hi
+        train (none when all do): the call writes into the copies, and afterwards rows 0:hi are copied
+        back, so clients past their last batch (fed padding rows) keep their BatchNorm statistics."""
+        copies = {n: self.state[n].clone() for n in self.stacked_buffers} if hi < self.k else {}
+        yield copies
+        with torch.no_grad():
+            for n, copy in copies.items():
+                self.state[n][:hi] = copy[:hi]
+
+    def sgd_inputs(self, group: dict[str, Any]) -> tuple[torch.Tensor, dict[str, Any]]:
+        """What a compiled SGD update takes from the optimizer's param group: the learning rate as a 0-dim
+        tensor (made once per rate, not per step) and the rest of its settings."""
+        if self._lr is None or self._lr[0] != group["lr"]:
+            self._lr = (group["lr"], torch.tensor(group["lr"], dtype=group["params"][0].dtype))
+        return self._lr[1], {k: group[k] for k in ("weight_decay", "momentum", "dampening", "nesterov", "maximize")}
 
     # ----- training ------------------------------------------------------------------------------
     def run(self) -> list[ClientOutcome]:
@@ -284,10 +306,7 @@ class _Step:
         trained_set = set(trained)
         self.rest_names = [n for n in run.state if n not in trained_set]
         self.rest_dims = {n: 0 if run.batched[n] else None for n in self.rest_names}
-        # stacked buffers a forward may write (BatchNorm running statistics)
-        self.buffers = [n for n, _ in run.ws.named_buffers() if n in self.rest_dims and run.batched[n]]
         self.compiled = self.whole = None
-        self._lr: tuple[float, torch.Tensor] | None = None
         if run.compile_steps:
             key = compiled.step_key(update.loss, *where)
             if run.device.type == "cpu":
@@ -311,15 +330,10 @@ class _Step:
         run = self.run
         assert self.compiled is not None
         tr = {n: run.state[n] for n in self.trained}
-        rest = {n: run.state[n] for n in self.rest_names}
-        copies = {n: run.state[n].clone() for n in self.buffers} if hi < run.k else {}
-        rest.update(copies)
-        compiled.before_call(run.device)
-        grads, loss = self.compiled(run.ws, self.update.loss, self.rest_dims, tr, rest, xb, yb, run.flags)
-        with torch.no_grad():
-            for n, copy in copies.items():
-                run.state[n][:hi] = copy[:hi]
-        return grads, loss
+        with run.kept_buffers(hi) as copies:
+            rest = {**{n: run.state[n] for n in self.rest_names}, **copies}
+            compiled.before_call(run.device)
+            return self.compiled(run.ws, self.update.loss, self.rest_dims, tr, rest, xb, yb, run.flags)
 
     def whole_step(self, hi: int, rows: torch.Tensor, opt: torch.optim.Optimizer) -> torch.Tensor:
         """The compiled whole step (CPU, plain SGD: see `fuses`) of the stack on (K, batch) rows when
@@ -330,20 +344,12 @@ class _Step:
         run = self.run
         assert self.whole is not None
         group = opt.param_groups[0]
-        params = group["params"]
-        tr = dict(zip(self.trained, params))
-        rest = {n: run.state[n] for n in self.rest_names}
-        copies = {n: run.state[n].clone() for n in self.buffers} if hi < run.k else {}
-        rest.update(copies)
-        if self._lr is None or self._lr[0] != group["lr"]:  # one tensor per stage's rate, not per step
-            self._lr = (group["lr"], torch.tensor(group["lr"], dtype=params[0].dtype))
-        settings = {k: group[k] for k in ("weight_decay", "momentum", "dampening", "nesterov", "maximize")}
-        loss = self.whole(run.ws, self.update.loss, self.rest_dims, tr, rest, run.x, run.y, rows, run.flags,
-                          self._lr[1], settings)
-        with torch.no_grad():
-            for n, copy in copies.items():
-                run.state[n][:hi] = copy[:hi]
-        return loss
+        tr = dict(zip(self.trained, group["params"]))
+        lr, settings = run.sgd_inputs(group)
+        with run.kept_buffers(hi) as copies:
+            rest = {**{n: run.state[n] for n in self.rest_names}, **copies}
+            return self.whole(run.ws, self.update.loss, self.rest_dims, tr, rest, run.x, run.y, rows, run.flags,
+                              lr, settings)
 
     @staticmethod
     def fuses(opt: torch.optim.Optimizer) -> bool:
@@ -373,10 +379,8 @@ class _StageStep:
         self.frozen = tuple(tuple(n for n in run.ws.frozen_buffer_names(u.frozen_stats) if n in run.state)
                             for u in stage.updates)
         self.dims = {n: 0 if b else None for n, b in run.batched.items()}
-        self.buffers = [n for n, _ in run.ws.named_buffers() if n in run.state and run.batched[n]]
         key = tuple(compiled.step_key(u.loss, s, i) for i, u in enumerate(stage.updates))
         self.fn = compiled.compiled(compiled.batched_sgd_steps, key, run.device)
-        self._lr: tuple[float, torch.Tensor] | None = None
 
     @staticmethod
     def fuses(opts: list[torch.optim.Optimizer]) -> bool:
@@ -389,16 +393,8 @@ class _StageStep:
         `_Step.whole_step`: updated, restored at the epoch's end; their stacked buffers kept).
         Returns each update's per-client loss."""
         run = self.run
-        group = opts[0].param_groups[0]
-        state = dict(run.state)
-        copies = {n: run.state[n].clone() for n in self.buffers} if hi < run.k else {}
-        state.update(copies)
-        if self._lr is None or self._lr[0] != group["lr"]:  # one tensor per stage's rate, not per step
-            self._lr = (group["lr"], torch.tensor(group["lr"], dtype=group["params"][0].dtype))
-        settings = {k: group[k] for k in ("weight_decay", "momentum", "dampening", "nesterov", "maximize")}
-        losses = self.fn(run.ws, tuple(u.loss for u in self.updates), self.trained, self.frozen, self.dims, state,
-                         run.x, run.y, rows, run.flags, self._lr[1], settings)
-        with torch.no_grad():
-            for n, copy in copies.items():
-                run.state[n][:hi] = copy[:hi]
-        return losses
+        lr, settings = run.sgd_inputs(opts[0].param_groups[0])
+        with run.kept_buffers(hi) as copies:
+            state = {**run.state, **copies} if copies else run.state
+            return self.fn(run.ws, tuple(u.loss for u in self.updates), self.trained, self.frozen, self.dims, state,
+                           run.x, run.y, rows, run.flags, lr, settings)
