@@ -41,6 +41,21 @@ def require_example_plugin() -> None:
     pytest.skip(message)
 
 
+def spy_whole_steps(monkeypatch, cls) -> list[tuple[int, int, object]]:
+    """Record every call of the vectorized executor's compiled whole step, `cls.whole_step`
+    (`vectorized._Step`: one update; `vectorized._StageStep`: a stage's updates in one call), as
+    (clients training, clients stacked, the step's batch rows), and run it."""
+    original = cls.whole_step
+    calls: list[tuple[int, int, object]] = []
+
+    def recorded(self, hi, rows, opt):
+        calls.append((hi, self.run.k, rows))
+        return original(self, hi, rows, opt)
+
+    monkeypatch.setattr(cls, "whole_step", recorded)
+    return calls
+
+
 def new_ledger(tmp_path: Path):
     """A study ledger on a fresh single-objective (maximize) study in tmp_path/s."""
     from autofl.tuning.ledger import Ledger

@@ -8,6 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import spy_whole_steps
+
 from autofl.engine import compiled
 from autofl.engine.executor import Workspace, batch_cuts
 from autofl.engine.executor_choice import make_executor
@@ -108,14 +110,7 @@ def test_a_compiled_step_does_not_recompile_across_rounds(method, extra, monkeyp
     from autofl.engine.simulation import Simulation
     from autofl.methods.registry import get_method_class
 
-    together: list[int] = []
-    original = vectorized._StageStep.whole_step
-
-    def recorded(self, hi, rows, opts):
-        together.append(hi)
-        return original(self, hi, rows, opts)
-
-    monkeypatch.setattr(vectorized._StageStep, "whole_step", recorded)
+    together = spy_whole_steps(monkeypatch, vectorized._StageStep)
     exp = load_experiment(None, [*exp_overrides(method), *extra, "runtime.compile=on"])
     sim = Simulation(exp, get_method_class(method))
     sim.run_round()
@@ -158,14 +153,7 @@ def test_the_whole_cpu_step_replays_across_learning_rates_and_falls_back_with_mo
     from autofl.engine.simulation import Simulation
     from autofl.methods.registry import get_method_class
 
-    whole_steps: list[int] = []
-    original = vectorized._Step.whole_step
-
-    def counted(self, hi, rows, opt):
-        whole_steps.append(hi)
-        return original(self, hi, rows, opt)
-
-    monkeypatch.setattr(vectorized._Step, "whole_step", counted)
+    whole_steps = spy_whole_steps(monkeypatch, vectorized._Step)
 
     def sim(lr: float, momentum: float, compile_steps: str) -> Simulation:
         exp = load_experiment(None, [*exp_overrides("fedavg"), "fl.rounds=2", "fl.batch_size=16", f"fl.lr={lr}",
@@ -205,14 +193,7 @@ def test_the_whole_steps_batch_rows_keep_one_layout_when_sampled_clients_differ(
     from autofl.engine.simulation import Simulation
     from autofl.methods.registry import get_method_class
 
-    layouts: set[tuple[tuple[int, ...], tuple[int, ...], bool]] = set()
-    original = vectorized._Step.whole_step
-
-    def recorded(self, hi, rows, opt):
-        layouts.add((tuple(rows.shape), rows.stride(), rows.is_contiguous()))
-        return original(self, hi, rows, opt)
-
-    monkeypatch.setattr(vectorized._Step, "whole_step", recorded)
+    calls = spy_whole_steps(monkeypatch, vectorized._Step)
     overrides = ["method.name=fedavg", "fl.rounds=4", "data.num_clients=8", "fl.participation=0.5",
                  "data.partition.alpha=0.1", "fl.momentum=0", "fl.batch_size=16", "runtime.executor=vectorized"]
     sim = Simulation(load_experiment(None, [*overrides, "runtime.compile=on"]), get_method_class("fedavg"))
@@ -229,4 +210,5 @@ def test_the_whole_steps_batch_rows_keep_one_layout_when_sampled_clients_differ(
         for _ in range(3):
             sim.run_round()
     assert len(steps) > 1, f"the sampled clients never changed the step count ({steps}): the test tests nothing"
+    layouts = {(tuple(rows.shape), rows.stride(), rows.is_contiguous()) for _, _, rows in calls}
     assert len(layouts) == 1 and next(iter(layouts))[2], layouts

@@ -154,16 +154,12 @@ PLAIN_SGD = ("fl.momentum=0", "fl.weight_decay=0")
                                                          ("fedsiam_da", "vectorized", "float64", PLAIN_SGD),
                                                          ("moon", "vectorized", "float64", PLAIN_SGD)])
 def test_compiled_steps_equal_eager(method, executor, dtype, extra, monkeypatch):
+    from conftest import spy_whole_steps
+
     from autofl.engine import vectorized
 
-    whole_steps: list[tuple[int, int]] = []  # (clients training, clients stacked)
-    together_steps: list[tuple[int, int]] = []  # the same, for a stage's updates in one call
-    for cls, calls in ((vectorized._Step, whole_steps), (vectorized._StageStep, together_steps)):
-        def recorded(self, hi, rows, opt, original=cls.whole_step, calls=calls):
-            calls.append((hi, self.run.k))
-            return original(self, hi, rows, opt)
-
-        monkeypatch.setattr(cls, "whole_step", recorded)
+    whole_steps = spy_whole_steps(monkeypatch, vectorized._Step)
+    together_steps = spy_whole_steps(monkeypatch, vectorized._StageStep)  # a stage's updates in one call
     eager_history, eager = run(method, "mlp", executor, dtype, "off", extra)
     compiled_history, comp = run(method, "mlp", executor, dtype, "on", extra)
     assert comp.executor.compile_steps and not eager.executor.compile_steps
@@ -178,7 +174,7 @@ def test_compiled_steps_equal_eager(method, executor, dtype, extra, monkeypatch)
     # is on a shorter last batch take the gradients-only or eager path.
     steps = whole_steps + together_steps
     assert bool(steps) == (extra == PLAIN_SGD)
-    assert extra != PLAIN_SGD or any(hi < k for hi, k in steps)
+    assert extra != PLAIN_SGD or any(hi < k for hi, k, _ in steps)
     two_updates = method in ("fedfcd", "fedsiam_da")
     assert bool(together_steps) == (extra == PLAIN_SGD and two_updates)
     assert not (two_updates and whole_steps)
