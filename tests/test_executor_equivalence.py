@@ -178,6 +178,10 @@ def test_compiled_steps_equal_eager(method, executor, dtype, extra, monkeypatch)
     two_updates = method in ("fedfcd", "fedsiam_da")
     assert bool(together_steps) == (extra == PLAIN_SGD and two_updates)
     assert not (two_updates and whole_steps)
+    # and the whole step updated linear weights by one in-place product each (engine/linear_probes.py)
+    from autofl.engine.linear_probes import LinearProbes
+
+    assert (extra == PLAIN_SGD) == any(LinearProbes.of(comp.workspace).plans.values())
 
 
 @pytest.mark.parametrize("executor,chunk", [("sequential", None), ("vectorized", None), ("vectorized", 2)])

@@ -8,7 +8,9 @@ What is compiled (the executors keep their own loops, optimizers and bookkeeping
   function `torch.optim.SGD.step` runs -- applied in place (`batched_sgd_step`; a stage with several
   updates a step, such as Ditto's, FedFCD's or FedSiam-DA's, runs them all in one call,
   `batched_sgd_steps`), for plain SGD (`fl.momentum: 0`, no weight decay: momentum and decay would be
-  constants of the graph, one compile per value a search tries). Other steps and optimizers, and
+  constants of the graph, one compile per value a search tries). Linear weights that the loss reads
+  only through their layer's calls are updated by one in-place product per call instead of a
+  gradient and an update (`linear_probes`). Other steps and optimizers, and
   every step on CUDA, where a CUDA graph may not mutate its inputs, compile the gradients only
   (`batched_grads`) and step `torch.optim.SGD` outside;
 - sequential: one client's forward and the method's loss (`client_loss`); AOTAutograd compiles its
@@ -46,6 +48,8 @@ import torch
 from torch.optim.sgd import sgd as sgd_update  # the functional SGD that torch.optim.SGD.step runs
 from torch.func import functional_call, grad, vmap
 
+from autofl.engine.linear_probes import ATTRIBUTE as PROBES_ATTRIBUTE, NO_PROBES, ProbePlan, linear_sgd_
+
 # rounds a trial must run before `auto` compiles on CUDA: compiling a step costs tens of seconds once
 # (less from inductor's disk cache); the issue measured 1.11 s for an eager fedfcd-t1 round on an
 # H100 against a 50 ms target, so compiling pays after some 30-60 rounds. Provisional until measured.
@@ -76,23 +80,66 @@ def batched_grads(ws: torch.nn.Module, loss: Callable[..., torch.Tensor], rest_d
     return vmap(grad(one_client, has_aux=True), in_dims=(0, rest_dims, 0, 0, 0))(tr, rest, x, y, flags)
 
 
-def batched_sgd_step(ws: torch.nn.Module, loss: Callable[..., torch.Tensor], rest_dims: dict[str, int | None],
-                     tr: dict[str, torch.Tensor], rest: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
-                     rows: torch.Tensor, flags: dict[str, torch.Tensor], lr: torch.Tensor,
-                     group: dict[str, Any]) -> torch.Tensor:
-    """One whole lockstep step of the vectorized executor (CPU), for plain SGD (no momentum, no weight
-    decay): each client's batch gathered from the pooled data by `rows` (K, batch), the per-client
-    gradients (`batched_grads`), and the update of the stacked tensors `tr` in place by
-    `torch.optim.sgd.sgd`, the function `torch.optim.SGD.step` runs, with the optimizer's settings:
-    `lr` a 0-dim tensor (neither a trial's rate nor a decaying one recompiles), the rest of its param
-    group (`group`) constants of the graph. Returns each client's loss."""
-    grads, value = batched_grads(ws, loss, rest_dims, tr, rest, x[rows], y[rows], flags)
-    names = list(tr)
+def probed_grads(ws: torch.nn.Module, loss: Callable[..., torch.Tensor], rest_dims: dict[str, int | None],
+                 tr: dict[str, torch.Tensor], rest: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
+                 flags: dict[str, torch.Tensor], plan: ProbePlan
+                 ) -> tuple[dict[str, torch.Tensor], dict[str, list[tuple[torch.Tensor, torch.Tensor]]], torch.Tensor]:
+    """`batched_grads` with the linear weights of `plan` (`linear_probes.probe_plan`) probed: the gradients
+    of the other trained tensors, each probed weight's calls as (output gradient, input) pairs stacked
+    over clients, and each client's loss."""
+    if not plan:
+        grads, value = batched_grads(ws, loss, rest_dims, tr, rest, x, y, flags)
+        return grads, {}, value
+    holder = getattr(ws, PROBES_ATTRIBUTE)  # LinearProbes.of(ws), made before compiling
+    k = x.shape[0]
+    probes = {n: [torch.zeros(k, *shape, dtype=tr[n].dtype, device=x.device) for shape in shapes]
+              for n, shapes in plan}
+    tr_d = {n: t for n, t in tr.items() if n not in probes}
+    rest_p = {**rest, **{n: tr[n] for n in probes}}
+    dims_p = {**rest_dims, **{n: 0 for n in probes}}
+
+    def one_client(tr: dict[str, torch.Tensor], probes: dict[str, list[torch.Tensor]], rest: dict[str, torch.Tensor],
+                   x: torch.Tensor, y: torch.Tensor, flags: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Any]:
+        holder.active, holder.inputs = probes, {}
+        value = functional_call(ws, (tr, rest), (x, y, flags, loss), strict=True)
+        inputs = holder.inputs
+        holder.active, holder.inputs = None, {}
+        return value, (value.detach(), inputs)
+
+    (grads, out_grads), (value, inputs) = vmap(grad(one_client, argnums=(0, 1), has_aux=True),
+                                               in_dims=(0, 0, dims_p, 0, 0, 0))(tr_d, probes, rest_p, x, y, flags)
+    return grads, {n: list(zip(out_grads[n], inputs[n])) for n in out_grads}, value
+
+
+def sgd_with_probes(tr: dict[str, torch.Tensor], grads: dict[str, torch.Tensor],
+                    linear: dict[str, list[tuple[torch.Tensor, torch.Tensor]]], lr: torch.Tensor,
+                    group: dict[str, Any]) -> None:
+    """`torch.optim.sgd.sgd` (the function `torch.optim.SGD.step` runs) on the tensors of `tr` that have
+    gradients, then each probed weight's linear part, `linear_sgd_` per call (one in-place product)."""
+    names = list(grads)
     with torch.no_grad():
         sgd_update([tr[n] for n in names], [grads[n] for n in names], [None] * len(names),
                    weight_decay=group["weight_decay"], momentum=group["momentum"], lr=lr,
                    dampening=group["dampening"], nesterov=group["nesterov"], maximize=group["maximize"],
                    foreach=False)
+        for n, calls in linear.items():
+            for out_grad, inp in calls:
+                linear_sgd_(tr[n], out_grad.flatten(1, -2), inp.flatten(1, -2), lr)
+
+
+def batched_sgd_step(ws: torch.nn.Module, loss: Callable[..., torch.Tensor], rest_dims: dict[str, int | None],
+                     tr: dict[str, torch.Tensor], rest: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
+                     rows: torch.Tensor, flags: dict[str, torch.Tensor], lr: torch.Tensor,
+                     group: dict[str, Any], plan: ProbePlan = NO_PROBES) -> torch.Tensor:
+    """One whole lockstep step of the vectorized executor (CPU), for plain SGD (no momentum, no weight
+    decay): each client's batch gathered from the pooled data by `rows` (K, batch), the per-client
+    gradients (`probed_grads`), and the update of the stacked tensors `tr` in place by
+    `torch.optim.sgd.sgd`, the function `torch.optim.SGD.step` runs, with the optimizer's settings:
+    `lr` a 0-dim tensor (neither a trial's rate nor a decaying one recompiles), the rest of its param
+    group (`group`) constants of the graph; the linear weights of `plan` by one in-place product per
+    call (`linear_probes`). Returns each client's loss."""
+    grads, linear, value = probed_grads(ws, loss, rest_dims, tr, rest, x[rows], y[rows], flags, plan)
+    sgd_with_probes(tr, grads, linear, lr, group)
     return value
 
 
@@ -100,14 +147,15 @@ def batched_sgd_steps(ws: torch.nn.Module, losses: tuple[Callable[..., torch.Ten
                       trained: tuple[tuple[str, ...], ...], frozen: tuple[tuple[str, ...], ...],
                       dims: dict[str, int | None], state: dict[str, torch.Tensor],
                       x: torch.Tensor, y: torch.Tensor, rows: torch.Tensor, flags: dict[str, torch.Tensor],
-                      lr: torch.Tensor, group: dict[str, Any]) -> list[torch.Tensor]:
+                      lr: torch.Tensor, group: dict[str, Any],
+                      plans: tuple[ProbePlan, ...] | None = None) -> list[torch.Tensor]:
     """All the updates of one lockstep step of a stage with several (Ditto's w then v, FedFCD's
     extractor then head, FedSiam-DA's f' then the local model) in one compiled call, for plain SGD:
-    `batched_sgd_step` for each update in declaration order, on the batch gathered once. The
-    updates share the workspace's tensors (`state`; `dims[name]` 0 where stacked, None where
-    shared), so an update reads what the ones before it wrote this step, as in the executor's
-    one-call-per-update loop. Returns each update's per-client loss. One call instead of one per
-    update: the guards of the workspace (which grow with its models) are checked once a step.
+    `batched_sgd_step` for each update in declaration order (with its probe plan, `plans[i]`), on the
+    batch gathered once. The updates share the workspace's tensors (`state`; `dims[name]` 0 where
+    stacked, None where shared), so an update reads what the ones before it wrote this step, as in the
+    executor's one-call-per-update loop. Returns each update's per-client loss. One call instead of one
+    per update: the guards of the workspace (which grow with its models) are checked once a step.
 
     The workspace runs with every BatchNorm tracking its statistics; `frozen[i]` names the running-
     statistics buffers update i freezes (its `frozen_stats`), which it gets as copies whose writes are
@@ -115,15 +163,12 @@ def batched_sgd_steps(ws: torch.nn.Module, losses: tuple[Callable[..., torch.Ten
     what `track_running_stats = False` (`Workspace.enter`) does."""
     xb, yb = x[rows], y[rows]
     values = []
-    for loss, names, frozen_names in zip(losses, trained, frozen):
+    for i, (loss, names, frozen_names) in enumerate(zip(losses, trained, frozen)):
         tr = {n: state[n] for n in names}
         rest = {n: t.clone() if n in frozen_names else t for n, t in state.items() if n not in tr}
-        grads, value = batched_grads(ws, loss, {n: dims[n] for n in rest}, tr, rest, xb, yb, flags)
-        with torch.no_grad():
-            sgd_update([tr[n] for n in names], [grads[n] for n in names], [None] * len(names),
-                       weight_decay=group["weight_decay"], momentum=group["momentum"], lr=lr,
-                       dampening=group["dampening"], nesterov=group["nesterov"], maximize=group["maximize"],
-                       foreach=False)
+        grads, linear, value = probed_grads(ws, loss, {n: dims[n] for n in rest}, tr, rest, xb, yb, flags,
+                                            plans[i] if plans is not None else NO_PROBES)
+        sgd_with_probes(tr, grads, linear, lr, group)
         values.append(value)
     return values
 

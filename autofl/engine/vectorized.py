@@ -36,6 +36,7 @@ from typing import Any, Callable, Iterator
 import torch
 from autofl.engine import compiled
 from autofl.engine.executor import ClientJob, ClientOutcome, RoundPlan, Workspace, batch_cuts, epoch_orders, stage_models
+from autofl.engine.linear_probes import ProbePlan, probe_plan
 from autofl.engine.plan import Stage, Update
 
 
@@ -82,6 +83,7 @@ class _ChunkRun:
         self.totals: dict[str, torch.Tensor] = {}
         self.counts: dict[str, torch.Tensor] = {}
         self._lockstep_plan: list[tuple[int, list[tuple[int, int, int]], int]] | None = None
+        self.dims = {n: 0 if b else None for n, b in self.batched.items()}
 
     # ----- stacking ----------------------------------------------------------------------------
     def _stack_state(self) -> tuple[dict[str, torch.Tensor], dict[str, bool]]:
@@ -120,6 +122,13 @@ class _ChunkRun:
         if self._lr is None or self._lr[0] != group["lr"]:
             self._lr = (group["lr"], torch.tensor(group["lr"], dtype=group["params"][0].dtype))
         return self._lr[1], {k: group[k] for k in ("weight_decay", "momentum", "dampening", "nesterov", "maximize")}
+
+    def probe_plan(self, key: Any, update: Update, trained: list[str] | tuple[str, ...],
+                   rows: torch.Tensor) -> ProbePlan:
+        """`linear_probes.probe_plan` for an update's compiled whole step (`key`: its step's), on client 0's
+        batch of `rows`."""
+        return probe_plan(self.ws, key, update.loss, trained, self.state, self.dims, self.x[rows[0]], self.y[rows[0]],
+                          self.flags)
 
     # ----- training ------------------------------------------------------------------------------
     def run(self) -> list[ClientOutcome]:
@@ -308,10 +317,11 @@ class _Step:
         self.rest_dims = {n: 0 if run.batched[n] else None for n in self.rest_names}
         self.compiled = self.whole = None
         if run.compile_steps:
-            key = compiled.step_key(update.loss, *where)
+            key = self.key = compiled.step_key(update.loss, *where)
             if run.device.type == "cpu":
                 self.whole = compiled.compiled(compiled.batched_sgd_step, key, run.device)
             self.compiled = compiled.compiled(compiled.batched_grads, key, run.device)
+        self.probes: ProbePlan | None = None  # the whole step's linear probes, found at its first call
 
     def __call__(self, lo: int, hi: int) -> Callable[..., Any]:
         """The eager step of clients lo:hi (views of their rows)."""
@@ -346,10 +356,12 @@ class _Step:
         group = opt.param_groups[0]
         tr = dict(zip(self.trained, group["params"]))
         lr, settings = run.sgd_inputs(group)
+        if self.probes is None:
+            self.probes = run.probe_plan(self.key, self.update, self.trained, rows)
         with run.kept_buffers(hi) as copies:
             rest = {**{n: run.state[n] for n in self.rest_names}, **copies}
             return self.whole(run.ws, self.update.loss, self.rest_dims, tr, rest, run.x, run.y, rows, run.flags,
-                              lr, settings)
+                              lr, settings, self.probes)
 
     @staticmethod
     def fuses(opt: torch.optim.Optimizer) -> bool:
@@ -378,9 +390,9 @@ class _StageStep:
         self.tracking = dataclasses.replace(stage.updates[0], frozen_stats=())
         self.frozen = tuple(tuple(n for n in run.ws.frozen_buffer_names(u.frozen_stats) if n in run.state)
                             for u in stage.updates)
-        self.dims = {n: 0 if b else None for n, b in run.batched.items()}
-        key = tuple(compiled.step_key(u.loss, s, i) for i, u in enumerate(stage.updates))
-        self.fn = compiled.compiled(compiled.batched_sgd_steps, key, run.device)
+        self.keys = tuple(compiled.step_key(u.loss, s, i) for i, u in enumerate(stage.updates))
+        self.fn = compiled.compiled(compiled.batched_sgd_steps, self.keys, run.device)
+        self.probes: tuple[ProbePlan, ...] | None = None  # each update's linear probes, found at the first call
 
     @staticmethod
     def fuses(opts: list[torch.optim.Optimizer]) -> bool:
@@ -394,7 +406,10 @@ class _StageStep:
         Returns each update's per-client loss."""
         run = self.run
         lr, settings = run.sgd_inputs(opts[0].param_groups[0])
+        if self.probes is None:
+            self.probes = tuple(run.probe_plan(key, u, names, rows)
+                                for key, u, names in zip(self.keys, self.updates, self.trained))
         with run.kept_buffers(hi) as copies:
             state = {**run.state, **copies} if copies else run.state
-            return self.fn(run.ws, tuple(u.loss for u in self.updates), self.trained, self.frozen, self.dims, state,
-                           run.x, run.y, rows, run.flags, lr, settings)
+            return self.fn(run.ws, tuple(u.loss for u in self.updates), self.trained, self.frozen, run.dims, state,
+                           run.x, run.y, rows, run.flags, lr, settings, self.probes)

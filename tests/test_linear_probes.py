@@ -1,0 +1,87 @@
+"""Linear weights updated by one in-place product in the compiled whole step (engine/linear_probes.py).
+
+The whole step runs here without torch.compile (`compiled.compiled` returns the function itself), so
+the probing logic is checked in seconds: the executor with probes against the same executor without
+(every metric and state, float64, uneven clients and plain SGD so the whole step runs), and which
+weights each method's updates probe. The compiled runs, probes included, are compared with eager in
+test_executor_equivalence.py (test_compiled_steps_equal_eager).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autofl.engine import compiled, vectorized
+from autofl.engine.linear_probes import LinearProbes, linear_sgd_
+
+PLAIN_SGD = ("fl.momentum=0", "fl.weight_decay=0")
+
+
+def test_linear_sgd_is_sgd_on_each_clients_weight_gradient():
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randn(3, 4, 5, generator=g, dtype=torch.float64)
+    out_grads = torch.randn(3, 2, 4, generator=g, dtype=torch.float64)
+    inputs = torch.randn(3, 2, 5, generator=g, dtype=torch.float64)
+    lr = torch.tensor(0.1, dtype=torch.float64)
+    expected = torch.stack([weight[k] - 0.1 * out_grads[k].T @ inputs[k] for k in range(3)])
+    same_memory = weight.data_ptr()
+    linear_sgd_(weight, out_grads, inputs, lr)
+    torch.testing.assert_close(weight, expected, rtol=0, atol=1e-12)
+    assert weight.data_ptr() == same_memory
+
+
+def _eager_whole_steps(monkeypatch) -> None:
+    """runtime.compile=on without torch.compile: the executor takes its compiled paths eagerly."""
+    monkeypatch.setattr(compiled, "compiled", lambda fn, key, device: fn)
+
+
+def _run(method: str, monkeypatch, probes: bool):
+    from test_executor_equivalence import run
+
+    _eager_whole_steps(monkeypatch)
+    if not probes:
+        monkeypatch.setattr(vectorized, "probe_plan", lambda *args, **kwargs: ())
+    history, sim = run(method, "mlp", "vectorized", "float64", "on", PLAIN_SGD)
+    monkeypatch.undo()
+    return history, sim
+
+
+@pytest.mark.parametrize("method", ["fedavg", "moon", "dualfed", "ditto", "fedsiam_da", "fedfcd"])
+def test_probed_whole_step_equals_autograds(method, monkeypatch):
+    """The same run with the linear weights' updates by `linear_sgd_` and with autograd's weight
+    gradients and torch's SGD: one update a step (fedavg; moon through a BatchNorm projector; dualfed's
+    two stages, the second reading the encoder under no_grad) and several in one call (ditto's w then
+    v, fedsiam_da, fedfcd)."""
+    from conftest import spy_whole_steps
+    from test_executor_equivalence import assert_same_run
+
+    plain_history, plain = _run(method, monkeypatch, probes=False)
+    one, together = spy_whole_steps(monkeypatch, vectorized._Step), spy_whole_steps(monkeypatch, vectorized._StageStep)
+    _eager_whole_steps(monkeypatch)
+    from test_executor_equivalence import run
+
+    probed_history, probed = run(method, "mlp", "vectorized", "float64", "on", PLAIN_SGD)
+    # the whole step ran, also with clients past their last batch
+    assert any(hi < k for hi, k, _ in one + together)
+    plans = LinearProbes.of(probed.workspace).plans
+    assert any(plan for plan in plans.values())
+    assert_same_run(plain_history, plain, probed_history, probed)
+
+
+def test_probe_plans_take_the_weights_read_only_through_linear_calls(monkeypatch):
+    """fedavg: both layers' weights (one call each, a batch of 32 rows); fedprox: none (its proximal
+    term reads every weight); ditto: w's weights but not v's (v's proximal term); dualfed: stage 2 probes
+    the global head only (the encoder runs under no_grad there)."""
+    plans = {}
+    for method in ("fedavg", "fedprox", "ditto", "dualfed"):
+        _, sim = _run(method, monkeypatch, probes=True)
+        plans[method] = {key[2:]: plan for key, plan in LinearProbes.of(sim.workspace).plans.items()}
+    assert plans["fedavg"] == {(0, 0): (("model.encoder.1.weight", ((32, 100),)), ("model.head.0.weight", ((32, 10),)))}
+    assert plans["fedprox"] == {(0, 0): ()}
+    ditto = {n for plan in plans["ditto"].values() for n, _ in plan}
+    assert ditto == {"model.encoder.1.weight", "model.head.0.weight"}
+    stage2 = plans["dualfed"][(1, 0)]
+    assert [n for n, _ in stage2] == ["model.global_head.0.weight"]
+    assert all(n.startswith(("model.encoder.", "model.projector.", "model.head."))
+               for n, _ in plans["dualfed"][(0, 0)])
