@@ -85,3 +85,16 @@ def test_probe_plans_take_the_weights_read_only_through_linear_calls(monkeypatch
     assert [n for n, _ in stage2] == ["model.global_head.0.weight"]
     assert all(n.startswith(("model.encoder.", "model.projector.", "model.head."))
                for n, _ in plans["dualfed"][(0, 0)])
+
+
+def test_a_probed_module_still_copies_and_pickles_and_is_unchanged_outside_a_step():
+    import copy
+    import pickle
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2))
+    x = torch.randn(4, 3)
+    before = model(x)
+    LinearProbes.of(model).hook(model[0], "0.weight")
+    torch.testing.assert_close(model(x), before, rtol=0, atol=0)  # no probed step running: the hook passes
+    restored = pickle.loads(pickle.dumps(copy.deepcopy(model)))
+    torch.testing.assert_close(restored(x), before, rtol=0, atol=0)

@@ -14,11 +14,12 @@ A probed weight leaves the differentiated tensors altogether. Only weights that 
 through linear calls alone are probed: `probe_plan` finds them, and their calls, eagerly on one
 client before the step is compiled. A weight also read elsewhere (FedProx's and Ditto's proximal
 terms) keeps autograd's gradient: probing it too would add a pass over it (its other gradient's
-update, then the product, then inductor's copy back: fedprox-t1 rounds 28% slower when tried).
+update, then the product, then inductor's copy back: FedProx's fedfcd-t1 rounds 28% slower when
+tried).
 
 Only probed modules carry the hook (fewer guards on the compiled steps), and it does nothing outside
-a probed step (eager executors, evaluation, other compiled steps). It is a `functools.partial` of a module-level function, so modules that carry it still copy
-and pickle.
+a probed step (eager executors, evaluation, other compiled steps). It is a `functools.partial` of a
+module-level function, so modules that carry it still copy and pickle.
 """
 
 from __future__ import annotations
