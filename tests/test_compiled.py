@@ -105,11 +105,13 @@ def test_a_compiled_step_does_not_recompile_across_rounds(method, extra, monkeyp
     Ditto and FedSiam-DA with plain SGD run their two updates a step as one compiled call (FedSiam-DA's
     second update with frozen BatchNorm statistics, its history flag a tensor; in float64, as in the
     executor-equivalence tests: its cosine losses through BatchNorm flip a validation sample in float32
-    between any two summation orders, compiled per update or in one call alike)."""
-    from autofl.engine import vectorized
+    between any two summation orders, compiled per update or in one call alike). Their linear weights
+    are updated by the probed in-place product (engine/linear_probes.py), whose plan is found once."""
+    from autofl.engine import linear_probes, vectorized
     from autofl.engine.simulation import Simulation
     from autofl.methods.registry import get_method_class
 
+    monkeypatch.setattr(linear_probes, "MIN_PROBED_WEIGHT", 0)  # the digits MLP's weights are small
     together = spy_whole_steps(monkeypatch, vectorized._StageStep)
     exp = load_experiment(None, [*exp_overrides(method), *extra, "runtime.compile=on"])
     sim = Simulation(exp, get_method_class(method))
@@ -119,6 +121,7 @@ def test_a_compiled_step_does_not_recompile_across_rounds(method, extra, monkeyp
         sim.run_round()
     assert sim.round == 3
     assert bool(together) == (method in ("ditto", "fedsiam_da"))
+    assert any(linear_probes.LinearProbes.of(sim.workspace).plans.values()) == bool(together)
     # and what it replays is the eager step: the same metrics every round (float32, the executors' tolerance)
     eager = Simulation(load_experiment(None, [*exp_overrides(method), *extra, "runtime.compile=off"]),
                        get_method_class(method))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autofl.engine import compiled, vectorized
+from autofl.engine import compiled, linear_probes, vectorized
 from autofl.engine.linear_probes import LinearProbes, linear_sgd_
 
 PLAIN_SGD = ("fl.momentum=0", "fl.weight_decay=0")
@@ -36,15 +36,20 @@ def _eager_whole_steps(monkeypatch) -> None:
     monkeypatch.setattr(compiled, "compiled", lambda fn, key, device: fn)
 
 
-def _run(method: str, monkeypatch, probes: bool):
+@pytest.fixture(autouse=True)
+def probe_small_weights(monkeypatch):
+    """The digits MLP's weights (64 x 100) are below MIN_PROBED_WEIGHT: probe every size here."""
+    monkeypatch.setattr(linear_probes, "MIN_PROBED_WEIGHT", 0)
+
+
+def _run(method: str, probes: bool):
     from test_executor_equivalence import run
 
-    _eager_whole_steps(monkeypatch)
-    if not probes:
-        monkeypatch.setattr(vectorized, "probe_plan", lambda *args, **kwargs: ())
-    history, sim = run(method, "mlp", "vectorized", "float64", "on", PLAIN_SGD)
-    monkeypatch.undo()
-    return history, sim
+    with pytest.MonkeyPatch.context() as patch:
+        _eager_whole_steps(patch)
+        if not probes:
+            patch.setattr(vectorized, "probe_plan", lambda *args, **kwargs: ())
+        return run(method, "mlp", "vectorized", "float64", "on", PLAIN_SGD)
 
 
 @pytest.mark.parametrize("method", ["fedavg", "moon", "dualfed", "ditto", "fedsiam_da", "fedfcd"])
@@ -56,7 +61,7 @@ def test_probed_whole_step_equals_autograds(method, monkeypatch):
     from conftest import spy_whole_steps
     from test_executor_equivalence import assert_same_run
 
-    plain_history, plain = _run(method, monkeypatch, probes=False)
+    plain_history, plain = _run(method, probes=False)
     one, together = spy_whole_steps(monkeypatch, vectorized._Step), spy_whole_steps(monkeypatch, vectorized._StageStep)
     _eager_whole_steps(monkeypatch)
     from test_executor_equivalence import run
@@ -72,10 +77,11 @@ def test_probed_whole_step_equals_autograds(method, monkeypatch):
 def test_probe_plans_take_the_weights_read_only_through_linear_calls(monkeypatch):
     """fedavg: both layers' weights (one call each, a batch of 32 rows); fedprox: none (its proximal
     term reads every weight); ditto: w's weights but not v's (v's proximal term); dualfed: stage 2 probes
-    the global head only (the encoder runs under no_grad there)."""
+    the global head only (the encoder runs under no_grad there). Weights below MIN_PROBED_WEIGHT
+    elements are never probed (0 in this file; the digits MLP's weights are 6,400)."""
     plans = {}
     for method in ("fedavg", "fedprox", "ditto", "dualfed"):
-        _, sim = _run(method, monkeypatch, probes=True)
+        _, sim = _run(method, probes=True)
         plans[method] = {key[2:]: plan for key, plan in LinearProbes.of(sim.workspace).plans.items()}
     assert plans["fedavg"] == {(0, 0): (("model.encoder.1.weight", ((32, 100),)), ("model.head.0.weight", ((32, 10),)))}
     assert plans["fedprox"] == {(0, 0): ()}
@@ -85,6 +91,9 @@ def test_probe_plans_take_the_weights_read_only_through_linear_calls(monkeypatch
     assert [n for n, _ in stage2] == ["model.global_head.0.weight"]
     assert all(n.startswith(("model.encoder.", "model.projector.", "model.head."))
                for n, _ in plans["dualfed"][(0, 0)])
+    monkeypatch.setattr(linear_probes, "MIN_PROBED_WEIGHT", 6401)
+    _, sim = _run("fedavg", probes=True)
+    assert list(LinearProbes.of(sim.workspace).plans.values()) == [()]
 
 
 def test_a_probed_module_still_copies_and_pickles_and_is_unchanged_outside_a_step():
