@@ -63,10 +63,7 @@ def test_probed_whole_step_equals_autograds(method, monkeypatch):
 
     plain_history, plain = _run(method, probes=False)
     one, together = spy_whole_steps(monkeypatch, vectorized._Step), spy_whole_steps(monkeypatch, vectorized._StageStep)
-    _eager_whole_steps(monkeypatch)
-    from test_executor_equivalence import run
-
-    probed_history, probed = run(method, "mlp", "vectorized", "float64", "on", PLAIN_SGD)
+    probed_history, probed = _run(method, probes=True)
     # the whole step ran, also with clients past their last batch
     assert any(hi < k for hi, k, _ in one + together)
     plans = LinearProbes.of(probed.workspace).plans
