@@ -35,12 +35,12 @@ from torch.func import functional_call
 # (weight name, the per-client output shapes of its calls in call order) for each probed weight
 ProbePlan = tuple[tuple[str, tuple[tuple[int, ...], ...]], ...]
 NO_PROBES: ProbePlan = ()
-ATTRIBUTE = "autofl_linear_probes"
+ATTRIBUTE = "autofl_linear_probes"  # the workspace attribute that holds its LinearProbes
 # the smallest weight (elements per client) worth probing: the custom op's call costs a fixed few tens of
 # microseconds, the saving grows with the weight. Probing FedAvg's 100 x 10 head as well as its 784 x 100
 # layer left Ditto's fedfcd-t1 round 3-7% slower than unprobed (in-process A/B); probing the large
-# layer only, even (0.97-1.04), while FedAvg, MOON and the rest stay 10-20% faster.
-MIN_PROBED_WEIGHT = 16384  # the workspace attribute that holds its LinearProbes
+# layer only, 0.97-1.08 (no gain), while FedAvg, MOON and the rest run 5-24% faster (README Benchmarks).
+MIN_PROBED_WEIGHT = 16384
 
 
 @torch.library.custom_op("autofl::linear_sgd_", mutates_args=("weight",))
@@ -106,9 +106,9 @@ def probe_plan(ws: nn.Module, key: Any, loss: Callable[..., torch.Tensor], train
                state: dict[str, torch.Tensor], dims: dict[str, int | None], x: torch.Tensor, y: torch.Tensor,
                flags: dict[str, torch.Tensor]) -> ProbePlan:
     """The trained linear weights (of at least MIN_PROBED_WEIGHT elements) that the loss reads only
-    through linear calls with gradients enabled, with those calls' output shapes for one client: found eagerly on client 0 of the stack (`state`,
-    stacked along dim 0 where `dims` says 0; `x`, `y` its batch), on copies, so nothing in `state`
-    changes. Found once per workspace and `key` (the update's step), while temporary hooks look; the
+    through linear calls with gradients enabled, with those calls' output shapes for one client: found
+    eagerly on client 0 of the stack (`state`, stacked along dim 0 where `dims` says 0; `x`, `y` its
+    batch), on copies, so nothing in `state` changes. Found once per workspace and `key` (the update's step), while temporary hooks look; the
     probed modules then keep their hook (the same hook objects every round, so compiled steps never
     see them change), the others carry none."""
     probes = LinearProbes.of(ws)
