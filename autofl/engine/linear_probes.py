@@ -108,9 +108,9 @@ def probe_plan(ws: nn.Module, key: Any, loss: Callable[..., torch.Tensor], train
     """The trained linear weights (of at least MIN_PROBED_WEIGHT elements) that the loss reads only
     through linear calls with gradients enabled, with those calls' output shapes for one client: found
     eagerly on client 0 of the stack (`state`, stacked along dim 0 where `dims` says 0; `x`, `y` its
-    batch), on copies, so nothing in `state` changes. Found once per workspace and `key` (the update's step), while temporary hooks look; the
-    probed modules then keep their hook (the same hook objects every round, so compiled steps never
-    see them change), the others carry none."""
+    batch), on copies, so nothing in `state` changes. Found once per workspace and `key` (the update's
+    step), while temporary hooks look; the probed modules then keep their hook (the same hook objects
+    every round, so compiled steps never see them change), the others carry none."""
     probes = LinearProbes.of(ws)
     if key in probes.plans:
         return probes.plans[key]
