@@ -314,7 +314,7 @@ class _Step:
         self.run, self.update, self.trained = run, update, trained
         trained_set = set(trained)
         self.rest_names = [n for n in run.state if n not in trained_set]
-        self.rest_dims = {n: 0 if run.batched[n] else None for n in self.rest_names}
+        self.rest_dims = {n: run.dims[n] for n in self.rest_names}
         self.compiled = self.whole = None
         if run.compile_steps:
             key = self.key = compiled.step_key(update.loss, *where)
