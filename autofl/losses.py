@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from autofl.engine.linear_probes import proximal_term
+
 
 def contrastive_pair(anchor: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor, tau: float) -> torch.Tensor:
     """-log( e^{cos(a,p)/tau} / (e^{cos(a,p)/tau} + e^{cos(a,n)/tau}) ), the MOON / FDCL term."""
@@ -49,8 +51,17 @@ def negative_cosine(p: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
 
 
 def proximal(params: dict[str, torch.Tensor], anchor: dict[str, torch.Tensor]) -> torch.Tensor:
-    """sum ||w - w_anchor||^2 over the named parameters."""
-    return sum(((p - anchor[name]) ** 2).sum() for name, p in params.items())  # type: ignore[return-value]
+    """sum ||w - w_anchor||^2 over the named parameters. Each term goes through `proximal_term`, so the
+    compiled whole step can apply a probed weight's term itself (engine/linear_probes.py)."""
+    return sum(proximal_term(p, anchor[name], squared_distance) for name, p in params.items())  # type: ignore[return-value]
+
+
+def squared_distance(p: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
+    """||p - anchor||^2, summed per row first (a weight's output units), then over the rows: under vmap
+    on CPU inductor's kernel for it then runs in parallel over all the clients' rows instead of one
+    parallel region per client (FedFCD Table 1's stacked (20, 100, 784) weight: 0.15 ms against 0.44 ms)."""
+    d2 = (p - anchor) ** 2
+    return (d2.reshape(d2.shape[0], -1).sum(dim=1) if d2.dim() >= 2 else d2).sum()
 
 
 def prototype_distance(features: torch.Tensor, y: torch.Tensor, prototypes: torch.Tensor,

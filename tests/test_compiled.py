@@ -106,7 +106,8 @@ def test_a_compiled_step_does_not_recompile_across_rounds(method, extra, monkeyp
     second update with frozen BatchNorm statistics, its history flag a tensor; in float64, as in the
     executor-equivalence tests: its cosine losses through BatchNorm flip a validation sample in float32
     between any two summation orders, compiled per update or in one call alike). Their linear weights
-    are updated by the probed in-place product (engine/linear_probes.py), whose plan is found once."""
+    are updated by the probed in-place product (engine/linear_probes.py), whose plan is found once, and
+    Ditto's v by its proximal term's in-place step too."""
     from autofl.engine import linear_probes, vectorized
     from autofl.engine.simulation import Simulation
     from autofl.methods.registry import get_method_class

@@ -141,7 +141,8 @@ def test_vectorized_equals_sequential_in_float32_without_batchnorm(method):
 # - fedfcd and fedsiam_da again with plain SGD (momentum 0, no weight decay), where the vectorized
 #   step on CPU compiles with its SGD update (compiled.batched_sgd_step; both updates of a step in one
 #   call, compiled.batched_sgd_steps) and updates the rows of clients past their last batch too,
-#   which the epoch's end restores; moon with plain SGD, one update a step through BatchNorm.
+#   which the epoch's end restores; moon with plain SGD, one update a step through BatchNorm; fedprox
+#   with plain SGD, its proximal terms on probed weights applied by the step (linear_probes.proximal_sgd_).
 # Every scenario is uneven (clients run out of batches at different steps, last batches are smaller),
 # so both the compiled whole-stack step and the eager remainder run.
 PLAIN_SGD = ("fl.momentum=0", "fl.weight_decay=0")
@@ -152,7 +153,8 @@ PLAIN_SGD = ("fl.momentum=0", "fl.weight_decay=0")
                                                          ("fedavg", "sequential", "float32", ()),
                                                          ("fedfcd", "vectorized", "float64", PLAIN_SGD),
                                                          ("fedsiam_da", "vectorized", "float64", PLAIN_SGD),
-                                                         ("moon", "vectorized", "float64", PLAIN_SGD)])
+                                                         ("moon", "vectorized", "float64", PLAIN_SGD),
+                                                         ("fedprox", "vectorized", "float64", PLAIN_SGD)])
 def test_compiled_steps_equal_eager(method, executor, dtype, extra, monkeypatch):
     from conftest import spy_whole_steps
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from autofl.engine import compiled, linear_probes, vectorized
-from autofl.engine.linear_probes import LinearProbes, linear_sgd_
+from autofl.engine.linear_probes import LinearProbes, ProbedWeight, linear_sgd_, proximal_sgd_
 
 PLAIN_SGD = ("fl.momentum=0", "fl.weight_decay=0")
 
@@ -27,6 +27,21 @@ def test_linear_sgd_is_sgd_on_each_clients_weight_gradient():
     expected = torch.stack([weight[k] - 0.1 * out_grads[k].T @ inputs[k] for k in range(3)])
     same_memory = weight.data_ptr()
     linear_sgd_(weight, out_grads, inputs, lr)
+    torch.testing.assert_close(weight, expected, rtol=0, atol=1e-12)
+    assert weight.data_ptr() == same_memory
+
+
+def test_proximal_sgd_is_sgd_on_each_clients_proximal_term():
+    """coef[k] * ||w_k - anchor||^2 has gradient 2 coef[k] (w_k - anchor): one SGD step of it, in place,
+    with the anchor shared by the clients (an expanded view, as the step passes it)."""
+    g = torch.Generator().manual_seed(1)
+    weight = torch.randn(3, 4, 5, generator=g, dtype=torch.float64)
+    anchor = torch.randn(4, 5, generator=g, dtype=torch.float64)
+    coef = torch.tensor([0.005, 0.0, 0.5], dtype=torch.float64)
+    lr = torch.tensor(0.1, dtype=torch.float64)
+    expected = torch.stack([weight[k] - 0.1 * 2 * coef[k] * (weight[k] - anchor) for k in range(3)])
+    same_memory = weight.data_ptr()
+    proximal_sgd_(weight, anchor.expand(3, 4, 5), coef, lr)
     torch.testing.assert_close(weight, expected, rtol=0, atol=1e-12)
     assert weight.data_ptr() == same_memory
 
@@ -52,10 +67,11 @@ def _run(method: str, probes: bool):
         return run(method, "mlp", "vectorized", "float64", "on", PLAIN_SGD)
 
 
-@pytest.mark.parametrize("method", ["fedavg", "moon", "dualfed", "ditto", "fedsiam_da", "fedfcd"])
+@pytest.mark.parametrize("method", ["fedavg", "fedprox", "moon", "dualfed", "ditto", "fedsiam_da", "fedfcd"])
 def test_probed_whole_step_equals_autograds(method, monkeypatch):
     """The same run with the linear weights' updates by `linear_sgd_` and with autograd's weight
-    gradients and torch's SGD: one update a step (fedavg; moon through a BatchNorm projector; dualfed's
+    gradients and torch's SGD: one update a step (fedavg; fedprox, its proximal terms by `proximal_sgd_`;
+    moon through a BatchNorm projector; dualfed's
     two stages, the second reading the encoder under no_grad) and several in one call (ditto's w then
     v, fedsiam_da, fedfcd)."""
     from conftest import spy_whole_steps
@@ -71,23 +87,28 @@ def test_probed_whole_step_equals_autograds(method, monkeypatch):
     assert_same_run(plain_history, plain, probed_history, probed)
 
 
-def test_probe_plans_take_the_weights_read_only_through_linear_calls(monkeypatch):
-    """fedavg: both layers' weights (one call each, a batch of 32 rows); fedprox: none (its proximal
-    term reads every weight); ditto: w's weights but not v's (v's proximal term); dualfed: stage 2 probes
-    the global head only (the encoder runs under no_grad there). Weights below MIN_PROBED_WEIGHT
-    elements are never probed (0 in this file; the digits MLP's weights are 6,400)."""
+def test_probe_plans_take_the_weights_read_only_through_linear_calls_and_proximal_terms(monkeypatch):
+    """fedavg: both layers' weights (one call each, a batch of 32 rows); fedprox: both, with their
+    proximal terms (the loss's terms 0 and 2 of four: weight, bias, weight, bias); ditto: w's weights,
+    and v's with their proximal terms; dualfed: stage 2 probes the global head only (the encoder runs
+    under no_grad there). Weights below MIN_PROBED_WEIGHT elements are never probed (0 in this file;
+    the digits MLP's weights are 6,400)."""
     plans = {}
     for method in ("fedavg", "fedprox", "ditto", "dualfed"):
         _, sim = _run(method, probes=True)
         plans[method] = {key[2:]: plan for key, plan in LinearProbes.of(sim.workspace).plans.items()}
-    assert plans["fedavg"] == {(0, 0): (("model.encoder.1.weight", ((32, 100),)), ("model.head.0.weight", ((32, 10),)))}
-    assert plans["fedprox"] == {(0, 0): ()}
-    ditto = {n for plan in plans["ditto"].values() for n, _ in plan}
-    assert ditto == {"model.encoder.1.weight", "model.head.0.weight"}
+    assert plans["fedavg"] == {(0, 0): (ProbedWeight("model.encoder.1.weight", ((32, 100),)),
+                                        ProbedWeight("model.head.0.weight", ((32, 10),)))}
+    assert plans["fedprox"] == {(0, 0): (ProbedWeight("model.encoder.1.weight", ((32, 100),), (0,)),
+                                         ProbedWeight("model.head.0.weight", ((32, 10),), (2,)))}
+    assert plans["ditto"] == {(0, 0): (ProbedWeight("model.encoder.1.weight", ((32, 100),)),
+                                       ProbedWeight("model.head.0.weight", ((32, 10),))),
+                              (0, 1): (ProbedWeight("model.personal.encoder.1.weight", ((32, 100),), (0,)),
+                                       ProbedWeight("model.personal.head.0.weight", ((32, 10),), (2,)))}
     stage2 = plans["dualfed"][(1, 0)]
-    assert [n for n, _ in stage2] == ["model.global_head.0.weight"]
-    assert all(n.startswith(("model.encoder.", "model.projector.", "model.head."))
-               for n, _ in plans["dualfed"][(0, 0)])
+    assert [w.name for w in stage2] == ["model.global_head.0.weight"]
+    assert all(w.name.startswith(("model.encoder.", "model.projector.", "model.head.")) and not w.pulls
+               for w in plans["dualfed"][(0, 0)])
     monkeypatch.setattr(linear_probes, "MIN_PROBED_WEIGHT", 6401)
     _, sim = _run("fedavg", probes=True)
     assert list(LinearProbes.of(sim.workspace).plans.values()) == [()]

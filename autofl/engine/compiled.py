@@ -48,7 +48,8 @@ import torch
 from torch.optim.sgd import sgd as sgd_update  # the functional SGD that torch.optim.SGD.step runs
 from torch.func import functional_call, grad, vmap
 
-from autofl.engine.linear_probes import ATTRIBUTE as PROBES_ATTRIBUTE, NO_PROBES, ProbePlan, linear_sgd_
+from autofl.engine.linear_probes import (ATTRIBUTE as PROBES_ATTRIBUTE, NO_PROBES, PROBED_LOSS, ProbePlan, linear_sgd_,
+                                        proximal_sgd_)
 
 # rounds a trial must run before `auto` compiles on CUDA: compiling a step costs tens of seconds once
 # (less from inductor's disk cache); the issue measured 1.11 s for an eager fedfcd-t1 round on an
@@ -83,45 +84,61 @@ def batched_grads(ws: torch.nn.Module, loss: Callable[..., torch.Tensor], rest_d
 def probed_grads(ws: torch.nn.Module, loss: Callable[..., torch.Tensor], rest_dims: dict[str, int | None],
                  tr: dict[str, torch.Tensor], rest: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
                  flags: dict[str, torch.Tensor], plan: ProbePlan
-                 ) -> tuple[dict[str, torch.Tensor], dict[str, list[tuple[torch.Tensor, torch.Tensor]]], torch.Tensor]:
-    """`batched_grads` with the linear weights of `plan` (`linear_probes.probe_plan`) probed: the gradients
-    of the other trained tensors, each probed weight's calls as (output gradient, input) pairs stacked
-    over clients, and each client's loss."""
+                 ) -> tuple[dict[str, torch.Tensor], dict[str, list[tuple[torch.Tensor, torch.Tensor]]],
+                            dict[str, list[tuple[torch.Tensor, torch.Tensor]]], torch.Tensor]:
+    """`batched_grads` with the weights of `plan` (`linear_probes.probe_plan`) probed: the gradients of the
+    other trained tensors; each probed weight's linear calls as (output gradient, input) pairs and its
+    proximal terms as (the loss's weight on the term, anchor) pairs, stacked over clients; and each
+    client's loss."""
     if not plan:
         grads, value = batched_grads(ws, loss, rest_dims, tr, rest, x, y, flags)
-        return grads, {}, value
+        return grads, {}, {}, value
     holder = getattr(ws, PROBES_ATTRIBUTE)  # LinearProbes.of(ws), made before compiling
     k = x.shape[0]
-    probes = {n: [torch.zeros(k, *shape, dtype=tr[n].dtype, device=x.device) for shape in shapes]
-              for n, shapes in plan}
-    tr_d = {n: t for n, t in tr.items() if n not in probes}
-    rest_p = {**rest, **{n: tr[n] for n in probes}}
-    dims_p = {**rest_dims, **{n: 0 for n in probes}}
+    probes = {w.name: [torch.zeros(k, *shape, dtype=tr[w.name].dtype, device=x.device) for shape in w.calls]
+              for w in plan if w.calls}
+    pulls = {i: torch.zeros(k, dtype=tr[w.name].dtype, device=x.device) for w in plan for i in w.pulls}
+    names = {w.name for w in plan}
+    tr_d = {n: t for n, t in tr.items() if n not in names}
+    rest_p = {**rest, **{n: tr[n] for n in names}}
+    dims_p = {**rest_dims, **{n: 0 for n in names}}
 
-    def one_client(tr: dict[str, torch.Tensor], probes: dict[str, list[torch.Tensor]], rest: dict[str, torch.Tensor],
-                   x: torch.Tensor, y: torch.Tensor, flags: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Any]:
-        holder.active, holder.inputs = probes, {}
+    def one_client(tr: dict[str, torch.Tensor], probes: dict[str, list[torch.Tensor]], pulls: dict[int, torch.Tensor],
+                   rest: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
+                   flags: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Any]:
+        holder.active, holder.inputs, holder.pulls, holder.anchors, holder.terms = probes, {}, pulls, {}, 0
+        PROBED_LOSS.holder = holder
         value = functional_call(ws, (tr, rest), (x, y, flags, loss), strict=True)
-        inputs = holder.inputs
-        holder.active, holder.inputs = None, {}
-        return value, (value.detach(), inputs)
+        inputs, anchors = holder.inputs, holder.anchors
+        holder.active, holder.inputs, holder.pulls, holder.anchors, holder.terms = None, {}, None, {}, 0
+        PROBED_LOSS.holder = None
+        return value, (value.detach(), inputs, anchors)
 
-    (grads, out_grads), (value, inputs) = vmap(grad(one_client, argnums=(0, 1), has_aux=True),
-                                               in_dims=(0, 0, dims_p, 0, 0, 0))(tr_d, probes, rest_p, x, y, flags)
-    return grads, {n: list(zip(out_grads[n], inputs[n])) for n in out_grads}, value
+    (grads, out_grads, coefs), (value, inputs, anchors) = vmap(
+        grad(one_client, argnums=(0, 1, 2), has_aux=True),
+        in_dims=(0, 0, 0, dims_p, 0, 0, 0))(tr_d, probes, pulls, rest_p, x, y, flags)
+    linear = {n: list(zip(out_grads[n], inputs[n])) for n in out_grads}
+    proximal = {w.name: [(coefs[i], anchors[i]) for i in w.pulls] for w in plan if w.pulls}
+    return grads, linear, proximal, value
 
 
 def sgd_with_probes(tr: dict[str, torch.Tensor], grads: dict[str, torch.Tensor],
-                    linear: dict[str, list[tuple[torch.Tensor, torch.Tensor]]], lr: torch.Tensor,
+                    linear: dict[str, list[tuple[torch.Tensor, torch.Tensor]]],
+                    proximal: dict[str, list[tuple[torch.Tensor, torch.Tensor]]], lr: torch.Tensor,
                     group: dict[str, Any]) -> None:
     """`torch.optim.sgd.sgd` (the function `torch.optim.SGD.step` runs) on the tensors of `tr` that have
-    gradients, then each probed weight's linear part, `linear_sgd_` per call (one in-place product)."""
+    gradients, then each probed weight's proximal terms (`proximal_sgd_`, reading the weight before
+    this step's change, as its gradient does) and its linear calls (`linear_sgd_`, one in-place product
+    each)."""
     names = list(grads)
     with torch.no_grad():
         sgd_update([tr[n] for n in names], [grads[n] for n in names], [None] * len(names),
                    weight_decay=group["weight_decay"], momentum=group["momentum"], lr=lr,
                    dampening=group["dampening"], nesterov=group["nesterov"], maximize=group["maximize"],
                    foreach=False)
+        for n, terms in proximal.items():
+            for coef, anchor in terms:
+                proximal_sgd_(tr[n], anchor, coef, lr)
         for n, calls in linear.items():
             for out_grad, inp in calls:
                 linear_sgd_(tr[n], out_grad.flatten(1, -2), inp.flatten(1, -2), lr)
@@ -138,8 +155,8 @@ def batched_sgd_step(ws: torch.nn.Module, loss: Callable[..., torch.Tensor], res
     `lr` a 0-dim tensor (neither a trial's rate nor a decaying one recompiles), the rest of its param
     group (`group`) constants of the graph; the linear weights of `plan` by one in-place product per
     call (`linear_probes`). Returns each client's loss."""
-    grads, linear, value = probed_grads(ws, loss, rest_dims, tr, rest, x[rows], y[rows], flags, plan)
-    sgd_with_probes(tr, grads, linear, lr, group)
+    grads, linear, proximal, value = probed_grads(ws, loss, rest_dims, tr, rest, x[rows], y[rows], flags, plan)
+    sgd_with_probes(tr, grads, linear, proximal, lr, group)
     return value
 
 
@@ -166,9 +183,9 @@ def batched_sgd_steps(ws: torch.nn.Module, losses: tuple[Callable[..., torch.Ten
     for i, (loss, names, frozen_names) in enumerate(zip(losses, trained, frozen)):
         tr = {n: state[n] for n in names}
         rest = {n: t.clone() if n in frozen_names else t for n, t in state.items() if n not in tr}
-        grads, linear, value = probed_grads(ws, loss, {n: dims[n] for n in rest}, tr, rest, xb, yb, flags,
-                                            plans[i] if plans is not None else NO_PROBES)
-        sgd_with_probes(tr, grads, linear, lr, group)
+        grads, linear, proximal, value = probed_grads(ws, loss, {n: dims[n] for n in rest}, tr, rest, xb, yb, flags,
+                                                      plans[i] if plans is not None else NO_PROBES)
+        sgd_with_probes(tr, grads, linear, proximal, lr, group)
         values.append(value)
     return values
 

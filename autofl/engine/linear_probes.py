@@ -25,15 +25,26 @@ module-level function, so modules that carry it still copy and pickle.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-# (weight name, the per-client output shapes of its calls in call order) for each probed weight
-ProbePlan = tuple[tuple[str, tuple[tuple[int, ...], ...]], ...]
+
+
+class ProbedWeight(NamedTuple):
+    """A probed weight: its workspace name, the per-client output shapes of its linear calls (in call
+    order), and which of the loss's proximal terms (`proximal_term`'s calls, counted in call order over
+    the loss) read it."""
+
+    name: str
+    calls: tuple[tuple[int, ...], ...]
+    pulls: tuple[int, ...] = ()
+
+
+ProbePlan = tuple[ProbedWeight, ...]
 NO_PROBES: ProbePlan = ()
 ATTRIBUTE = "autofl_linear_probes"  # the workspace attribute that holds its LinearProbes
 # the smallest weight (elements per client) worth probing: the custom op's call costs a fixed few tens of
@@ -57,6 +68,20 @@ def _linear_sgd_fake(weight: torch.Tensor, out_grads: torch.Tensor, inputs: torc
     return None
 
 
+@torch.library.custom_op("autofl::proximal_sgd_", mutates_args=("weight",))
+def proximal_sgd_(weight: torch.Tensor, anchor: torch.Tensor, coef: torch.Tensor, lr: torch.Tensor) -> None:
+    """weight[k] -= lr * 2 * coef[k] * (weight[k] - anchor[k]) for every client k, in place: the SGD
+    step of a proximal term coef[k] * ||w - anchor||^2 (coef[k] the loss's gradient w.r.t. the term,
+    e.g. FedProx's mu/2), as one `lerp_` towards the anchor. Stacked (K, ...) weight and anchor
+    (an anchor shared by the clients may be an expanded view), (K,) coef."""
+    weight.lerp_(anchor.expand_as(weight), (2 * lr * coef).view(-1, *[1] * (weight.dim() - 1)))
+
+
+@proximal_sgd_.register_fake
+def _proximal_sgd_fake(weight: torch.Tensor, anchor: torch.Tensor, coef: torch.Tensor, lr: torch.Tensor) -> None:
+    return None
+
+
 class LinearProbes:
     """One workspace's probing state: the probes to add (`active`, per weight name, consumed in call
     order), the inputs recorded, or (while `probe_plan` looks) the output shapes recorded; the forward
@@ -66,6 +91,13 @@ class LinearProbes:
         self.active: dict[str, list[torch.Tensor]] | None = None
         self.inputs: dict[str, list[torch.Tensor]] = {}
         self.shapes: dict[str, list[tuple[int, ...]]] | None = None
+        # proximal terms: the zero probes by term index, the anchors recorded, the terms counted so far;
+        # while probe_plan looks, the weights watched and which term read which
+        self.pulls: dict[int, torch.Tensor] | None = None
+        self.anchors: dict[int, torch.Tensor] = {}
+        self.terms = 0
+        self.watched: dict[str, torch.Tensor] | None = None
+        self.term_weights: dict[int, str] = {}
         self.hooked: set[str] = set()
         self.plans: dict[Any, ProbePlan] = {}
 
@@ -102,6 +134,39 @@ def _probe_hook(probes: LinearProbes, weight_name: str, module: nn.Linear, args:
     return F.linear(x, module.weight.detach(), module.bias) + probe
 
 
+class _ProbedLoss:
+    """The LinearProbes of the probed step (or probe_plan's look) running now, for `proximal_term`, which
+    gets tensors only; None outside one."""
+
+    holder: LinearProbes | None = None
+
+
+PROBED_LOSS = _ProbedLoss()
+
+
+def proximal_term(p: torch.Tensor, anchor: torch.Tensor,
+                  distance: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """`distance(p, anchor)`, the squared distance of a proximal term (`autofl.losses.proximal`). In a
+    probed step, where `p` is a probed weight, it is `distance(p.detach(), anchor) + probe`: `probe` a
+    zero scalar that the step differentiates, so its gradient is the loss's weight on the term, and the
+    step applies the term's gradient to the weight itself (`proximal_sgd_`), with its linear calls'
+    products: the weight leaves autograd, as when the loss reads it through linear calls alone."""
+    holder = PROBED_LOSS.holder
+    if holder is None or not torch.is_grad_enabled():
+        return distance(p, anchor)
+    i = holder.terms
+    holder.terms = i + 1
+    if holder.watched is not None:
+        for name, t in holder.watched.items():
+            if t is p:
+                holder.term_weights[i] = name
+        return distance(p, anchor)
+    if holder.pulls is None or i not in holder.pulls:
+        return distance(p, anchor)
+    holder.anchors[i] = anchor.detach()
+    return distance(p.detach(), anchor) + holder.pulls[i]
+
+
 def probe_plan(ws: nn.Module, key: Any, loss: Callable[..., torch.Tensor], trained: list[str] | tuple[str, ...],
                state: dict[str, torch.Tensor], dims: dict[str, int | None], x: torch.Tensor, y: torch.Tensor,
                flags: dict[str, torch.Tensor]) -> ProbePlan:
@@ -122,7 +187,7 @@ def probe_plan(ws: nn.Module, key: Any, loss: Callable[..., torch.Tensor], train
     finally:
         for handle in handles:
             handle.remove()
-    for n, _ in plan:
+    for n in (w.name for w in plan):
         if n not in probes.hooked:
             probes.hook(modules[n], n)
             probes.hooked.add(n)
@@ -145,21 +210,35 @@ def _find_plan(ws: nn.Module, probes: LinearProbes, loss: Callable[..., torch.Te
         return functional_call(ws, (tr, rest), (x, y, flags0, loss), strict=True)
 
     with torch.enable_grad():
+        # first look: the output shapes of the watched weights' linear calls, and which proximal terms
+        # read them (by identity: functional_call hands the loss the tensors of `tr` themselves)
         probes.shapes = {n: [] for n in watched}
+        probes.watched, probes.term_weights, probes.terms = {n: tr[n] for n in watched}, {}, 0
+        PROBED_LOSS.holder = probes
         try:
             call()
             shapes = {n: s for n, s in probes.shapes.items() if s}
+            term_weights = dict(probes.term_weights)
         finally:
-            probes.shapes = None
-        if not shapes:
+            probes.shapes, probes.watched, probes.term_weights, probes.terms = None, None, {}, 0
+            PROBED_LOSS.holder = None
+        pulls = {n: tuple(i for i, m in term_weights.items() if m == n) for n in watched}
+        candidates = [n for n in watched if n in shapes or pulls[n]]
+        if not candidates:
             return NO_PROBES
+        # second look, with every candidate probed: a weight autograd no longer reaches is read through
+        # its probed calls and terms alone
         probes.active = {n: [torch.zeros(s, dtype=tr[n].dtype, device=tr[n].device, requires_grad=True)
                              for s in calls] for n, calls in shapes.items()}
-        probes.inputs = {}
+        probes.pulls = {i: torch.zeros((), dtype=tr[n].dtype, device=tr[n].device, requires_grad=True)
+                        for i, n in term_weights.items()}
+        probes.inputs, probes.anchors, probes.terms = {}, {}, 0
+        PROBED_LOSS.holder = probes
         try:
             value = call()
         finally:
-            probes.active, probes.inputs = None, {}
-        grads = torch.autograd.grad(value, [tr[n] for n in shapes], allow_unused=True)
-    return tuple((n, tuple(shapes[n])) for n, g in zip(shapes, grads)
+            probes.active, probes.inputs, probes.pulls, probes.anchors, probes.terms = None, {}, None, {}, 0
+            PROBED_LOSS.holder = None
+        grads = torch.autograd.grad(value, [tr[n] for n in candidates], allow_unused=True)
+    return tuple(ProbedWeight(n, tuple(shapes.get(n, ())), pulls[n]) for n, g in zip(candidates, grads)
                  if g is None and tr[n].numel() >= MIN_PROBED_WEIGHT)
