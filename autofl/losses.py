@@ -53,7 +53,8 @@ def negative_cosine(p: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
 def proximal(params: dict[str, torch.Tensor], anchor: dict[str, torch.Tensor]) -> torch.Tensor:
     """sum ||w - w_anchor||^2 over the named parameters. Each term goes through `proximal_term`, so the
     compiled whole step can apply a probed weight's term itself (engine/linear_probes.py)."""
-    return sum(proximal_term(p, anchor[name], squared_distance) for name, p in params.items())  # type: ignore[return-value]
+    terms = (proximal_term(p, anchor[name], squared_distance) for name, p in params.items())
+    return sum(terms)  # type: ignore[return-value]
 
 
 def squared_distance(p: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
