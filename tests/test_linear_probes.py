@@ -114,6 +114,28 @@ def test_probe_plans_take_the_weights_read_only_through_linear_calls_and_proxima
     assert list(LinearProbes.of(sim.workspace).plans.values()) == [()]
 
 
+def test_a_probed_step_stopped_by_an_error_leaves_no_probe_set(monkeypatch):
+    """An exception inside a probed step (here FedProx's proximal distance failing once the step runs,
+    after probe_plan's two looks) propagates, and no probe stays set for a later loss in the process."""
+    from autofl import losses
+    from autofl.engine.linear_probes import PROBED_LOSS
+
+    original, calls = losses.squared_distance, []
+
+    def failing_in_the_step(p, anchor):
+        if PROBED_LOSS.holder is not None:
+            calls.append(1)
+            if len(calls) > 8:  # probe_plan's two looks make 4 terms each
+                raise RuntimeError("stopped inside the step")
+        return original(p, anchor)
+
+    monkeypatch.setattr(losses, "squared_distance", failing_in_the_step)
+    with pytest.raises(RuntimeError, match="stopped inside the step"):
+        _run("fedprox", probes=True)
+    assert PROBED_LOSS.holder is None
+    assert len(calls) == 9
+
+
 def test_a_probed_module_still_copies_and_pickles_and_is_unchanged_outside_a_step():
     import copy
     import pickle

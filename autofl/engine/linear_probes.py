@@ -31,8 +31,9 @@ module-level function, so modules that carry it still copy and pickle.
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -172,6 +173,21 @@ def proximal_term(p: torch.Tensor, anchor: torch.Tensor,
         return distance(p, anchor)
     holder.anchors[i] = anchor.detach()
     return distance(p.detach(), anchor) + holder.pulls[i]
+
+
+@contextlib.contextmanager
+def end_probes_on_error(ws: nn.Module) -> Iterator[None]:
+    """Around a probed step's call: where it stops by an exception (a trial's error, an interrupt), the
+    probes it had set are cleared, so that no later loss in the process (another trial's, eager) finds a
+    probed step still running. The step clears them itself when it completes."""
+    try:
+        yield
+    except BaseException:
+        PROBED_LOSS.holder = None
+        probes = getattr(ws, ATTRIBUTE, None)
+        if probes is not None:
+            probes.active, probes.inputs, probes.pulls, probes.anchors, probes.terms = None, {}, None, {}, 0
+        raise
 
 
 def probe_plan(ws: nn.Module, key: Any, loss: Callable[..., torch.Tensor], trained: list[str] | tuple[str, ...],

@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterator
 import torch
 from autofl.engine import compiled
 from autofl.engine.executor import ClientJob, ClientOutcome, RoundPlan, Workspace, batch_cuts, epoch_orders, stage_models
-from autofl.engine.linear_probes import ProbePlan, probe_plan
+from autofl.engine.linear_probes import ProbePlan, end_probes_on_error, probe_plan
 from autofl.engine.plan import Stage, Update
 
 
@@ -358,7 +358,7 @@ class _Step:
         lr, settings = run.sgd_inputs(group)
         if self.probes is None:
             self.probes = run.probe_plan(self.key, self.update, self.trained, rows)
-        with run.kept_buffers(hi) as copies:
+        with run.kept_buffers(hi) as copies, end_probes_on_error(run.ws):
             rest = {**{n: run.state[n] for n in self.rest_names}, **copies}
             return self.whole(run.ws, self.update.loss, self.rest_dims, tr, rest, run.x, run.y, rows, run.flags,
                               lr, settings, self.probes)
@@ -409,7 +409,7 @@ class _StageStep:
         if self.probes is None:
             self.probes = tuple(run.probe_plan(key, u, names, rows)
                                 for key, u, names in zip(self.keys, self.updates, self.trained))
-        with run.kept_buffers(hi) as copies:
+        with run.kept_buffers(hi) as copies, end_probes_on_error(run.ws):
             state = {**run.state, **copies} if copies else run.state
             return self.fn(run.ws, tuple(u.loss for u in self.updates), self.trained, self.frozen, run.dims, state,
                            run.x, run.y, rows, run.flags, lr, settings, self.probes)
