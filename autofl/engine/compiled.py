@@ -9,8 +9,9 @@ What is compiled (the executors keep their own loops, optimizers and bookkeeping
   updates a step, such as Ditto's, FedFCD's or FedSiam-DA's, runs them all in one call,
   `batched_sgd_steps`), for plain SGD (`fl.momentum: 0`, no weight decay: momentum and decay would be
   constants of the graph, one compile per value a search tries). Linear weights that the loss reads
-  only through their layer's calls are updated by one in-place product per call instead of a
-  gradient and an update (`linear_probes`). Other steps and optimizers, and
+  only through their layer's calls and proximal terms are updated by one in-place product per call
+  and one in-place pull towards the anchor per term instead of a gradient and an update
+  (`linear_probes`). Other steps and optimizers, and
   every step on CUDA, where a CUDA graph may not mutate its inputs, compile the gradients only
   (`batched_grads`) and step `torch.optim.SGD` outside;
 - sequential: one client's forward and the method's loss (`client_loss`); AOTAutograd compiles its
