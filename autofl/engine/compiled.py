@@ -49,8 +49,7 @@ import torch
 from torch.optim.sgd import sgd as sgd_update  # the functional SGD that torch.optim.SGD.step runs
 from torch.func import functional_call, grad, vmap
 
-from autofl.engine.linear_probes import (ATTRIBUTE as PROBES_ATTRIBUTE, NO_PROBES, PROBED_LOSS, ProbePlan, linear_sgd_,
-                                        proximal_sgd_)
+from autofl.engine.linear_probes import ATTRIBUTE as PROBES_ATTRIBUTE, NO_PROBES, ProbePlan, linear_sgd_, proximal_sgd_
 
 # rounds a trial must run before `auto` compiles on CUDA: compiling a step costs tens of seconds once
 # (less from inductor's disk cache); the issue measured 1.11 s for an eager fedfcd-t1 round on an
@@ -107,12 +106,10 @@ def probed_grads(ws: torch.nn.Module, loss: Callable[..., torch.Tensor], rest_di
     def one_client(tr: dict[str, torch.Tensor], probes: dict[str, list[torch.Tensor]], pulls: dict[int, torch.Tensor],
                    rest: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
                    flags: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Any]:
-        holder.active, holder.inputs, holder.pulls, holder.anchors, holder.terms = probes, {}, pulls, {}, 0
-        PROBED_LOSS.holder = holder
+        holder.start(probes, pulls)
         value = functional_call(ws, (tr, rest), (x, y, flags, loss), strict=True)
         inputs, anchors = holder.inputs, holder.anchors
-        holder.active, holder.inputs, holder.pulls, holder.anchors, holder.terms = None, {}, None, {}, 0
-        PROBED_LOSS.holder = None
+        holder.stop()
         return value, (value.detach(), inputs, anchors)
 
     (grads, out_grads, coefs), (value, inputs, anchors) = vmap(

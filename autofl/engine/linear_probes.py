@@ -109,6 +109,18 @@ class LinearProbes:
         self.hooked: set[str] = set()
         self.plans: dict[Any, ProbePlan] = {}
 
+    def start(self, active: dict[str, list[torch.Tensor]], pulls: dict[int, torch.Tensor]) -> None:
+        """A probed step (or probe_plan's second look) begins: `active`'s probes are added to the linear
+        calls, `pulls`' to the proximal terms, and their inputs and anchors recorded."""
+        self.active, self.inputs, self.pulls, self.anchors, self.terms = active, {}, pulls, {}, 0
+        PROBED_LOSS.holder = self
+
+    def stop(self) -> None:
+        """A probed step or a look of probe_plan ends: nothing is probed, recorded or watched."""
+        self.active, self.inputs, self.pulls, self.anchors, self.terms = None, {}, None, {}, 0
+        self.shapes, self.watched, self.term_weights = None, None, {}
+        PROBED_LOSS.holder = None
+
     @classmethod
     def of(cls, ws: nn.Module) -> "LinearProbes":
         """The probes of `ws`, held as its attribute `autofl_linear_probes`, which compiled code reads (a
@@ -186,7 +198,7 @@ def end_probes_on_error(ws: nn.Module) -> Iterator[None]:
         PROBED_LOSS.holder = None
         probes = getattr(ws, ATTRIBUTE, None)
         if probes is not None:
-            probes.active, probes.inputs, probes.pulls, probes.anchors, probes.terms = None, {}, None, {}, 0
+            probes.stop()
         raise
 
 
@@ -243,25 +255,21 @@ def _find_plan(ws: nn.Module, probes: LinearProbes, loss: Callable[..., torch.Te
             shapes = {n: s for n, s in probes.shapes.items() if s}
             term_weights = dict(probes.term_weights)
         finally:
-            probes.shapes, probes.watched, probes.term_weights, probes.terms = None, None, {}, 0
-            PROBED_LOSS.holder = None
+            probes.stop()
         pulls = {n: tuple(i for i, m in term_weights.items() if m == n) for n in watched}
         candidates = [n for n in watched if n in shapes or pulls[n]]
         if not candidates:
             return NO_PROBES
         # second look, with every candidate probed: a weight autograd no longer reaches is read through
         # its probed calls and terms alone
-        probes.active = {n: [torch.zeros(s, dtype=tr[n].dtype, device=tr[n].device, requires_grad=True)
-                             for s in calls] for n, calls in shapes.items()}
-        probes.pulls = {i: torch.zeros((), dtype=tr[n].dtype, device=tr[n].device, requires_grad=True)
-                        for i, n in term_weights.items()}
-        probes.inputs, probes.anchors, probes.terms = {}, {}, 0
-        PROBED_LOSS.holder = probes
+        probes.start({n: [torch.zeros(s, dtype=tr[n].dtype, device=tr[n].device, requires_grad=True)
+                          for s in calls] for n, calls in shapes.items()},
+                     {i: torch.zeros((), dtype=tr[n].dtype, device=tr[n].device, requires_grad=True)
+                      for i, n in term_weights.items()})
         try:
             value = call()
         finally:
-            probes.active, probes.inputs, probes.pulls, probes.anchors, probes.terms = None, {}, None, {}, 0
-            PROBED_LOSS.holder = None
+            probes.stop()
         grads = torch.autograd.grad(value, [tr[n] for n in candidates], allow_unused=True)
     return tuple(ProbedWeight(n, tuple(shapes.get(n, ())), pulls[n]) for n, g in zip(candidates, grads)
                  if g is None and tr[n].numel() >= MIN_PROBED_WEIGHT)
