@@ -187,6 +187,38 @@ def test_compiled_steps_equal_eager(method, executor, dtype, extra, monkeypatch)
     assert (extra == PLAIN_SGD) == any(linear_probes.LinearProbes.of(comp.workspace).plans.values())
 
 
+@pytest.mark.parametrize("compile_steps", ["off", "on"])
+def test_a_received_weight_is_read_unstacked_until_a_stage_trains_it(compile_steps, monkeypatch):
+    """FedRep trains each client's head for its head epochs with the received encoder frozen, then the
+    encoder: the head stage reads the encoder's weight once, unstacked (one product over every client's
+    rows, not a batched product over K equal copies), the encoder stage reads it stacked, to train it.
+    Both ways give the same run: against the vectorized executor with every weight read stacked, in
+    float64, eager and with compiled whole steps."""
+    from autofl.engine import vectorized
+
+    weight = "model.encoder.1.weight"
+    seen: list[tuple[bool, int | None, int]] = []  # per stage: trains the weight, its dim in the steps, its rank
+    original_init = vectorized._Step.__init__
+
+    def recorded(self, run, update, trained, where):
+        original_init(self, run, update, trained, where)
+        seen.append((weight in trained, self.rest_dims.get(weight, 0), run.stage_state[weight].dim()))
+
+    extra = (*PLAIN_SGD, "method.head_epochs=2")
+    original_stack = vectorized._ChunkRun._stack_state
+    monkeypatch.setattr(vectorized._ChunkRun, "_stack_state",
+                        lambda self: (*original_stack(self)[:2], {}))  # nothing unstacked: the reference
+    stacked_history, stacked = run("fedrep", "mlp", "vectorized", "float64", compile_steps, extra)
+    monkeypatch.setattr(vectorized._ChunkRun, "_stack_state", original_stack)
+    monkeypatch.setattr(vectorized._Step, "__init__", recorded)
+    history, unstacked = run("fedrep", "mlp", "vectorized", "float64", compile_steps, extra)
+    assert_same_run(stacked_history, stacked, history, unstacked)
+    # every round: the head stage read the weight unstacked (one 2-d tensor, no client dimension),
+    # the encoder stage trained its stack
+    assert set(seen) == {(False, None, 2), (True, 0, 3)}
+    assert len(seen) == 2 * len(history)
+
+
 @pytest.mark.parametrize("executor,chunk", [("sequential", None), ("vectorized", None), ("vectorized", 2)])
 def test_progress_hook_counts_each_rounds_clients_once(executor, chunk):
     exp = load_experiment(None, ["data.num_clients=6", "fl.participation=0.5", "fl.rounds=2",

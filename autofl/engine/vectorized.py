@@ -73,7 +73,7 @@ class _ChunkRun:
         self.device = x.device
         self.orders = [epoch_orders(job, plan) for job in jobs]  # [client][stage][epoch] -> rows
         self.cuts = [batch_cuts(len(job.train_idx), plan.batch_size) for job in jobs]
-        self.state, self.batched = self._stack_state()
+        self.state, self.batched, self.common = self._stack_state()
         # stacked buffers a forward may write (BatchNorm running statistics)
         self.stacked_buffers = [n for n, _ in ws.named_buffers() if self.batched.get(n, False)]
         self._lr: tuple[float, torch.Tensor] | None = None  # the SGD rate as a tensor, one per stage's rate
@@ -84,13 +84,21 @@ class _ChunkRun:
         self.counts: dict[str, torch.Tensor] = {}
         self._lockstep_plan: list[tuple[int, list[tuple[int, int, int]], int]] | None = None
         self.dims = {n: 0 if b else None for n, b in self.batched.items()}
+        # what a stage's steps read (`_enter_stage`): the stack, with the parameters no stage has
+        # trained yet and every client received as one tensor passed unstacked
+        self.touched: set[str] = set()
+        self.stage_state, self.stage_dims = self.state, self.dims
 
     # ----- stacking ----------------------------------------------------------------------------
-    def _stack_state(self) -> tuple[dict[str, torch.Tensor], dict[str, bool]]:
-        """Workspace tensor name -> stacked (K, ...) tensor, or the shared tensor itself."""
+    def _stack_state(self) -> tuple[dict[str, torch.Tensor], dict[str, bool], dict[str, torch.Tensor]]:
+        """Workspace tensor name -> stacked (K, ...) tensor, or the shared tensor itself; and the
+        stacked parameters that every client starts from as one tensor (the received global model's,
+        say), that tensor (`_enter_stage`)."""
         written = set().union(*(stage_models(stage) | set(stage.snapshot_after_epoch) for stage in self.plan.stages))
+        params = {n for n, _ in self.ws.named_parameters()}
         state: dict[str, torch.Tensor] = {}
         batched: dict[str, bool] = {}
+        common: dict[str, torch.Tensor] = {}
         for name in self.ws.model_names():
             per_client = [job.start.models[name] for job in self.jobs]
             for key in per_client[0]:
@@ -100,7 +108,21 @@ class _ChunkRun:
                     state[full], batched[full] = tensors[0].to(self.device), False
                 else:
                     state[full], batched[full] = torch.stack(tensors).to(self.device), True
-        return state, batched
+                    if full in params and all(t is tensors[0] for t in tensors):
+                        common[full] = state[full][0]
+        return state, batched, common
+
+    def _enter_stage(self, stage: Stage, param_names: list[list[str]]) -> None:
+        """What this stage's steps read: the stack, except the parameters that every client received
+        as one tensor and that neither this stage nor an earlier one trains or overwrites (FedRep's
+        head epochs, with the received encoder frozen). Those are still equal in every client's row, so
+        the stage reads them once, unstacked (a view of row 0): a frozen layer's batched product over
+        20 copies of one weight becomes a single product over the clients' stacked rows."""
+        self.touched |= {n for names in param_names for n in names}
+        self.touched |= {n for n in self.state if n.split(".", 1)[0] in stage.snapshot_after_epoch}
+        unstacked = {n: t for n, t in self.common.items() if n not in self.touched}
+        self.stage_state = {**self.state, **unstacked}
+        self.stage_dims = {**self.dims, **dict.fromkeys(unstacked)}
 
     def _stacked_names(self) -> list[str]:
         return [n for n, b in self.batched.items() if b]
@@ -127,7 +149,8 @@ class _ChunkRun:
                    rows: torch.Tensor) -> ProbePlan:
         """`linear_probes.probe_plan` for an update's compiled whole step (`key`: its step's), on client 0's
         batch of `rows`."""
-        return probe_plan(self.ws, key, update.loss, trained, self.state, self.dims, self.x[rows[0]], self.y[rows[0]],
+        return probe_plan(self.ws, key, update.loss, trained, self.stage_state, self.stage_dims, self.x[rows[0]],
+                          self.y[rows[0]],
                           self.flags)
 
     # ----- training ------------------------------------------------------------------------------
@@ -152,6 +175,7 @@ class _ChunkRun:
                 if not self.batched[n]:
                     raise RuntimeError(f"{n}: a trained tensor must be stacked")
         opts = [self.plan.optimizer([self.state[n] for n in names]) for names in param_names]
+        self._enter_stage(stage, param_names)
         steps = [self._make_step(u, names, (s, i)) for i, (u, names) in enumerate(zip(stage.updates, param_names))]
         # runtime.compile on CPU, several updates a step with plain SGD at one learning rate: all of them
         # in one call on the steps where every active client has a full batch
@@ -314,7 +338,7 @@ class _Step:
         self.run, self.update, self.trained = run, update, trained
         trained_set = set(trained)
         self.rest_names = [n for n in run.state if n not in trained_set]
-        self.rest_dims = {n: run.dims[n] for n in self.rest_names}
+        self.rest_dims = {n: run.stage_dims[n] for n in self.rest_names}
         self.compiled = self.whole = None
         if run.compile_steps:
             key = self.key = compiled.step_key(update.loss, *where)
@@ -328,7 +352,7 @@ class _Step:
         run = self.run
         whole = lo == 0 and hi == run.k
         tr = {n: run.state[n] if whole else run.state[n][lo:hi] for n in self.trained}
-        rest = {n: (run.state[n] if whole else run.state[n][lo:hi]) if run.batched[n] else run.state[n]
+        rest = {n: (run.state[n] if whole else run.state[n][lo:hi]) if self.rest_dims[n] == 0 else run.stage_state[n]
                 for n in self.rest_names}
         flags = {n: f if whole else f[lo:hi] for n, f in run.flags.items()}
         return lambda xb, yb: compiled.batched_grads(run.ws, self.update.loss, self.rest_dims, tr, rest, xb, yb, flags)
@@ -341,7 +365,7 @@ class _Step:
         assert self.compiled is not None
         tr = {n: run.state[n] for n in self.trained}
         with run.kept_buffers(hi) as copies:
-            rest = {**{n: run.state[n] for n in self.rest_names}, **copies}
+            rest = {**{n: run.stage_state[n] for n in self.rest_names}, **copies}
             compiled.before_call(run.device)
             return self.compiled(run.ws, self.update.loss, self.rest_dims, tr, rest, xb, yb, run.flags)
 
@@ -359,7 +383,7 @@ class _Step:
         if self.probes is None:
             self.probes = run.probe_plan(self.key, self.update, self.trained, rows)
         with run.kept_buffers(hi) as copies, end_probes_on_error(run.ws):
-            rest = {**{n: run.state[n] for n in self.rest_names}, **copies}
+            rest = {**{n: run.stage_state[n] for n in self.rest_names}, **copies}
             return self.whole(run.ws, self.update.loss, self.rest_dims, tr, rest, run.x, run.y, rows, run.flags,
                               lr, settings, self.probes)
 
@@ -410,6 +434,6 @@ class _StageStep:
             self.probes = tuple(run.probe_plan(key, u, names, rows)
                                 for key, u, names in zip(self.keys, self.updates, self.trained))
         with run.kept_buffers(hi) as copies, end_probes_on_error(run.ws):
-            state = {**run.state, **copies} if copies else run.state
-            return self.fn(run.ws, tuple(u.loss for u in self.updates), self.trained, self.frozen, run.dims, state,
-                           run.x, run.y, rows, run.flags, lr, settings, self.probes)
+            state = {**run.stage_state, **copies} if copies else run.stage_state
+            return self.fn(run.ws, tuple(u.loss for u in self.updates), self.trained, self.frozen, run.stage_dims,
+                           state, run.x, run.y, rows, run.flags, lr, settings, self.probes)
