@@ -80,8 +80,8 @@ class _ChunkRun:
         flag_names = list(jobs[0].start.flags)
         self.flags = {n: torch.tensor([job.start.flags[n] for job in jobs], dtype=x.dtype, device=self.device)
                       for n in flag_names}
-        self.totals: dict[str, torch.Tensor] = {}
-        self.counts: dict[str, torch.Tensor] = {}
+        # report key -> each step's (lo, hi, batch size, first client of `losses`, per-client mean losses)
+        self.meters: dict[str, list[tuple[int, int, int, int, torch.Tensor]]] = {}
         self._lockstep_plan: list[tuple[int, list[tuple[int, int, int]], int]] | None = None
         self.dims = {n: 0 if b else None for n, b in self.batched.items()}
         # what a stage's steps read (`_enter_stage`): the stack, with the parameters no stage has
@@ -159,10 +159,11 @@ class _ChunkRun:
             self._run_stage(s, stage)
         self.ws.leave()
         keys = list(self.ws.model.state_dict())
+        metered = self._metered()
         outcomes = []
         for i in range(self.k):
             state = {key: self.state[f"model.{key}"][i].clone() for key in keys}
-            losses = {n: float(self.totals[n][i]) / max(int(self.counts[n][i]), 1) for n in self.totals}
+            losses = {n: totals[i] / max(counts[i], 1) for n, (totals, counts) in metered.items()}
             losses.setdefault("loss", 0.0)
             outcomes.append(ClientOutcome(state, losses))
         return outcomes
@@ -199,7 +200,7 @@ class _ChunkRun:
                     losses = together.whole_step(runs[0][1], batch_rows[step], opts)
                     for update, loss in zip(stage.updates, losses):
                         if update.report is not None:
-                            self._meter(update.report, 0, runs[0][1], loss[: runs[0][1]] * runs[0][2], runs[0][2])
+                            self._meter(update.report, 0, runs[0][1], runs[0][2], loss)
                 else:
                     for update, names, step_fn, opt in zip(stage.updates, param_names, steps, opts):
                         self.ws.enter(trained_models, update)
@@ -265,7 +266,7 @@ class _ChunkRun:
             # gradients and SGD update) is one compiled call over the stack (see _Step.whole_step)
             loss = step.whole_step(hi0, rows, opt)
             if update.report is not None:
-                self._meter(update.report, lo0, hi0, loss[lo0:hi0] * size0, size0)
+                self._meter(update.report, lo0, hi0, size0, loss)
             return
         if step.compiled is not None and size0 == self.plan.batch_size:
             # runtime.compile: the first run is a prefix of the stack with full-size batches; it runs
@@ -277,7 +278,7 @@ class _ChunkRun:
             for n in names:
                 self.state[n].grad = grads[n]
             if update.report is not None:
-                self._meter(update.report, lo0, hi0, loss[lo0:hi0] * size0, size0)
+                self._meter(update.report, lo0, hi0, size0, loss)
             later = runs[1:]
         else:
             if not (len(runs) == 1 and runs[0][0] == 0 and runs[0][1] == self.k):
@@ -293,15 +294,35 @@ class _ChunkRun:
                 else:
                     self.state[n].grad[lo:hi] = grads[n]
             if update.report is not None:
-                self._meter(update.report, lo, hi, loss * size, size)
+                self._meter(update.report, lo, hi, size, loss, start=lo)
         opt.step()
 
-    def _meter(self, key: str, lo: int, hi: int, weighted: torch.Tensor, size: int) -> None:
-        if key not in self.totals:
-            self.totals[key] = torch.zeros(self.k, dtype=self.x.dtype, device=self.device)
-            self.counts[key] = torch.zeros(self.k, dtype=torch.int64)
-        self.totals[key][lo:hi] += weighted.detach()
-        self.counts[key][lo:hi] += size
+    def _meter(self, key: str, lo: int, hi: int, size: int, losses: torch.Tensor, start: int = 0) -> None:
+        """Record a step's mean losses of clients lo:hi on batches of `size` (`losses[j]`: client
+        start + j's) under the report `key`. Nothing is added up here (a step's few tensor operations
+        cost about as much as a small step's compute): `_metered` does, once per chunk. On CUDA the
+        losses are copied, since a CUDA graph's next replay reuses its outputs' memory."""
+        losses = losses.detach()
+        self.meters.setdefault(key, []).append((lo, hi, size, start,
+                                                losses.clone() if self.device.type == "cuda" else losses))
+
+    def _metered(self) -> dict[str, tuple[list[float], list[int]]]:
+        """Per report key, each client's summed sample losses and its sample count: the steps recorded
+        alike (the same clients, batch size and layout; in a lockstep epoch nearly all of them) are
+        summed as one stack."""
+        metered = {}
+        for key, steps in self.meters.items():
+            alike: dict[tuple[int, int, int, int, int], list[torch.Tensor]] = {}
+            for lo, hi, size, start, losses in steps:
+                alike.setdefault((lo, hi, size, start, len(losses)), []).append(losses)
+            totals = torch.zeros(self.k, dtype=self.x.dtype, device=self.device)
+            counts = [0] * self.k
+            for (lo, hi, size, start, _), same in alike.items():
+                totals[lo:hi] += torch.stack(same).sum(0)[lo - start:hi - start] * size
+                for i in range(lo, hi):
+                    counts[i] += size * len(same)
+            metered[key] = (totals.tolist(), counts)
+        return metered
 
     # ----- keeping idle clients still ------------------------------------------------------------
     def _momentum(self, opts: list[torch.optim.Optimizer], param_names: list[list[str]]):
