@@ -150,8 +150,7 @@ class _ChunkRun:
         """`linear_probes.probe_plan` for an update's compiled whole step (`key`: its step's), on client 0's
         batch of `rows`."""
         return probe_plan(self.ws, key, update.loss, trained, self.stage_state, self.stage_dims, self.x[rows[0]],
-                          self.y[rows[0]],
-                          self.flags)
+                          self.y[rows[0]], self.flags)
 
     # ----- training ------------------------------------------------------------------------------
     def run(self) -> list[ClientOutcome]:
