@@ -1,12 +1,14 @@
 """A/B of one executor switch in one process: a round with it against a round without.
 
-    python scripts/ab_round.py --switch probes|unstacked --method fedavg [--scenario fedfcd-t1] [--rounds 6]
+    python scripts/ab_round.py --switch probes|unstacked|inputs --method fedavg [--scenario fedfcd-t1] [--rounds 6]
 
 Switches (both on by default in autofl; "off" is what the executor did before them):
   probes     the probed linear-weight update (autofl/engine/linear_probes.py); off: every probe plan
              empty, autograd's weight gradients and the SGD update
   unstacked  received, not yet trained parameters read once, unstacked (vectorized._ChunkRun._enter_stage);
              off: every stacked tensor read as its stack
+  inputs     a stage's `inputs` module computed once per client for the stage (executor.stage_inputs;
+             DualFed's stage 2); off: computed batch by batch inside each step
 
 One compiled vectorized simulation per variant, run alternately round by round, so both see the same
 host noise (on this project's shared 2-core VMs, fresh processes a minute apart differed by up to
@@ -30,6 +32,7 @@ from autofl.methods.registry import get_method_class
 
 _on = {"on": True}
 _plan, _key, _stack = vectorized.probe_plan, compiled.step_key, vectorized._ChunkRun._stack_state
+_inputs = vectorized.stage_inputs
 
 
 def switch(name: str) -> None:
@@ -37,6 +40,8 @@ def switch(name: str) -> None:
     compiled.step_key = lambda loss, stage, update: (_key(loss, stage, update), _on["on"])
     if name == "probes":
         vectorized.probe_plan = lambda *a, **k: _plan(*a, **k) if _on["on"] else ()
+    elif name == "inputs":
+        vectorized.stage_inputs = lambda ws, stage: _inputs(ws, stage) if _on["on"] else None
     else:
         def stack_state(self: vectorized._ChunkRun) -> tuple:
             state, batched, common = _stack(self)
@@ -47,7 +52,7 @@ def switch(name: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--switch", choices=("probes", "unstacked"), default="probes")
+    parser.add_argument("--switch", choices=("probes", "unstacked", "inputs"), default="probes")
     parser.add_argument("--method", required=True)
     parser.add_argument("--scenario", default="fedfcd-t1", choices=sorted(SCENARIOS))
     parser.add_argument("--rounds", type=int, default=6)

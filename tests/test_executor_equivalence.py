@@ -219,6 +219,72 @@ def test_a_received_weight_is_read_unstacked_until_a_stage_trains_it(compile_ste
     assert len(seen) == 2 * len(history)
 
 
+@pytest.mark.parametrize("executor,compile_steps", [("sequential", "off"), ("vectorized", "off"),
+                                                    ("vectorized", "on")])
+def test_a_stages_inputs_are_computed_once_per_client_as_batch_by_batch(executor, compile_steps, monkeypatch):
+    """DualFed's stage 2 trains the global head on the frozen encoder's outputs (`Stage.inputs`). The
+    mlp's encoder (Flatten, Linear, ReLU) maps each sample on its own, so each client's outputs are
+    computed once for the stage, over all of its rows; the run equals one where every step computes
+    them on its batch (no layer counted per-sample), in float64, under each executor, eager and with
+    compiled whole steps."""
+    from autofl.engine import executor as executor_module, sequential, vectorized
+
+    ahead: list[bool] = []  # per stage with inputs (per client under the sequential executor): computed ahead
+    if executor == "sequential":
+        original = sequential.SequentialExecutor._inputs
+
+        def recorded(self, stage, job, x):
+            pooled, where = original(self, stage, job, x)
+            if stage.inputs is not None:
+                ahead.append(where is not None)
+            return pooled, where
+
+        monkeypatch.setattr(sequential.SequentialExecutor, "_inputs", recorded)
+    else:
+        original_table = vectorized._ChunkRun._inputs_table
+
+        def recorded_table(self, stage, module):
+            table = original_table(self, stage, module)
+            ahead.append(table is not None)
+            return table
+
+        monkeypatch.setattr(vectorized._ChunkRun, "_inputs_table", recorded_table)
+    extra = ("method.tau=0.5", *PLAIN_SGD)
+    history, sim = run("dualfed", "mlp", executor, "float64", compile_steps, extra)
+    per_round = sim.exp.clients_per_round() if executor == "sequential" else 1  # one chunk a round
+    assert ahead and all(ahead) and len(ahead) == per_round * len(history)
+    ahead.clear()
+    monkeypatch.setattr(executor_module, "PER_SAMPLE_LAYERS", ())  # every step computes the encoder itself
+    step_history, per_step = run("dualfed", "mlp", executor, "float64", compile_steps, extra)
+    assert not any(ahead)
+    assert_same_run(step_history, per_step, history, sim)
+
+
+def test_a_stages_inputs_must_be_a_module_the_stage_only_reads():
+    """`Stage.inputs` names a module no update of the stage trains (else its outputs would change
+    within the stage); a module with a layer whose output depends on the batch (BatchNorm) is not
+    computed ahead."""
+    from torch import nn
+
+    from autofl.engine.executor import Workspace, stage_inputs
+    from autofl.engine.plan import Stage, Update
+
+    model = nn.Module()
+    model.encoder = nn.Sequential(nn.Flatten(), nn.Linear(4, 3), nn.ReLU())
+    model.head = nn.Linear(3, 2)
+    ws = Workspace(model, ("hist",))
+    loss = lambda ws, f, y, flags: F.cross_entropy(ws.model.head(f), y)  # noqa: E731
+    assert stage_inputs(ws, Stage((Update(("model.head.",), loss),), inputs="model.encoder")) is ws.model.encoder
+    assert stage_inputs(ws, Stage((Update(("model.head.",), loss),))) is None
+    with pytest.raises(ValueError, match="Stage.inputs 'model.encoder': the stage trains or overwrites it"):
+        stage_inputs(ws, Stage((Update(("model.",), loss),), inputs="model.encoder"))
+    with pytest.raises(ValueError, match="Stage.inputs 'hist.encoder'"):
+        stage_inputs(ws, Stage((Update(("model.head.",), loss),), inputs="hist.encoder",
+                               snapshot_after_epoch={"hist": "model"}))
+    model.encoder.append(nn.BatchNorm1d(3))
+    assert stage_inputs(ws, Stage((Update(("model.head.",), loss),), inputs="model.encoder")) is None
+
+
 @pytest.mark.parametrize("executor,chunk", [("sequential", None), ("vectorized", None), ("vectorized", 2)])
 def test_progress_hook_counts_each_rounds_clients_once(executor, chunk):
     exp = load_experiment(None, ["data.num_clients=6", "fl.participation=0.5", "fl.rounds=2",

@@ -9,13 +9,14 @@ Both executors draw every client's batch order from the same per-client generato
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 import torch
 from torch import nn
 
-from autofl.engine.plan import ClientStart, Stage, Update
+from autofl.engine.plan import ClientStart, LossFn, Stage, Update
 from autofl.engine.state import StateDict
 
 
@@ -88,6 +89,57 @@ def epoch_orders(job: ClientJob, plan: RoundPlan) -> list[list[torch.Tensor]]:
 def stage_models(stage: Stage) -> set[str]:
     """Top-level workspace models some update of the stage trains (they run in train mode)."""
     return {prefix.split(".", 1)[0] for update in stage.updates for prefix in update.trains}
+
+
+# layers whose output for a sample depends on that sample alone, in train mode as in eval mode: a
+# stage's `inputs` module made only of these is computed once per client for the whole stage (exact
+# types: a subclass may override forward)
+PER_SAMPLE_LAYERS: tuple[type[nn.Module], ...] = (
+    nn.Sequential, nn.Identity, nn.Flatten, nn.Unflatten, nn.Linear, nn.Bilinear, nn.Conv1d, nn.Conv2d, nn.Conv3d,
+    nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d, nn.AdaptiveAvgPool1d,
+    nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU,
+    nn.GELU, nn.SiLU, nn.Mish, nn.Tanh, nn.Sigmoid, nn.Softplus, nn.Hardswish, nn.LayerNorm, nn.GroupNorm)
+
+
+def stage_inputs(ws: "Workspace", stage: Stage) -> nn.Module | None:
+    """The module named by `stage.inputs` when an executor may compute its outputs once per client for
+    the whole stage (every layer in `PER_SAMPLE_LAYERS`); None when the stage declares none, or when
+    its losses must compute it batch by batch (`losses_on_inputs`)."""
+    if stage.inputs is None:
+        return None
+    trained = ws.param_names(tuple(p for update in stage.updates for p in update.trains))
+    if (any(n.startswith(stage.inputs + ".") for n in trained)
+            or stage.inputs.split(".", 1)[0] in stage.snapshot_after_epoch):
+        raise ValueError(f"Stage.inputs {stage.inputs!r}: the stage trains or overwrites it; "
+                         "it must be a module the stage only reads")
+    module = ws.get_submodule(stage.inputs)
+    return module if all(type(m) in PER_SAMPLE_LAYERS for m in module.modules()) else None
+
+
+def losses_on_inputs(stage: Stage) -> Stage:
+    """`stage` with each loss computing the stage's `inputs` module on its batch first (without
+    gradients): how a stage runs whose inputs are not computed ahead (`stage_inputs`)."""
+    if stage.inputs is None:
+        return stage
+    return dataclasses.replace(stage, inputs=None, updates=tuple(
+        dataclasses.replace(u, loss=_loss_on_module_outputs(stage.inputs, u.loss)) for u in stage.updates))
+
+
+def _loss_on_module_outputs(name: str, loss: LossFn) -> LossFn:
+    path = name.split(".")
+
+    def on_outputs(ws: nn.Module, x: torch.Tensor, y: torch.Tensor, flags: dict[str, torch.Tensor]) -> torch.Tensor:
+        module = ws
+        for part in path:
+            module = getattr(module, part)
+        with torch.no_grad():
+            x = module(x)
+        return loss(ws, x, y, flags)
+
+    # the compiled steps' cache key is the loss's definition (`compiled.step_key`): keep the method's
+    on_outputs.__module__ = getattr(loss, "__module__", None)
+    on_outputs.__qualname__ = f"{getattr(loss, '__qualname__', repr(loss))}[on {name}]"
+    return on_outputs
 
 
 class Workspace(nn.Module):

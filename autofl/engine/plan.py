@@ -44,12 +44,22 @@ class Update:
 class Stage:
     """`epochs` passes over the client's batches (None: fl.local_epochs), running `updates` in
     order on every batch. After each epoch, `snapshot_after_epoch` copies whole models
-    (target <- source, e.g. {"hist": "model"}) and `flags_after_epoch` sets per-client flags."""
+    (target <- source, e.g. {"hist": "model"}) and `flags_after_epoch` sets per-client flags.
+
+    `inputs` names a workspace module (e.g. "model.encoder") that the stage only reads: no update
+    of the stage trains it and no snapshot writes it. The stage's losses then get that module's
+    output on the batch, computed without gradients, in place of the batch itself (DualFed's
+    stage 2 trains a head on the frozen encoder's features). The executors compute it once per
+    client for the whole stage, over all of the client's samples, when every layer of the module
+    maps each sample on its own (`executor.PER_SAMPLE_LAYERS`: Linear, convolutions, pooling,
+    activations); otherwise (a BatchNorm normalising with the batch's statistics, a layer they do
+    not know) batch by batch, inside each step, in the mode the stage's updates set."""
 
     updates: tuple[Update, ...]
     epochs: int | None = None
     snapshot_after_epoch: dict[str, str] = field(default_factory=dict)
     flags_after_epoch: dict[str, float] = field(default_factory=dict)
+    inputs: str | None = None
 
 
 @dataclass

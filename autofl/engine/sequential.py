@@ -12,8 +12,8 @@ import torch
 
 from autofl.engine import compiled
 from autofl.engine.executor import (ClientJob, ClientOutcome, RoundPlan, Workspace, batch_cuts, epoch_orders,
-                                    stage_models)
-from autofl.engine.plan import Update
+                                    losses_on_inputs, stage_inputs, stage_models)
+from autofl.engine.plan import Stage, Update
 from autofl.engine.state import clone_state
 
 
@@ -39,6 +39,9 @@ class SequentialExecutor:
         totals: dict[str, torch.Tensor] = {}
         counts: dict[str, int] = {}
         for s, (stage, orders) in enumerate(zip(plan.stages, epoch_orders(job, plan))):
+            table, where = self._inputs(stage, job, x)
+            if where is None:
+                stage = losses_on_inputs(stage)
             losses = [self._loss_fn(update, (s, u), plan.batch_size) for u, update in enumerate(stage.updates)]
             trained = stage_models(stage)
             trainable = set(ws.param_names(tuple(p for u in stage.updates for p in u.trains)))
@@ -55,7 +58,7 @@ class SequentialExecutor:
                     ws.enter(trained, stage.updates[0])
                 for a, b in batch_cuts(len(order), plan.batch_size):
                     idx = order[a:b]
-                    xb, yb = x[idx], y[idx]
+                    xb, yb = table[idx if where is None else where[idx]], y[idx]
                     for update, loss_fn, ps, opt in zip(stage.updates, losses, params, opts):
                         if alternating:
                             ws.enter(trained, update)
@@ -77,6 +80,19 @@ class SequentialExecutor:
         mean_losses = {key: float(totals[key]) / max(counts.get(key, 0), 1) for key in totals}
         mean_losses.setdefault("loss", 0.0)
         return ClientOutcome(clone_state(ws.model), mean_losses)
+
+    def _inputs(self, stage: Stage, job: ClientJob, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """What the stage's batches are cut from: the pooled data (and None), or, for a stage whose `inputs`
+        module is computed ahead (`stage_inputs`), its outputs on all of the client's rows and each pooled
+        row's position among them."""
+        module = stage_inputs(self.ws, stage)
+        if module is None:
+            return x, None
+        with torch.no_grad():
+            outputs = module(x[job.train_idx])
+        where = torch.zeros(len(x), dtype=torch.int64, device=x.device)
+        where[job.train_idx] = torch.arange(len(job.train_idx), device=x.device)
+        return outputs, where
 
     def _loss_fn(self, update: Update, where: tuple[int, int], batch_size: int) -> Callable[..., torch.Tensor]:
         """loss(x, y, flags) of one update on the workspace: eager, or (runtime.compile) compiled for

@@ -34,8 +34,11 @@ import dataclasses
 from typing import Any, Callable, Iterator
 
 import torch
+from torch.func import functional_call
+
 from autofl.engine import compiled
-from autofl.engine.executor import ClientJob, ClientOutcome, RoundPlan, Workspace, batch_cuts, epoch_orders, stage_models
+from autofl.engine.executor import (ClientJob, ClientOutcome, RoundPlan, Workspace, batch_cuts, epoch_orders,
+                                    losses_on_inputs, stage_inputs, stage_models)
 from autofl.engine.linear_probes import ProbePlan, end_probes_on_error, probe_plan
 from autofl.engine.plan import Stage, Update
 
@@ -155,7 +158,16 @@ class _ChunkRun:
     # ----- training ------------------------------------------------------------------------------
     def run(self) -> list[ClientOutcome]:
         for s, stage in enumerate(self.plan.stages):
-            self._run_stage(s, stage)
+            module = stage_inputs(self.ws, stage)
+            table = None if module is None else self._inputs_table(stage, module)
+            if table is None:
+                self._run_stage(s, losses_on_inputs(stage))
+                continue
+            pooled, self.x = self.x, table  # the stage's batches are gathered from the table's rows
+            try:
+                self._run_stage(s, stage)
+            finally:
+                self.x = pooled
         self.ws.leave()
         keys = list(self.ws.model.state_dict())
         metered = self._metered()
@@ -166,6 +178,30 @@ class _ChunkRun:
             losses.setdefault("loss", 0.0)
             outcomes.append(ClientOutcome(state, losses))
         return outcomes
+
+    def _inputs_table(self, stage: Stage, module: torch.nn.Module) -> torch.Tensor | None:
+        """A stage's `inputs` module computed ahead (`stage_inputs`): a table of the pooled data's rows
+        where each client's rows hold the module's outputs by that client's weights, one call per client
+        over all of its rows; so the steps gather the stage's inputs with the batch rows they use for
+        the pooled data, and the table's shape is the same in every round. None when clients share rows
+        (then the losses compute the module batch by batch) or none has any."""
+        idx = [job.train_idx.to(self.device) for job in self.jobs]
+        counts = [len(i) for i in idx]
+        if not sum(counts) or len(torch.cat(idx).unique()) < sum(counts):
+            return None
+        prefix = f"{stage.inputs}."
+        tensors = {n[len(prefix):]: (t, self.dims[n]) for n, t in self.state.items() if n.startswith(prefix)}
+        table: torch.Tensor | None = None
+        with torch.no_grad():
+            for i, rows in enumerate(idx):
+                if not len(rows):
+                    continue
+                outputs = functional_call(module, {n: t[i] if dim == 0 else t for n, (t, dim) in tensors.items()},
+                                          (self.x[rows],))
+                if table is None:
+                    table = outputs.new_zeros(len(self.x), *outputs.shape[1:])
+                table[rows] = outputs
+        return table
 
     def _run_stage(self, s: int, stage: Stage) -> None:
         trained_models = stage_models(stage)

@@ -60,17 +60,17 @@ class DualFed(Method):
             z = ws.model.projector(ws.model.encoder(x))
             return F.cross_entropy(ws.model.head(z), y) + lam * supcon(F.normalize(z, dim=1), y, tau)
 
-        def stage2_loss(ws: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
-            """CE(h_g(f(x))) with f's weights fixed. The model stays in train mode, as in the official
-            code (its stage 2 runs the whole model's training forward): f normalises with batch
-            statistics, and f's and g's BatchNorm running statistics keep moving."""
+        def stage2_loss(ws: torch.nn.Module, f: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
+            """CE(h_g(f)) on the features f = f(x) (the stage's `inputs`: f's weights fixed, no
+            gradient). The model stays in train mode, as in the official code (its stage 2 runs the
+            whole model's training forward): an f with BatchNorm normalises with batch statistics, and
+            f's and g's BatchNorm running statistics keep moving."""
             with torch.no_grad():
-                f = ws.model.encoder(x)
                 ws.model.projector(f)  # the official forward runs g too: its running statistics move
             return F.cross_entropy(ws.model.global_head(f), y)
 
         return [Stage((Update(("model.encoder.", "model.projector.", "model.head."), stage1_loss),)),
-                Stage((Update(("model.global_head.",), stage2_loss, report="stage2_loss"),))]
+                Stage((Update(("model.global_head.",), stage2_loss, report="stage2_loss"),), inputs="model.encoder")]
 
     def predict(self, model: SplitModel, x: torch.Tensor, client_state: dict, server: ServerState) -> torch.Tensor:
         f = model.encoder(x)
