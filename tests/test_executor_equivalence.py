@@ -193,8 +193,11 @@ def test_a_received_weight_is_read_unstacked_until_a_stage_trains_it(compile_ste
     encoder: the head stage reads the encoder's weight once, unstacked (one product over every client's
     rows, not a batched product over K equal copies), the encoder stage reads it stacked, to train it.
     Both ways give the same run: against the vectorized executor with every weight read stacked, in
-    float64, eager and with compiled whole steps."""
-    from autofl.engine import vectorized
+    float64, eager and with compiled whole steps. (The head stage declares the encoder as its `inputs`;
+    with no layer counted per-sample its steps compute the encoder batch by batch, reading its weight.)"""
+    from autofl.engine import executor, vectorized
+
+    monkeypatch.setattr(executor, "PER_SAMPLE_LAYERS", ())
 
     weight = "model.encoder.1.weight"
     seen: list[tuple[bool, int | None, int]] = []  # per stage: trains the weight, its dim in the steps, its rank

@@ -294,8 +294,12 @@ def test_fedrep_trains_the_head_alone_for_head_epochs_then_the_encoder_alone_on_
     ws.eval()
     with torch.no_grad():
         ce = _ce(ws.model(x), y)
-    for stage in (head_stage, body_stage):
-        assert math.isclose(float(stage.updates[0].loss(ws, x, y, {}).detach()), ce, rel_tol=1e-9)
+    # the head stage's loss takes the frozen encoder's outputs (its `inputs`), the body stage's the batch
+    assert head_stage.inputs == "model.encoder" and body_stage.inputs is None
+    with torch.no_grad():
+        f = ws.model.encoder(x)
+    assert math.isclose(float(head_stage.updates[0].loss(ws, f, y, {}).detach()), ce, rel_tol=1e-9)
+    assert math.isclose(float(body_stage.updates[0].loss(ws, x, y, {}).detach()), ce, rel_tol=1e-9)
     assert sim.shared == [k for k in sim.model.state_dict() if not k.startswith("head.")]
 
 

@@ -182,7 +182,7 @@ class _ChunkRun:
     def _inputs_table(self, stage: Stage, module: torch.nn.Module) -> torch.Tensor | None:
         """A stage's `inputs` module computed ahead (`stage_inputs`): a table of the pooled data's rows
         where each client's rows hold the module's outputs by that client's weights, one call per client
-        over all of its rows; so the steps gather the stage's inputs with the batch rows they use for
+        over all of its rows (one call for all when every client holds the received weights); so the steps gather the stage's inputs with the batch rows they use for
         the pooled data, and the table's shape is the same in every round. None when clients share rows
         (then the losses compute the module batch by batch) or none has any."""
         idx = [job.train_idx.to(self.device) for job in self.jobs]
@@ -190,7 +190,12 @@ class _ChunkRun:
         if not sum(counts) or len(torch.cat(idx).unique()) < sum(counts):
             return None
         prefix = f"{stage.inputs}."
-        tensors = {n[len(prefix):]: (t, self.dims[n]) for n, t in self.state.items() if n.startswith(prefix)}
+        # each tensor as the stage would read it: the stack, or one tensor where every client received
+        # it and no stage has trained it yet (`_enter_stage`)
+        tensors = {n[len(prefix):]: (self.common[n], None) if n in self.common and n not in self.touched
+                   else (t, self.dims[n]) for n, t in self.state.items() if n.startswith(prefix)}
+        if all(dim is None for _, dim in tensors.values()):  # one module for all: one call over every row
+            idx = [torch.cat(idx)]
         table: torch.Tensor | None = None
         with torch.no_grad():
             for i, rows in enumerate(idx):

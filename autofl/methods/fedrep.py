@@ -6,6 +6,8 @@ frozen. The personal model is the global encoder with the client's own head.
 
 from __future__ import annotations
 
+import torch
+import torch.nn.functional as F
 from pydantic import Field
 
 from autofl.methods.base import Method, MethodParams, ServerState, Stage, Update
@@ -39,8 +41,14 @@ class FedRep(Method):
         """Head alone (encoder frozen) for head_epochs, then the encoder alone (head frozen) for
         fl.local_epochs; both on CE, each stage with a fresh optimizer. The head stage's loss is
         reported as `head_loss`, the encoder stage's as the round's `loss`."""
-        head = Update(("model.head.",), self.loss, report="head_loss" if self.has_body else "loss")
-        stages = [Stage((head,), epochs=self.params.head_epochs)]
-        if self.has_body:
-            stages.append(Stage((Update(_BODY, self.loss),)))
-        return stages
+        if not self.has_body:
+            return [Stage((Update(("model.head.",), self.loss),), epochs=self.params.head_epochs)]
+        # the head's epochs read the frozen encoder's outputs (the stage's inputs): computed once a round
+        head = Stage((Update(("model.head.",), head_loss, report="head_loss"),), epochs=self.params.head_epochs,
+                     inputs="model.encoder")
+        return [head, Stage((Update(_BODY, self.loss),))]
+
+
+def head_loss(ws: torch.nn.Module, f: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
+    """CE of the model's prediction from the encoder's outputs f (the rest of `SplitModel.forward`)."""
+    return F.cross_entropy(ws.model.head(ws.model.projector(f)), y)
