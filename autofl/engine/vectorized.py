@@ -182,9 +182,10 @@ class _ChunkRun:
     def _inputs_table(self, stage: Stage, module: torch.nn.Module) -> torch.Tensor | None:
         """A stage's `inputs` module computed ahead (`stage_inputs`): a table of the pooled data's rows
         where each client's rows hold the module's outputs by that client's weights, one call per client
-        over all of its rows (one call for all when every client holds the received weights); so the steps gather the stage's inputs with the batch rows they use for
-        the pooled data, and the table's shape is the same in every round. None when clients share rows
-        (then the losses compute the module batch by batch) or none has any."""
+        over all of its rows (one call for all when every client holds the received weights). The steps
+        gather the stage's inputs with the rows they use for the pooled data, and the table's shape is
+        the same in every round. None when clients share rows (then the losses compute the module batch
+        by batch) or none has any."""
         idx = [job.train_idx.to(self.device) for job in self.jobs]
         counts = [len(i) for i in idx]
         if not sum(counts) or len(torch.cat(idx).unique()) < sum(counts):
