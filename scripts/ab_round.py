@@ -7,8 +7,8 @@ Switches (both on by default in autofl; "off" is what the executor did before th
              empty, autograd's weight gradients and the SGD update
   unstacked  received, not yet trained parameters read once, unstacked (vectorized._ChunkRun._enter_stage);
              off: every stacked tensor read as its stack
-  inputs     a stage's `inputs` module computed once per client for the stage (executor.stage_inputs;
-             DualFed's stage 2); off: computed batch by batch inside each step
+  inputs     a stage's `inputs` module computed once for the stage (executor.stage_inputs; DualFed's
+             stage 2, FedRep's head epochs); off: computed batch by batch inside each step
 
 One compiled vectorized simulation per variant, run alternately round by round, so both see the same
 host noise (on this project's shared 2-core VMs, fresh processes a minute apart differed by up to

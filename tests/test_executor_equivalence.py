@@ -226,10 +226,11 @@ def test_a_received_weight_is_read_unstacked_until_a_stage_trains_it(compile_ste
                                                     ("vectorized", "on")])
 def test_a_stages_inputs_are_computed_once_per_client_as_batch_by_batch(executor, compile_steps, monkeypatch):
     """DualFed's stage 2 trains the global head on the frozen encoder's outputs (`Stage.inputs`). The
-    mlp's encoder (Flatten, Linear, ReLU) maps each sample on its own, so each client's outputs are
-    computed once for the stage, over all of its rows; the run equals one where every step computes
-    them on its batch (no layer counted per-sample), in float64, under each executor, eager and with
-    compiled whole steps."""
+    mlp's encoder (Flatten, Linear, ReLU) maps each sample on its own, so its outputs are computed
+    ahead, once for the stage (per client under the sequential executor, per chunk of clients under
+    the vectorized one), in slices of rows (`INPUTS_SLICE`, made smaller than a client's rows here);
+    the run equals one where every step computes them on its batch (no layer counted per-sample), in
+    float64, under each executor, eager and with compiled whole steps."""
     from autofl.engine import executor as executor_module, sequential, vectorized
 
     ahead: list[bool] = []  # per stage with inputs (per client under the sequential executor): computed ahead
@@ -253,7 +254,9 @@ def test_a_stages_inputs_are_computed_once_per_client_as_batch_by_batch(executor
 
         monkeypatch.setattr(vectorized._ChunkRun, "_inputs_table", recorded_table)
     extra = ("method.tau=0.5", *PLAIN_SGD)
+    monkeypatch.setattr(executor_module, "INPUTS_SLICE", 48)
     history, sim = run("dualfed", "mlp", executor, "float64", compile_steps, extra)
+    assert max(len(sim.data.clients[c].train) for c in sim.client_states) > 48
     per_round = sim.exp.clients_per_round() if executor == "sequential" else 1  # one chunk a round
     assert ahead and all(ahead) and len(ahead) == per_round * len(history)
     ahead.clear()
@@ -265,8 +268,8 @@ def test_a_stages_inputs_are_computed_once_per_client_as_batch_by_batch(executor
 
 def test_a_stages_inputs_must_be_a_module_the_stage_only_reads():
     """`Stage.inputs` names a module no update of the stage trains (else its outputs would change
-    within the stage); a module with a layer whose output depends on the batch (BatchNorm) is not
-    computed ahead."""
+    within the stage); a module with a layer whose output depends on the batch (BatchNorm, a Flatten
+    from the batch dimension) is not computed ahead."""
     from torch import nn
 
     from autofl.engine.executor import Workspace, stage_inputs
@@ -285,6 +288,8 @@ def test_a_stages_inputs_must_be_a_module_the_stage_only_reads():
         stage_inputs(ws, Stage((Update(("model.head.",), loss),), inputs="hist.encoder",
                                snapshot_after_epoch={"hist": "model"}))
     model.encoder.append(nn.BatchNorm1d(3))
+    assert stage_inputs(ws, Stage((Update(("model.head.",), loss),), inputs="model.encoder")) is None
+    model.encoder = nn.Sequential(nn.Flatten(start_dim=0), nn.Linear(12, 3))  # flattens samples together
     assert stage_inputs(ws, Stage((Update(("model.head.",), loss),), inputs="model.encoder")) is None
 
 

@@ -95,7 +95,7 @@ def stage_models(stage: Stage) -> set[str]:
 # stage's `inputs` module made only of these is computed once per client for the whole stage (exact
 # types: a subclass may override forward)
 PER_SAMPLE_LAYERS: tuple[type[nn.Module], ...] = (
-    nn.Sequential, nn.Identity, nn.Flatten, nn.Unflatten, nn.Linear, nn.Bilinear, nn.Conv1d, nn.Conv2d, nn.Conv3d,
+    nn.Sequential, nn.Identity, nn.Flatten, nn.Unflatten, nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d,
     nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d, nn.AdaptiveAvgPool1d,
     nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU,
     nn.GELU, nn.SiLU, nn.Mish, nn.Tanh, nn.Sigmoid, nn.Softplus, nn.Hardswish, nn.LayerNorm, nn.GroupNorm)
@@ -113,7 +113,27 @@ def stage_inputs(ws: "Workspace", stage: Stage) -> nn.Module | None:
         raise ValueError(f"Stage.inputs {stage.inputs!r}: the stage trains or overwrites it; "
                          "it must be a module the stage only reads")
     module = ws.get_submodule(stage.inputs)
-    return module if all(type(m) in PER_SAMPLE_LAYERS for m in module.modules()) else None
+    return module if all(_per_sample(m) for m in module.modules()) else None
+
+
+def _per_sample(layer: nn.Module) -> bool:
+    if isinstance(layer, nn.Flatten):  # a flatten or unflatten that reaches the batch dimension mixes samples
+        return type(layer) in PER_SAMPLE_LAYERS and layer.start_dim >= 1
+    if isinstance(layer, nn.Unflatten):
+        return type(layer) in PER_SAMPLE_LAYERS and isinstance(layer.dim, int) and layer.dim >= 1
+    return type(layer) in PER_SAMPLE_LAYERS
+
+
+# rows a stage's `inputs` module is computed on in one call: its activations, not the client's
+# whole data, bound the memory this takes
+INPUTS_SLICE = 1024
+
+
+def outputs_by_slices(module: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, rows: torch.Tensor
+                      ) -> torch.Tensor:
+    """`module(x[rows])` without gradients, computed on slices of `INPUTS_SLICE` rows."""
+    with torch.no_grad():
+        return torch.cat([module(x[rows[i:i + INPUTS_SLICE]]) for i in range(0, len(rows), INPUTS_SLICE)])
 
 
 def losses_on_inputs(stage: Stage) -> Stage:

@@ -12,7 +12,7 @@ import torch
 
 from autofl.engine import compiled
 from autofl.engine.executor import (ClientJob, ClientOutcome, RoundPlan, Workspace, batch_cuts, epoch_orders,
-                                    losses_on_inputs, stage_inputs, stage_models)
+                                    losses_on_inputs, outputs_by_slices, stage_inputs, stage_models)
 from autofl.engine.plan import Stage, Update
 from autofl.engine.state import clone_state
 
@@ -88,8 +88,7 @@ class SequentialExecutor:
         module = stage_inputs(self.ws, stage)
         if module is None:
             return x, None
-        with torch.no_grad():
-            outputs = module(x[job.train_idx])
+        outputs = outputs_by_slices(module, x, job.train_idx)
         where = torch.zeros(len(x), dtype=torch.int64, device=x.device)
         where[job.train_idx] = torch.arange(len(job.train_idx), device=x.device)
         return outputs, where

@@ -38,7 +38,7 @@ from torch.func import functional_call
 
 from autofl.engine import compiled
 from autofl.engine.executor import (ClientJob, ClientOutcome, RoundPlan, Workspace, batch_cuts, epoch_orders,
-                                    losses_on_inputs, stage_inputs, stage_models)
+                                    losses_on_inputs, outputs_by_slices, stage_inputs, stage_models)
 from autofl.engine.linear_probes import ProbePlan, end_probes_on_error, probe_plan
 from autofl.engine.plan import Stage, Update
 
@@ -198,15 +198,14 @@ class _ChunkRun:
         if all(dim is None for _, dim in tensors.values()):  # one module for all: one call over every row
             idx = [torch.cat(idx)]
         table: torch.Tensor | None = None
-        with torch.no_grad():
-            for i, rows in enumerate(idx):
-                if not len(rows):
-                    continue
-                outputs = functional_call(module, {n: t[i] if dim == 0 else t for n, (t, dim) in tensors.items()},
-                                          (self.x[rows],))
-                if table is None:
-                    table = outputs.new_zeros(len(self.x), *outputs.shape[1:])
-                table[rows] = outputs
+        for i, rows in enumerate(idx):
+            if not len(rows):
+                continue
+            weights = {n: t[i] if dim == 0 else t for n, (t, dim) in tensors.items()}
+            outputs = outputs_by_slices(lambda xs: functional_call(module, weights, (xs,)), self.x, rows)
+            if table is None:
+                table = outputs.new_zeros(len(self.x), *outputs.shape[1:])
+            table[rows] = outputs
         return table
 
     def _run_stage(self, s: int, stage: Stage) -> None:
