@@ -117,11 +117,14 @@ def stage_inputs(ws: "Workspace", stage: Stage) -> nn.Module | None:
 
 
 def _per_sample(layer: nn.Module) -> bool:
-    if isinstance(layer, nn.Flatten):  # a flatten or unflatten that reaches the batch dimension mixes samples
-        return type(layer) in PER_SAMPLE_LAYERS and layer.start_dim >= 1
+    if type(layer) not in PER_SAMPLE_LAYERS:
+        return False
+    # a flatten or unflatten that reaches the batch dimension mixes samples
+    if isinstance(layer, nn.Flatten):
+        return layer.start_dim >= 1
     if isinstance(layer, nn.Unflatten):
-        return type(layer) in PER_SAMPLE_LAYERS and isinstance(layer.dim, int) and layer.dim >= 1
-    return type(layer) in PER_SAMPLE_LAYERS
+        return isinstance(layer.dim, int) and layer.dim >= 1
+    return True
 
 
 # rows a stage's `inputs` module is computed on in one call: its activations, not the client's

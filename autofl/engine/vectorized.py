@@ -123,9 +123,13 @@ class _ChunkRun:
         20 copies of one weight becomes a single product over the clients' stacked rows."""
         self.touched |= {n for names in param_names for n in names}
         self.touched |= {n for n in self.state if n.split(".", 1)[0] in stage.snapshot_after_epoch}
+        self.stage_state, self.stage_dims = self._read_view()
+
+    def _read_view(self) -> tuple[dict[str, torch.Tensor], dict[str, int | None]]:
+        """Every workspace tensor as a stage reads it, and its client dimension (0, or None where
+        unstacked): the stack, or the one received tensor where no stage has touched it yet."""
         unstacked = {n: t for n, t in self.common.items() if n not in self.touched}
-        self.stage_state = {**self.state, **unstacked}
-        self.stage_dims = {**self.dims, **dict.fromkeys(unstacked)}
+        return {**self.state, **unstacked}, {**self.dims, **dict.fromkeys(unstacked)}
 
     def _stacked_names(self) -> list[str]:
         return [n for n, b in self.batched.items() if b]
@@ -187,16 +191,15 @@ class _ChunkRun:
         the same in every round. None when clients share rows (then the losses compute the module batch
         by batch) or none has any."""
         idx = [job.train_idx.to(self.device) for job in self.jobs]
-        counts = [len(i) for i in idx]
-        if not sum(counts) or len(torch.cat(idx).unique()) < sum(counts):
+        every_row = torch.cat(idx)
+        if not len(every_row) or len(every_row.unique()) < len(every_row):
             return None
         prefix = f"{stage.inputs}."
-        # each tensor as the stage would read it: the stack, or one tensor where every client received
-        # it and no stage has trained it yet (`_enter_stage`)
-        tensors = {n[len(prefix):]: (self.common[n], None) if n in self.common and n not in self.touched
-                   else (t, self.dims[n]) for n, t in self.state.items() if n.startswith(prefix)}
+        # the module's tensors as the stage reads them (the stage neither trains nor overwrites them)
+        state, dims = self._read_view()
+        tensors = {n[len(prefix):]: (t, dims[n]) for n, t in state.items() if n.startswith(prefix)}
         if all(dim is None for _, dim in tensors.values()):  # one module for all: one call over every row
-            idx = [torch.cat(idx)]
+            idx = [every_row]
         table: torch.Tensor | None = None
         for i, rows in enumerate(idx):
             if not len(rows):
