@@ -92,6 +92,62 @@ def test_a_step_is_compiled_once_per_key_and_reused_across_trials():
     assert len({id(first), id(other_update), id(other_loss)}) == 3
 
 
+def test_steps_per_call_is_a_power_of_two_within_the_calls_arithmetic():
+    """Steps too small to pay a compiled call's overhead run several to a call: as many as fit in
+    CALL_FLOPS, rounded down to a power of two (few variants to compile), at most MAX_STEPS_PER_CALL."""
+    budget, cap = compiled.CALL_FLOPS, compiled.MAX_STEPS_PER_CALL
+    assert compiled.steps_per_call(budget) == 1
+    assert compiled.steps_per_call(10 * budget) == 1
+    assert compiled.steps_per_call(budget / 2) == 2
+    assert compiled.steps_per_call(budget / 3) == 2
+    assert compiled.steps_per_call(budget / 4) == 4
+    assert compiled.steps_per_call(budget / (4 * cap)) == cap
+    assert compiled.steps_per_call(0) == cap
+
+
+def test_a_clients_step_flops_are_its_forward_and_backward_products():
+    """One client's step of a linear head on a batch of B: the forward product (2 B x 100 x 10 FLOPs)
+    and the weight's gradient (the same again); the input needs no gradient. Counted on copies of
+    client 0's row of the stack: the stack is untouched."""
+    import torch.nn.functional as F
+
+    ws = Workspace(torch.nn.Linear(100, 10), ())
+    k, b = 3, 8
+    state = {n: torch.stack([p.detach()] * k) for n, p in ws.named_parameters()}
+    before = {n: t.clone() for n, t in state.items()}
+    dims = dict.fromkeys(state, 0)
+
+    def head_loss(ws, x, y, flags):
+        return F.cross_entropy(ws.model(x), y)
+
+    flops = compiled.client_step_flops(ws, head_loss, ["model.weight", "model.bias"], state, dims,
+                                       torch.randn(b, 100), torch.randint(0, 10, (b,)), {"h": torch.zeros(k)})
+    assert flops == 2 * (2 * b * 100 * 10)
+    for n, t in state.items():
+        assert torch.equal(t, before[n]) and t.grad is None
+
+
+def test_only_runs_of_whole_steps_of_the_same_clients_share_a_call():
+    """`_ChunkRun._calls`: a call of several steps starts only where that many consecutive steps have
+    the same active clients, each with a full batch (one run of the batch size), and none finishing
+    its epoch (its rows are saved after that step); runs are cut into calls of exactly `per_call`
+    steps, the rest run alone."""
+    from types import SimpleNamespace
+
+    from autofl.engine import vectorized
+
+    b = 8
+    full4, full3 = [(0, 4, b)], [(0, 3, b)]
+    lock = [(4, full4, 4)] * 5 + [(4, full4, 3)]  # steps 0-4 whole; 5: a client finishes after it
+    lock += [(3, full3, 3)] * 3 + [(3, [(0, 2, b), (2, 3, 5)], 2)]  # 6-8 whole; 9: a shorter last batch
+    lock += [(2, [(0, 2, b)], 2)] * 2 + [(2, [(0, 2, 3)], 2)] + [(2, [(0, 2, b)], 2)] * 4  # 10-11, 13-16
+    run = SimpleNamespace(plan=SimpleNamespace(batch_size=b))
+    calls = vectorized._ChunkRun._calls(run, lock, 2)
+    assert calls == {0: 2, 2: 2, 6: 2, 10: 2, 13: 2, 15: 2}
+    assert vectorized._ChunkRun._calls(run, lock, 4) == {0: 4, 13: 4}
+    assert vectorized._ChunkRun._calls(run, lock, 1) == {}
+
+
 def exp_overrides(method: str) -> list[str]:
     return [f"method.name={method}", "fl.rounds=3", "data.num_clients=4", "runtime.executor=vectorized"]
 

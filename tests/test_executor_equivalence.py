@@ -187,6 +187,30 @@ def test_compiled_steps_equal_eager(method, executor, dtype, extra, monkeypatch)
     assert (extra == PLAIN_SGD) == any(linear_probes.LinearProbes.of(comp.workspace).plans.values())
 
 
+@pytest.mark.parametrize("method", ["fedrep", "moon"])
+def test_small_steps_run_several_to_a_compiled_call_as_one_at_a_time(method, monkeypatch):
+    """Whole steps too small to pay a compiled call alone run several to a call
+    (`compiled.batched_sgd_step_run`; made two here, whatever their arithmetic): FedRep's head epochs
+    on the encoder's outputs (its stage inputs), and MOON through a BatchNorm projector, also on runs
+    of steps where some clients are past their last batch (their statistics must stay as they were).
+    The run equals eager's, in float64, with plain SGD."""
+    from conftest import spy_whole_steps
+
+    from autofl.engine import compiled, vectorized
+
+    monkeypatch.setattr(compiled, "CALL_FLOPS", float("inf"))
+    monkeypatch.setattr(compiled, "MAX_STEPS_PER_CALL", 2)
+    calls = spy_whole_steps(monkeypatch, vectorized._Step)
+    extra = (*PLAIN_SGD, "method.head_epochs=2") if method == "fedrep" else PLAIN_SGD
+    eager_history, eager = run(method, "mlp", "vectorized", "float64", "off", extra)
+    history, sim = run(method, "mlp", "vectorized", "float64", "on", extra)
+    assert_same_run(eager_history, eager, history, sim)
+    runs = [(hi, k) for hi, k, rows in calls if rows.dim() == 3]
+    assert runs and all(rows.shape[0] == 2 for _, _, rows in calls if rows.dim() == 3)
+    assert any(hi < k for hi, k in runs) or method == "fedrep"
+    assert any(rows.dim() == 2 for _, _, rows in calls)  # and single whole steps where no run of two fits
+
+
 @pytest.mark.parametrize("compile_steps", ["off", "on"])
 def test_a_received_weight_is_read_unstacked_until_a_stage_trains_it(compile_steps, monkeypatch):
     """FedRep trains each client's head for its head epochs with the received encoder frozen, then the

@@ -11,7 +11,9 @@ What is compiled (the executors keep their own loops, optimizers and bookkeeping
   constants of the graph, one compile per value a search tries). Linear weights that the loss reads
   only through their layer's calls and proximal terms are updated by one in-place product per call
   and one in-place pull towards the anchor per term instead of a gradient and an update
-  (`linear_probes`). Other steps and optimizers, and
+  (`linear_probes`). Whole steps too small to pay a call's overhead alone (FedRep's head epochs and
+  DualFed's stage 2 on the encoder's outputs) run several to a call, each on the tensors the one
+  before it wrote (`batched_sgd_step_run`, `steps_per_call`). Other steps and optimizers, and
   every step on CUDA, where a CUDA graph may not mutate its inputs, compile the gradients only
   (`batched_grads`) and step `torch.optim.SGD` outside;
 - sequential: one client's forward and the method's loss (`client_loss`); AOTAutograd compiles its
@@ -48,6 +50,7 @@ from typing import Any, Callable, Hashable
 import torch
 from torch.optim.sgd import sgd as sgd_update  # the functional SGD that torch.optim.SGD.step runs
 from torch.func import functional_call, grad, vmap
+from torch.utils.flop_counter import FlopCounterMode
 
 from autofl.engine.linear_probes import ATTRIBUTE as PROBES_ATTRIBUTE, NO_PROBES, ProbePlan, linear_sgd_, proximal_sgd_
 
@@ -65,6 +68,16 @@ AUTO_MIN_ROUNDS_CUDA = 50
 # those runs slower. The sequential executor's per-client steps ran slower compiled (fedavg 4.10 s
 # against 2.26 s a round), so `auto` keeps them eager on CPU.
 AUTO_MIN_STEPS_CPU = 15_000
+
+# Several lockstep steps per compiled call (CPU whole steps): a call costs about as much as this much
+# arithmetic whatever its size (dynamo's guards on the workspace, some 40 us; the call's Python and
+# the executor's bookkeeping; measured 2026-11-25 on 2 cores: FedRep's head step, 1.2 MFLOP over 20
+# clients, took 0.20 ms a call alone and 0.10 ms in calls of 16). A step whose arithmetic is below
+# it runs in calls of up to MAX_STEPS_PER_CALL steps (`steps_per_call`); a step of FedAvg's mlp
+# (95 MFLOP on fedfcd-t1) still runs alone. The graph is unrolled, so its compile time grows with the
+# steps it holds: the cap bounds it, and only small steps (small graphs) are grouped.
+CALL_FLOPS = 32e6
+MAX_STEPS_PER_CALL = 16
 
 
 def batched_grads(ws: torch.nn.Module, loss: Callable[..., torch.Tensor], rest_dims: dict[str, int | None],
@@ -156,6 +169,43 @@ def batched_sgd_step(ws: torch.nn.Module, loss: Callable[..., torch.Tensor], res
     grads, linear, proximal, value = probed_grads(ws, loss, rest_dims, tr, rest, x[rows], y[rows], flags, plan)
     sgd_with_probes(tr, grads, linear, proximal, lr, group)
     return value
+
+
+def batched_sgd_step_run(ws: torch.nn.Module, loss: Callable[..., torch.Tensor], rest_dims: dict[str, int | None],
+                         tr: dict[str, torch.Tensor], rest: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
+                         rows: torch.Tensor, flags: dict[str, torch.Tensor], lr: torch.Tensor,
+                         group: dict[str, Any], plan: ProbePlan = NO_PROBES) -> torch.Tensor:
+    """`batched_sgd_step` on each of the (steps, K, batch) `rows` in turn, in one compiled call (steps too
+    small to pay a call's overhead alone: `steps_per_call`); each step reads what the one before wrote.
+    Returns the (steps, K) losses."""
+    return torch.stack([batched_sgd_step(ws, loss, rest_dims, tr, rest, x, y, rows[i], flags, lr, group, plan)
+                        for i in range(rows.shape[0])])
+
+
+def steps_per_call(step_flops: float) -> int:
+    """How many lockstep steps of `step_flops` (all clients' forward and backward) one compiled call
+    runs: the largest power of two up to MAX_STEPS_PER_CALL whose steps together stay within about
+    CALL_FLOPS (a power of two, so a stage compiles few variants), 1 for a step as large as CALL_FLOPS."""
+    steps = 1
+    while steps * 2 <= MAX_STEPS_PER_CALL and steps * 2 * step_flops <= CALL_FLOPS:
+        steps *= 2
+    return steps
+
+
+def client_step_flops(ws: torch.nn.Module, loss: Callable[..., torch.Tensor], trained: list[str] | tuple[str, ...],
+                      state: dict[str, torch.Tensor], dims: dict[str, int | None], x: torch.Tensor, y: torch.Tensor,
+                      flags: dict[str, torch.Tensor]) -> int:
+    """The FLOPs (torch's `FlopCounterMode`: matrix products and convolutions) of one client's forward
+    and backward of `loss` on batch (x, y), run eagerly on copies of client 0's tensors (`state`,
+    stacked along dim 0 where `dims` says 0), so nothing in `state` changes."""
+    one = {n: (t[0] if dims.get(n) == 0 else t).detach().clone() for n, t in state.items()}
+    tr = {n: one[n].requires_grad_() for n in trained}
+    rest = {n: t for n, t in one.items() if n not in tr}
+    flags0 = {n: f[0] for n, f in flags.items()}
+    with torch.enable_grad(), FlopCounterMode(display=False) as counter:
+        value = functional_call(ws, (tr, rest), (x, y, flags0, loss), strict=True)
+        torch.autograd.grad(value, list(tr.values()), allow_unused=True)
+    return counter.get_total_flops()
 
 
 def batched_sgd_steps(ws: torch.nn.Module, losses: tuple[Callable[..., torch.Tensor], ...],

@@ -237,7 +237,22 @@ class _ChunkRun:
             idle = sum(1 for c in n_steps if c > 0)  # clients with no batch at all keep their start
             if idle < self.k:
                 self._save_rows(saved, saved_momentum, opts, param_names, idle, self.k)
-            for step, (active, runs, done_lo) in enumerate(self._lockstep(max_steps)):
+            lock = self._lockstep(max_steps)
+            # runtime.compile on CPU, one update a step: runs of small whole steps in one call each
+            calls = self._calls(lock, steps[0].steps_per_call(batch_rows[0], opts[0])) if len(steps) == 1 else {}
+            skip = 0
+            for step, (active, runs, done_lo) in enumerate(lock):
+                if skip:  # ran in the call of an earlier step
+                    skip -= 1
+                    continue
+                if step in calls:
+                    self.ws.enter(trained_models, stage.updates[0])
+                    losses = steps[0].whole_step(active, batch_rows[step:step + calls[step]], opts[0])
+                    if stage.updates[0].report is not None:
+                        for loss in losses:
+                            self._meter(stage.updates[0].report, 0, active, self.plan.batch_size, loss)
+                    skip = calls[step] - 1
+                    continue
                 if together is not None and len(runs) == 1 and runs[0][2] == self.plan.batch_size:
                     self.ws.enter(trained_models, together.tracking)
                     losses = together.whole_step(runs[0][1], batch_rows[step], opts)
@@ -286,6 +301,24 @@ class _ChunkRun:
             self._lockstep_plan = plan
         assert len(self._lockstep_plan) == max_steps  # cuts, hence steps, are fixed per chunk
         return self._lockstep_plan
+
+    def _calls(self, lock: list[tuple[int, list[tuple[int, int, int]], int]], per_call: int) -> dict[int, int]:
+        """The steps that start a compiled call of `per_call` whole steps (`_Step.steps_per_call`), each
+        mapped to `per_call`: runs of consecutive steps where the same active clients all have a full
+        batch and none finishes its epoch (then its rows are saved after that step), cut into calls of
+        `per_call`; the rest run one step a call. Empty when `per_call` is 1."""
+        calls: dict[int, int] = {}
+        if per_call < 2:
+            return calls
+        start = 0
+        for step, (active, runs, done_lo) in enumerate(lock + [(0, [], 0)]):
+            groupable = len(runs) == 1 and runs[0][2] == self.plan.batch_size and done_lo == active
+            if groupable and step > start and active == lock[start][0]:
+                continue
+            for first in range(start, step - per_call + 1, per_call):
+                calls[first] = per_call
+            start = step if groupable else step + 1
+        return calls
 
     def _runs(self, step: int, active: int) -> list[tuple[int, int, int]]:
         """(lo, hi, batch size): contiguous runs of active clients whose batch at `step` has one size."""
@@ -411,6 +444,19 @@ class _Step:
             self.compiled = compiled.compiled(compiled.batched_grads, key, run.device)
         self.probes: ProbePlan | None = None  # the whole step's linear probes, found at its first call
 
+    def steps_per_call(self, rows: torch.Tensor, opt: torch.optim.Optimizer) -> int:
+        """How many whole steps (`whole_step`) one compiled call runs: `compiled.steps_per_call` of the
+        chunk's arithmetic a step (client 0's forward and backward on its first batch of `rows`, counted
+        once per workspace and step key, times the clients); 1 where no whole step runs."""
+        run = self.run
+        if self.whole is None or not self.fuses(opt) or not len(rows):
+            return 1
+        counted = run.ws.client_step_flops
+        if self.key not in counted:
+            counted[self.key] = compiled.client_step_flops(run.ws, self.update.loss, self.trained, run.stage_state,
+                                                           run.stage_dims, run.x[rows[0]], run.y[rows[0]], run.flags)
+        return compiled.steps_per_call(counted[self.key] * run.k)
+
     def __call__(self, lo: int, hi: int) -> Callable[..., Any]:
         """The eager step of clients lo:hi (views of their rows)."""
         run = self.run
@@ -438,17 +484,19 @@ class _Step:
         clients 0:hi train and every one has a full batch: gradients and `opt`'s update in one call.
         Rows from hi on (clients past their last batch, fed padding rows) are updated too, and
         restored with the epoch's other stale rows; their stacked buffers (BatchNorm statistics) are
-        kept as they were. Returns each client's loss."""
+        kept as they were. Returns each client's loss. With (steps, K, batch) rows, those steps in turn in one
+        call (`compiled.batched_sgd_step_run`), returning (steps, K) losses."""
         run = self.run
         assert self.whole is not None
         group = opt.param_groups[0]
         tr = dict(zip(self.trained, group["params"]))
         lr, settings = run.sgd_inputs(group)
         if self.probes is None:
-            self.probes = run.probe_plan(self.key, self.update, self.trained, rows)
+            self.probes = run.probe_plan(self.key, self.update, self.trained, rows if rows.dim() == 2 else rows[0])
         with run.kept_buffers(hi) as copies, end_probes_on_error(run.ws):
             rest = {**{n: run.stage_state[n] for n in self.rest_names}, **copies}
-            return self.whole(run.ws, self.update.loss, self.rest_dims, tr, rest, run.x, run.y, rows, run.flags,
+            fn = self.whole if rows.dim() == 2 else compiled.compiled(compiled.batched_sgd_step_run, self.key, run.device)
+            return fn(run.ws, self.update.loss, self.rest_dims, tr, rest, run.x, run.y, rows, run.flags,
                               lr, settings, self.probes)
 
     @staticmethod
