@@ -1,6 +1,6 @@
 """A/B of one executor switch in one process: a round with it against a round without.
 
-    python scripts/ab_round.py --switch probes|unstacked|inputs --method fedavg [--scenario fedfcd-t1] [--rounds 6]
+    python scripts/ab_round.py --switch probes|unstacked|inputs|calls --method fedavg [--scenario fedfcd-t1] [--rounds 6]
 
 Switches (both on by default in autofl; "off" is what the executor did before them):
   probes     the probed linear-weight update (autofl/engine/linear_probes.py); off: every probe plan
@@ -9,6 +9,7 @@ Switches (both on by default in autofl; "off" is what the executor did before th
              off: every stacked tensor read as its stack
   inputs     a stage's `inputs` module computed once for the stage (executor.stage_inputs; DualFed's
              stage 2, FedRep's head epochs); off: computed batch by batch inside each step
+  calls      small whole steps run several to a compiled call (compiled.steps_per_call); off: one step a call
 
 One compiled vectorized simulation per variant, run alternately round by round, so both see the same
 host noise (on this project's shared 2-core VMs, fresh processes a minute apart differed by up to
@@ -32,7 +33,7 @@ from autofl.methods.registry import get_method_class
 
 _on = {"on": True}
 _plan, _key, _stack = vectorized.probe_plan, compiled.step_key, vectorized._ChunkRun._stack_state
-_inputs = vectorized.stage_inputs
+_inputs, _per_call = vectorized.stage_inputs, compiled.steps_per_call
 
 
 def switch(name: str) -> None:
@@ -40,6 +41,8 @@ def switch(name: str) -> None:
     compiled.step_key = lambda loss, stage, update: (_key(loss, stage, update), _on["on"])
     if name == "probes":
         vectorized.probe_plan = lambda *a, **k: _plan(*a, **k) if _on["on"] else ()
+    elif name == "calls":
+        compiled.steps_per_call = lambda flops: _per_call(flops) if _on["on"] else 1
     elif name == "inputs":
         vectorized.stage_inputs = lambda ws, stage: _inputs(ws, stage) if _on["on"] else None
     else:
@@ -52,7 +55,7 @@ def switch(name: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--switch", choices=("probes", "unstacked", "inputs"), default="probes")
+    parser.add_argument("--switch", choices=("probes", "unstacked", "inputs", "calls"), default="probes")
     parser.add_argument("--method", required=True)
     parser.add_argument("--scenario", default="fedfcd-t1", choices=sorted(SCENARIOS))
     parser.add_argument("--rounds", type=int, default=6)
