@@ -42,7 +42,7 @@ def switch(name: str) -> None:
     if name == "probes":
         vectorized.probe_plan = lambda *a, **k: _plan(*a, **k) if _on["on"] else ()
     elif name == "calls":
-        compiled.steps_per_call = lambda flops: _per_call(flops) if _on["on"] else 1
+        compiled.steps_per_call = lambda step, clients: _per_call(step, clients) if _on["on"] else 1
     elif name == "inputs":
         vectorized.stage_inputs = lambda ws, stage: _inputs(ws, stage) if _on["on"] else None
     else:

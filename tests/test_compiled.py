@@ -92,23 +92,27 @@ def test_a_step_is_compiled_once_per_key_and_reused_across_trials():
     assert len({id(first), id(other_update), id(other_loss)}) == 3
 
 
-def test_steps_per_call_is_a_power_of_two_within_the_calls_arithmetic():
+def test_steps_per_call_is_a_power_of_two_within_the_calls_arithmetic_and_graph_size():
     """Steps too small to pay a compiled call's overhead run several to a call: as many as fit in
-    CALL_FLOPS, rounded down to a power of two (few variants to compile), at most MAX_STEPS_PER_CALL."""
-    budget, cap = compiled.CALL_FLOPS, compiled.MAX_STEPS_PER_CALL
-    assert compiled.steps_per_call(budget) == 1
-    assert compiled.steps_per_call(10 * budget) == 1
-    assert compiled.steps_per_call(budget / 2) == 2
-    assert compiled.steps_per_call(budget / 3) == 2
-    assert compiled.steps_per_call(budget / 4) == 4
-    assert compiled.steps_per_call(budget / (4 * cap)) == cap
-    assert compiled.steps_per_call(0) == cap
+    CALL_FLOPS for all clients and in MAX_GRAPH_NODES, rounded down to a power of two (few variants to
+    compile), at most MAX_STEPS_PER_CALL."""
+    budget, cap, nodes = compiled.CALL_FLOPS, compiled.MAX_STEPS_PER_CALL, compiled.MAX_GRAPH_NODES
+    size = compiled.StepSize
+    assert compiled.steps_per_call(size(int(budget), 1), 1) == 1
+    assert compiled.steps_per_call(size(int(budget / 10), 1), 10) == 1  # ten clients fill the budget
+    assert compiled.steps_per_call(size(int(budget / 20), 1), 10) == 2
+    assert compiled.steps_per_call(size(int(budget / 30), 1), 10) == 2
+    assert compiled.steps_per_call(size(int(budget / 40), 1), 10) == 4
+    assert compiled.steps_per_call(size(0, 1), 20) == cap
+    assert compiled.steps_per_call(size(0, nodes // 4), 20) == 4  # a large graph: fewer steps to a call
+    assert compiled.steps_per_call(size(0, nodes), 20) == 1
 
 
-def test_a_clients_step_flops_are_its_forward_and_backward_products():
+def test_a_clients_step_size_is_its_forward_and_backward_products_and_graph():
     """One client's step of a linear head on a batch of B: the forward product (2 B x 100 x 10 FLOPs)
-    and the weight's gradient (the same again); the input needs no gradient. Counted on copies of
-    client 0's row of the stack: the stack is untouched."""
+    and the weight's gradient (the same again; the input needs no gradient), and its autograd graph
+    (cross-entropy's nodes, the linear layer's, the weight's transpose and the two accumulators).
+    Measured on copies of client 0's row of the stack: the stack is untouched."""
     import torch.nn.functional as F
 
     ws = Workspace(torch.nn.Linear(100, 10), ())
@@ -120,9 +124,13 @@ def test_a_clients_step_flops_are_its_forward_and_backward_products():
     def head_loss(ws, x, y, flags):
         return F.cross_entropy(ws.model(x), y)
 
-    flops = compiled.client_step_flops(ws, head_loss, ["model.weight", "model.bias"], state, dims,
-                                       torch.randn(b, 100), torch.randint(0, 10, (b,)), {"h": torch.zeros(k)})
-    assert flops == 2 * (2 * b * 100 * 10)
+    x, y = torch.randn(b, 100), torch.randint(0, 10, (b,))
+    step = compiled.client_step_size(ws, head_loss, ["model.weight", "model.bias"], state, dims, x, y,
+                                     {"h": torch.zeros(k)})
+    assert step.flops == 2 * (2 * b * 100 * 10)
+    w = torch.randn(10, 100, requires_grad=True)
+    assert step.nodes == compiled.autograd_nodes(F.cross_entropy(F.linear(x, w, torch.zeros(10, requires_grad=True)),
+                                                                 y).grad_fn) >= 4
     for n, t in state.items():
         assert torch.equal(t, before[n]) and t.grad is None
 

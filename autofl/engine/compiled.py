@@ -41,6 +41,7 @@ vectorized trial's lockstep steps (the sequential executor stays eager on CPU).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import sys
@@ -64,20 +65,25 @@ AUTO_MIN_ROUNDS_CUDA = 50
 # fedfcd-t1, 263 steps a round, plain SGD so the whole step with its update compiles, 2026-11-24):
 # compiling cost 13-32 s and the compiled round was 1.5-5.1x faster, so it paid from round 5 (fedrep)
 # to round 54 (fedgh: 13 s of compile, 0.70 -> 0.46 s a round; fedavg 14 s, 0.66 -> 0.31 s, from
-# round 40). 15,000 steps (round 58 there) is past every method's break-even, so `auto` never makes
+# round 40); since FedRep's head steps run 16 to a call (2026-11-25), its compile took 45 s and paid
+# from round 16. 15,000 steps (round 58 there) is past every method's break-even, so `auto` never makes
 # those runs slower. The sequential executor's per-client steps ran slower compiled (fedavg 4.10 s
 # against 2.26 s a round), so `auto` keeps them eager on CPU.
 AUTO_MIN_STEPS_CPU = 15_000
 
 # Several lockstep steps per compiled call (CPU whole steps): a call costs about as much as this much
 # arithmetic whatever its size (dynamo's guards on the workspace, some 40 us; the call's Python and
-# the executor's bookkeeping; measured 2026-11-25 on 2 cores: FedRep's head step, 1.2 MFLOP over 20
+# the executor's bookkeeping; measured 2026-11-25 on 2 cores: FedRep's head step, 0.8 MFLOP over 20
 # clients, took 0.20 ms a call alone and 0.10 ms in calls of 16). A step whose arithmetic is below
 # it runs in calls of up to MAX_STEPS_PER_CALL steps (`steps_per_call`); a step of FedAvg's mlp
-# (95 MFLOP on fedfcd-t1) still runs alone. The graph is unrolled, so its compile time grows with the
-# steps it holds: the cap bounds it, and only small steps (small graphs) are grouped.
+# (64 MFLOP on fedfcd-t1) still runs alone. The steps of a call are unrolled into one graph, so its
+# compile time grows with them (FedRep's: 45 s instead of 13 s with an empty inductor cache): the
+# cap and MAX_GRAPH_NODES bound it.
 CALL_FLOPS = 32e6
 MAX_STEPS_PER_CALL = 16
+# ... and the graph of a call holds at most about this many autograd nodes of steps (FedRep's head step
+# has 6, FedAvg's mlp step 11), so a method whose loss runs many small ops compiles a bounded graph
+MAX_GRAPH_NODES = 128
 
 
 def batched_grads(ws: torch.nn.Module, loss: Callable[..., torch.Tensor], rest_dims: dict[str, int | None],
@@ -182,30 +188,55 @@ def batched_sgd_step_run(ws: torch.nn.Module, loss: Callable[..., torch.Tensor],
                         for i in range(rows.shape[0])])
 
 
-def steps_per_call(step_flops: float) -> int:
-    """How many lockstep steps of `step_flops` (all clients' forward and backward) one compiled call
-    runs: the largest power of two up to MAX_STEPS_PER_CALL whose steps together stay within about
-    CALL_FLOPS (a power of two, so a stage compiles few variants), 1 for a step as large as CALL_FLOPS."""
+@dataclasses.dataclass(frozen=True)
+class StepSize:
+    """One client's step of an update: its FLOPs (torch's `FlopCounterMode`: matrix products and
+    convolutions, forward and backward) and its autograd graph's nodes (about the ops a compiled graph
+    of the step holds)."""
+    flops: int
+    nodes: int
+
+
+def steps_per_call(step: StepSize, clients: int) -> int:
+    """How many lockstep steps of `clients` clients one compiled call runs: the largest power of two up to
+    MAX_STEPS_PER_CALL whose steps together stay within about CALL_FLOPS of arithmetic and
+    MAX_GRAPH_NODES of autograd nodes (a power of two, so a stage compiles few variants); 1 for a step
+    as large as either."""
     steps = 1
-    while steps * 2 <= MAX_STEPS_PER_CALL and steps * 2 * step_flops <= CALL_FLOPS:
+    while (steps * 2 <= MAX_STEPS_PER_CALL and steps * 2 * step.flops * clients <= CALL_FLOPS
+           and steps * 2 * step.nodes <= MAX_GRAPH_NODES):
         steps *= 2
     return steps
 
 
-def client_step_flops(ws: torch.nn.Module, loss: Callable[..., torch.Tensor], trained: list[str] | tuple[str, ...],
-                      state: dict[str, torch.Tensor], dims: dict[str, int | None], x: torch.Tensor, y: torch.Tensor,
-                      flags: dict[str, torch.Tensor]) -> int:
-    """The FLOPs (torch's `FlopCounterMode`: matrix products and convolutions) of one client's forward
-    and backward of `loss` on batch (x, y), run eagerly on copies of client 0's tensors (`state`,
-    stacked along dim 0 where `dims` says 0), so nothing in `state` changes."""
+def client_step_size(ws: torch.nn.Module, loss: Callable[..., torch.Tensor], trained: list[str] | tuple[str, ...],
+                     state: dict[str, torch.Tensor], dims: dict[str, int | None], x: torch.Tensor, y: torch.Tensor,
+                     flags: dict[str, torch.Tensor]) -> StepSize:
+    """The `StepSize` of one client's forward and backward of `loss` on batch (x, y), run eagerly on
+    copies of client 0's tensors (`state`, stacked along dim 0 where `dims` says 0), so nothing in
+    `state` changes."""
     one = {n: (t[0] if dims.get(n) == 0 else t).detach().clone() for n, t in state.items()}
     tr = {n: one[n].requires_grad_() for n in trained}
     rest = {n: t for n, t in one.items() if n not in tr}
     flags0 = {n: f[0] for n, f in flags.items()}
     with torch.enable_grad(), FlopCounterMode(display=False) as counter:
         value = functional_call(ws, (tr, rest), (x, y, flags0, loss), strict=True)
+        nodes = autograd_nodes(value.grad_fn)
         torch.autograd.grad(value, list(tr.values()), allow_unused=True)
-    return counter.get_total_flops()
+    return StepSize(counter.get_total_flops(), nodes)
+
+
+def autograd_nodes(root: Any) -> int:
+    """The nodes of the autograd graph reachable from `root` (a tensor's `grad_fn`; None: 0)."""
+    seen: set[int] = set()
+    todo = [root]
+    while todo:
+        node = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        todo.extend(next_node for next_node, _ in node.next_functions)
+    return len(seen)
 
 
 def batched_sgd_steps(ws: torch.nn.Module, losses: tuple[Callable[..., torch.Tensor], ...],

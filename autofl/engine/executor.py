@@ -178,8 +178,8 @@ class Workspace(nn.Module):
         self._mode_key: Any = None
         self._frozen_bn: list[nn.Module] = []
         self._frozen_by_names: dict[Any, list[nn.Module]] = {}  # update.frozen_stats -> its BatchNorm modules
-        # a compiled step's key -> one client's FLOPs a step (the vectorized executor's steps per call)
-        self.client_step_flops: dict[Any, int] = {}
+        # a compiled step's key -> one client's step size (the vectorized executor's steps per call)
+        self.client_step_sizes: dict[Any, Any] = {}
 
     def forward(self, x: torch.Tensor, y: torch.Tensor, flags: dict[str, torch.Tensor], loss: Any) -> torch.Tensor:
         return loss(self, x, y, flags)

@@ -446,16 +446,16 @@ class _Step:
 
     def steps_per_call(self, rows: torch.Tensor, opt: torch.optim.Optimizer) -> int:
         """How many whole steps (`whole_step`) one compiled call runs: `compiled.steps_per_call` of the
-        chunk's arithmetic a step (client 0's forward and backward on its first batch of `rows`, counted
-        once per workspace and step key, times the clients); 1 where no whole step runs."""
+        chunk's clients and one client's step size (client 0's forward and backward on its first batch of
+        `rows`, measured once per workspace and step key); 1 where no whole step runs."""
         run = self.run
         if self.whole is None or not self.fuses(opt) or not len(rows):
             return 1
-        counted = run.ws.client_step_flops
-        if self.key not in counted:
-            counted[self.key] = compiled.client_step_flops(run.ws, self.update.loss, self.trained, run.stage_state,
-                                                           run.stage_dims, run.x[rows[0]], run.y[rows[0]], run.flags)
-        return compiled.steps_per_call(counted[self.key] * run.k)
+        sizes = run.ws.client_step_sizes
+        if self.key not in sizes:
+            sizes[self.key] = compiled.client_step_size(run.ws, self.update.loss, self.trained, run.stage_state,
+                                                        run.stage_dims, run.x[rows[0]], run.y[rows[0]], run.flags)
+        return compiled.steps_per_call(sizes[self.key], run.k)
 
     def __call__(self, lo: int, hi: int) -> Callable[..., Any]:
         """The eager step of clients lo:hi (views of their rows)."""
