@@ -208,7 +208,7 @@ class _ChunkRun:
             outputs = outputs_by_slices(lambda xs: functional_call(module, weights, (xs,)), self.x, rows)
             if table is None:
                 table = outputs.new_zeros(len(self.x), *outputs.shape[1:])
-            table[rows] = outputs
+            table.index_copy_(0, rows, outputs)
         return table
 
     def _run_stage(self, s: int, stage: Stage) -> None:
