@@ -228,6 +228,7 @@ class _ChunkRun:
                     and _StageStep.fuses(opts) else None)
         n_steps = [len(c) for c in self.cuts]
         max_steps = max(n_steps, default=0)
+        calls: dict[int, int] | None = None  # step -> the steps its call runs (the same in every epoch)
         for e in range(self.plan.epochs(stage)):
             batch_rows = self._batch_rows(s, e, max_steps)
             finished_early = sum(1 for c in n_steps if c == max_steps)  # rows past this finish early
@@ -238,8 +239,9 @@ class _ChunkRun:
             if idle < self.k:
                 self._save_rows(saved, saved_momentum, opts, param_names, idle, self.k)
             lock = self._lockstep(max_steps)
-            # runtime.compile on CPU, one update a step: runs of small whole steps in one call each
-            calls = self._calls(lock, steps[0].steps_per_call(batch_rows[0], opts[0])) if len(steps) == 1 else {}
+            if calls is None:  # runtime.compile on CPU, one update a step: runs of small whole steps, one call each
+                calls = (self._calls(lock, steps[0].steps_per_call(batch_rows[0], opts[0]))
+                         if len(steps) == 1 and max_steps else {})
             skip = 0
             for step, (active, runs, done_lo) in enumerate(lock):
                 if skip:  # ran in the call of an earlier step
@@ -496,8 +498,8 @@ class _Step:
         with run.kept_buffers(hi) as copies, end_probes_on_error(run.ws):
             rest = {**{n: run.stage_state[n] for n in self.rest_names}, **copies}
             fn = self.whole if rows.dim() == 2 else compiled.compiled(compiled.batched_sgd_step_run, self.key, run.device)
-            return fn(run.ws, self.update.loss, self.rest_dims, tr, rest, run.x, run.y, rows, run.flags,
-                              lr, settings, self.probes)
+            return fn(run.ws, self.update.loss, self.rest_dims, tr, rest, run.x, run.y, rows, run.flags, lr, settings,
+                      self.probes)
 
     @staticmethod
     def fuses(opt: torch.optim.Optimizer) -> bool:
