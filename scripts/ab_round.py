@@ -2,7 +2,7 @@
 
     python scripts/ab_round.py --switch probes|unstacked|inputs|calls --method fedavg [--scenario fedfcd-t1] [--rounds 6]
 
-Switches (both on by default in autofl; "off" is what the executor did before them):
+Switches (all on by default in autofl; "off" is what the executor did before them):
   probes     the probed linear-weight update (autofl/engine/linear_probes.py); off: every probe plan
              empty, autograd's weight gradients and the SGD update
   unstacked  received, not yet trained parameters read once, unstacked (vectorized._ChunkRun._enter_stage);

@@ -187,19 +187,23 @@ def test_compiled_steps_equal_eager(method, executor, dtype, extra, monkeypatch)
     assert (extra == PLAIN_SGD) == any(linear_probes.LinearProbes.of(comp.workspace).plans.values())
 
 
-@pytest.mark.parametrize("method", ["fedrep", "moon"])
+@pytest.mark.parametrize("method", ["fedrep", "moon", "fedprox"])
 def test_small_steps_run_several_to_a_compiled_call_as_one_at_a_time(method, monkeypatch):
     """Whole steps too small to pay a compiled call alone run several to a call
-    (`compiled.batched_sgd_step_run`; made two here, whatever their arithmetic): FedRep's head epochs
-    on the encoder's outputs (its stage inputs), and MOON through a BatchNorm projector, also on runs
-    of steps where some clients are past their last batch (their statistics must stay as they were).
-    The run equals eager's, in float64, with plain SGD."""
+    (`compiled.batched_sgd_step_run`; made two here, whatever their size): FedRep's head epochs on the
+    encoder's outputs (its stage inputs); MOON through a BatchNorm projector, also on runs of steps where
+    some clients are past their last batch (their statistics must stay as they were); FedProx with its
+    weights probed, so a step in the call reads the weight the one before it updated in place
+    (`linear_sgd_`, `proximal_sgd_`). The run equals eager's, in float64, with plain SGD."""
     from conftest import spy_whole_steps
 
-    from autofl.engine import compiled, vectorized
+    from autofl.engine import compiled, linear_probes, vectorized
 
     monkeypatch.setattr(compiled, "CALL_FLOPS", float("inf"))
+    monkeypatch.setattr(compiled, "MAX_GRAPH_NODES", 10**6)
     monkeypatch.setattr(compiled, "MAX_STEPS_PER_CALL", 2)
+    if method == "fedprox":
+        monkeypatch.setattr(linear_probes, "MIN_PROBED_WEIGHT", 0)  # the digits MLP's weights are small
     calls = spy_whole_steps(monkeypatch, vectorized._Step)
     extra = (*PLAIN_SGD, "method.head_epochs=2") if method == "fedrep" else PLAIN_SGD
     eager_history, eager = run(method, "mlp", "vectorized", "float64", "off", extra)
@@ -209,6 +213,8 @@ def test_small_steps_run_several_to_a_compiled_call_as_one_at_a_time(method, mon
     assert runs and all(rows.shape[0] == 2 for _, _, rows in calls if rows.dim() == 3)
     assert any(hi < k for hi, k in runs) or method == "fedrep"
     assert any(rows.dim() == 2 for _, _, rows in calls)  # and single whole steps where no run of two fits
+    probed = linear_probes.LinearProbes.of(sim.workspace).plans.values()
+    assert any(any(w.pulls for w in plan) for plan in probed) == (method == "fedprox")
 
 
 @pytest.mark.parametrize("compile_steps", ["off", "on"])
@@ -288,6 +294,21 @@ def test_a_stages_inputs_are_computed_once_per_client_as_batch_by_batch(executor
     step_history, per_step = run("dualfed", "mlp", executor, "float64", compile_steps, extra)
     assert not any(ahead)
     assert_same_run(step_history, per_step, history, sim)
+
+
+def test_a_stages_inputs_are_the_modules_outputs_on_the_rows_in_slices():
+    """`outputs_by_slices` is `module(x[rows])` computed slice by slice, also across a slice's edge, and
+    an empty result in the module's output shape for a client without rows."""
+    from autofl.engine import executor as executor_module
+
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 5))
+    x = torch.randn(3000, 3, 4)
+    rows = torch.randperm(3000)[:2500]
+    out = executor_module.outputs_by_slices(module, x, rows)
+    torch.testing.assert_close(out, module(x[rows]).detach())
+    assert not out.requires_grad
+    assert executor_module.outputs_by_slices(module, x, rows[:0]).shape == (0, 5)
 
 
 def test_a_stages_inputs_must_be_a_module_the_stage_only_reads():

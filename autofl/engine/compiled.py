@@ -66,7 +66,7 @@ AUTO_MIN_ROUNDS_CUDA = 50
 # compiling cost 13-32 s and the compiled round was 1.5-5.1x faster, so it paid from round 5 (fedrep)
 # to round 54 (fedgh: 13 s of compile, 0.70 -> 0.46 s a round; fedavg 14 s, 0.66 -> 0.31 s, from
 # round 40); since FedRep's head steps run 16 to a call (2026-11-25), its compile took 45 s and paid
-# from round 16. 15,000 steps (round 58 there) is past every method's break-even, so `auto` never makes
+# from round 16 (DualFed's stage 2, grouped too, was not re-measured). 15,000 steps (round 58 there) is past every method's break-even, so `auto` never makes
 # those runs slower. The sequential executor's per-client steps ran slower compiled (fedavg 4.10 s
 # against 2.26 s a round), so `auto` keeps them eager on CPU.
 AUTO_MIN_STEPS_CPU = 15_000
@@ -78,7 +78,8 @@ AUTO_MIN_STEPS_CPU = 15_000
 # it runs in calls of up to MAX_STEPS_PER_CALL steps (`steps_per_call`); a step of FedAvg's mlp
 # (64 MFLOP on fedfcd-t1) still runs alone. The steps of a call are unrolled into one graph, so its
 # compile time grows with them (FedRep's: 45 s instead of 13 s with an empty inductor cache): the
-# cap and MAX_GRAPH_NODES bound it.
+# cap and MAX_GRAPH_NODES bound it. The count depends on the chunk's clients, so a smaller last chunk
+# (`runtime.client_chunk`) may compile one more variant.
 CALL_FLOPS = 32e6
 MAX_STEPS_PER_CALL = 16
 # ... and the graph of a call holds at most about this many autograd nodes of steps (FedRep's head step

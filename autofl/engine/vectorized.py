@@ -240,8 +240,10 @@ class _ChunkRun:
                 self._save_rows(saved, saved_momentum, opts, param_names, idle, self.k)
             lock = self._lockstep(max_steps)
             if calls is None:  # runtime.compile on CPU, one update a step: runs of small whole steps, one call each
-                calls = (self._calls(lock, steps[0].steps_per_call(batch_rows[0], opts[0]))
-                         if len(steps) == 1 and max_steps else {})
+                calls = {}
+                if len(steps) == 1 and max_steps:
+                    self.ws.enter(trained_models, stage.updates[0])  # measured in the modes it runs in
+                    calls = self._calls(lock, steps[0].steps_per_call(batch_rows[0], opts[0]))
             skip = 0
             for step, (active, runs, done_lo) in enumerate(lock):
                 if skip:  # ran in the call of an earlier step
@@ -438,11 +440,12 @@ class _Step:
         trained_set = set(trained)
         self.rest_names = [n for n in run.state if n not in trained_set]
         self.rest_dims = {n: run.stage_dims[n] for n in self.rest_names}
-        self.compiled = self.whole = None
+        self.compiled = self.whole = self.whole_run = None
         if run.compile_steps:
             key = self.key = compiled.step_key(update.loss, *where)
             if run.device.type == "cpu":
                 self.whole = compiled.compiled(compiled.batched_sgd_step, key, run.device)
+                self.whole_run = compiled.compiled(compiled.batched_sgd_step_run, key, run.device)
             self.compiled = compiled.compiled(compiled.batched_grads, key, run.device)
         self.probes: ProbePlan | None = None  # the whole step's linear probes, found at its first call
 
@@ -451,7 +454,7 @@ class _Step:
         chunk's clients and one client's step size (client 0's forward and backward on its first batch of
         `rows`, measured once per workspace and step key); 1 where no whole step runs."""
         run = self.run
-        if self.whole is None or not self.fuses(opt) or not len(rows):
+        if self.whole is None or not self.fuses(opt):
             return 1
         sizes = run.ws.client_step_sizes
         if self.key not in sizes:
@@ -497,7 +500,7 @@ class _Step:
             self.probes = run.probe_plan(self.key, self.update, self.trained, rows if rows.dim() == 2 else rows[0])
         with run.kept_buffers(hi) as copies, end_probes_on_error(run.ws):
             rest = {**{n: run.stage_state[n] for n in self.rest_names}, **copies}
-            fn = self.whole if rows.dim() == 2 else compiled.compiled(compiled.batched_sgd_step_run, self.key, run.device)
+            fn = self.whole if rows.dim() == 2 else self.whole_run
             return fn(run.ws, self.update.loss, self.rest_dims, tr, rest, run.x, run.y, rows, run.flags, lr, settings,
                       self.probes)
 
