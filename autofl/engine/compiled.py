@@ -66,8 +66,9 @@ AUTO_MIN_ROUNDS_CUDA = 50
 # compiling cost 13-32 s and the compiled round was 1.5-5.1x faster, so it paid from round 5 (fedrep)
 # to round 54 (fedgh: 13 s of compile, 0.70 -> 0.46 s a round; fedavg 14 s, 0.66 -> 0.31 s, from
 # round 40); since FedRep's head steps run 16 to a call (2026-11-25), its compile took 45 s and paid
-# from round 16; DualFed's (stage 2 grouped too) 23 s against 22 s one step a call, paying from round 12. 15,000 steps (round 58 there) is past every method's break-even, so `auto` never makes
-# those runs slower. The sequential executor's per-client steps ran slower compiled (fedavg 4.10 s
+# from round 16; DualFed's (stage 2 grouped too) 23 s against 22 s one step a call, paying from round
+# 12. 15,000 steps (round 58 there) is past every method's break-even, so `auto` never makes those
+# runs slower. The sequential executor's per-client steps ran slower compiled (fedavg 4.10 s
 # against 2.26 s a round), so `auto` keeps them eager on CPU.
 AUTO_MIN_STEPS_CPU = 15_000
 
