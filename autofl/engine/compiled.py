@@ -53,7 +53,8 @@ from torch.optim.sgd import sgd as sgd_update  # the functional SGD that torch.o
 from torch.func import functional_call, grad, vmap
 from torch.utils.flop_counter import FlopCounterMode
 
-from autofl.engine.linear_probes import ATTRIBUTE as PROBES_ATTRIBUTE, NO_PROBES, ProbePlan, linear_sgd_, proximal_sgd_
+from autofl.engine.linear_probes import (ATTRIBUTE as PROBES_ATTRIBUTE, NO_PROBES, ProbePlan, client_zero_copies,
+                                         linear_sgd_, proximal_sgd_)
 
 # rounds a trial must run before `auto` compiles on CUDA: compiling a step costs tens of seconds once
 # (less from inductor's disk cache); the issue measured 1.11 s for an eager fedfcd-t1 round on an
@@ -217,10 +218,7 @@ def client_step_size(ws: torch.nn.Module, loss: Callable[..., torch.Tensor], tra
     """The `StepSize` of one client's forward and backward of `loss` on batch (x, y), run eagerly on
     copies of client 0's tensors (`state`, stacked along dim 0 where `dims` says 0), so nothing in
     `state` changes."""
-    one = {n: (t[0] if dims.get(n) == 0 else t).detach().clone() for n, t in state.items()}
-    tr = {n: one[n].requires_grad_() for n in trained}
-    rest = {n: t for n, t in one.items() if n not in tr}
-    flags0 = {n: f[0] for n, f in flags.items()}
+    tr, rest, flags0 = client_zero_copies(state, dims, trained, flags)
     with torch.enable_grad(), FlopCounterMode(display=False) as counter:
         value = functional_call(ws, (tr, rest), (x, y, flags0, loss), strict=True)
         nodes = autograd_nodes(value.grad_fn)

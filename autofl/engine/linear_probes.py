@@ -230,16 +230,24 @@ def probe_plan(ws: nn.Module, key: Any, loss: Callable[..., torch.Tensor], train
     return plan
 
 
+def client_zero_copies(state: dict[str, torch.Tensor], dims: dict[str, int | None],
+                       trained: list[str] | tuple[str, ...], flags: dict[str, torch.Tensor]
+                       ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Client 0's tensors of a stack (`state`, stacked along dim 0 where `dims` says 0) as copies, for an
+    eager look at one client's step that changes nothing in `state`: the trained ones (requiring
+    gradients), the rest, and client 0's flags."""
+    one = {n: (t[0] if dims.get(n) == 0 else t).detach().clone() for n, t in state.items()}
+    tr = {n: one[n].requires_grad_() for n in trained}
+    return tr, {n: t for n, t in one.items() if n not in tr}, {n: f[0] for n, f in flags.items()}
+
+
 def _find_plan(ws: nn.Module, probes: LinearProbes, loss: Callable[..., torch.Tensor],
                trained: list[str] | tuple[str, ...], watched: list[str], state: dict[str, torch.Tensor],
                dims: dict[str, int | None], x: torch.Tensor, y: torch.Tensor,
                flags: dict[str, torch.Tensor]) -> ProbePlan:
     if not watched:
         return NO_PROBES
-    one = {n: (t[0] if dims.get(n) == 0 else t).detach().clone() for n, t in state.items()}
-    tr = {n: one[n].requires_grad_() for n in trained}
-    rest = {n: t for n, t in one.items() if n not in tr}
-    flags0 = {n: f[0] for n, f in flags.items()}
+    tr, rest, flags0 = client_zero_copies(state, dims, trained, flags)
 
     def call() -> torch.Tensor:
         return functional_call(ws, (tr, rest), (x, y, flags0, loss), strict=True)
