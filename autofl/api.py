@@ -408,6 +408,15 @@ def _run_study(folder: Any, trials: int | None, address: str | None, resume: boo
         space = folder.space()
         check_cluster_fits(space.resources.cpu, space.resources.gpu, address)
     sigterm_as_ctrl_c()  # after Ray's own driver handler: SIGTERM stops the run as Ctrl-C does
-    if on_start is not None:
-        on_start(Study(folder), logs)
-    run_study(folder, trials, address, resume=resume, join_shared=join)
+    try:
+        if on_start is not None:
+            on_start(Study(folder), logs)
+        run_study(folder, trials, address, resume=resume, join_shared=join)
+    except KeyboardInterrupt:
+        # Tune stops gracefully on the first Ctrl-C while it runs and settle_run says so; a Ctrl-C
+        # outside Tune's loop (after it returned, while the run is settled; or a second one) is a
+        # KeyboardInterrupt here. The trials are in the study's storage either way and --resume
+        # finishes the run (CI saw a bare "interrupted" from a Ctrl-C just after the last trial).
+        from autofl.tuning.tune_run import StudyInterrupted
+
+        raise StudyInterrupted.of(folder.name) from None

@@ -165,3 +165,41 @@ def test_search_from_python_returns_a_study_whose_best_config_trains(tmp_path, r
     assert page == tmp_path / "report" / "report.html"
     assert "api" in page.read_text() and list((tmp_path / "report").glob("*.png"))
     assert autofl.list_studies(home) == ["api"]
+
+
+@pytest.mark.slow
+def test_a_ctrl_c_after_tune_returned_says_how_to_resume_and_resume_finishes_the_run(tmp_path, ray_in_this_process,
+                                                                                       monkeypatch):
+    """Tune turns the first Ctrl-C during its loop into a graceful stop; one that arrives after Tune
+    returned (the run is being settled) is a KeyboardInterrupt. CI saw `autofl search` end with a
+    bare "autofl: interrupted" there: it is StudyInterrupted with the resume line, as any Ctrl-C."""
+    import os
+    import signal
+
+    from autofl.tuning import runner
+    from autofl.tuning.tune_run import StudyInterrupted
+
+    home = tmp_path / "home"
+    space = {"study": "late", "base": {**TINY, "method": {"name": "fedavg"}},
+             "params": {"fl.lr": {"type": "float", "low": 0.01, "high": 0.3, "log": True}},
+             "trials": 2, "scheduler": {"kind": "none"}, "resources": {"cpu": 1}}
+    calls, flag_writes = [], []
+    write_flag = runner.mark_finished
+
+    def ctrl_c_then_write_flag(study):
+        calls.append(study.name)
+        if len(calls) == 1:
+            os.kill(os.getpid(), signal.SIGINT)  # handled at the next bytecode: before the flag is written
+        flag_writes.append(study.name)
+        write_flag(study)
+
+    monkeypatch.setattr(runner, "mark_finished", ctrl_c_then_write_flag)
+    with pytest.raises(StudyInterrupted, match="resume it with autofl search --resume 'late'"):
+        autofl.search(space, dir=home)
+    assert flag_writes == [] and not list((home / "late").glob("tune/run-1/.autofl_finished"))
+    assert autofl.load_study("late", dir=home).counts() == {"COMPLETE": 2}  # Tune's run had ended
+
+    study = autofl.search(name="late", resume=True, dir=home)
+    assert flag_writes == ["late"] and list((home / "late").glob("tune/run-1/.autofl_finished"))
+    assert study.counts() == {"COMPLETE": 2} and len(study.trials()) == 2  # nothing run twice
+

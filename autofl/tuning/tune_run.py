@@ -22,6 +22,10 @@ class StudyInterrupted(AutoFLError):
 
     exit_code = 130
 
+    @classmethod
+    def of(cls, study_name: str) -> "StudyInterrupted":
+        return cls(f"interrupted; study {study_name!r} is saved: resume it with autofl search --resume {study_name!r}")
+
 
 def make_searcher(space: SearchSpace, ledger: Ledger, run_name: str, trials: int, with_start_point: bool,
                   sampler: Any = None):
@@ -176,8 +180,7 @@ def settle_run(study: Study, space: SearchSpace, ledger: Ledger, run: str,
         (space.budget_rounds is not None and sum(ledger.rounds_used().values()) >= space.budget_rounds)
         or (space.time_budget_s is not None and walls and walls[-1] >= 0.95 * space.time_budget_s))
     if not budget_spent:
-        raise StudyInterrupted(f"interrupted; study {study.name!r} is saved: resume it with "
-                               f"autofl search --resume {study.name!r}")
+        raise StudyInterrupted.of(study.name)
     if last:
         ledger.close_open(run, last, space.metrics if space.multi_objective else [space.objective], space.max_rounds)
     ledger.settle_run(run)
