@@ -203,3 +203,39 @@ def test_a_ctrl_c_after_tune_returned_says_how_to_resume_and_resume_finishes_the
     assert flag_writes == ["late"] and list((home / "late").glob("tune/run-1/.autofl_finished"))
     assert study.counts() == {"COMPLETE": 2} and len(study.trials()) == 2  # nothing run twice
 
+
+@pytest.mark.slow
+def test_a_ctrl_c_during_reevaluation_stops_it_keeps_the_finished_runs_and_a_rerun_finishes(tmp_path,
+                                                                                        ray_in_this_process):
+    """Tune ends its loop gracefully on Ctrl-C and returns as if done: re-evaluation used to go on
+    and save a verdict from the runs that happened to finish. It stops instead (exit 130 from the
+    CLI) with the finished runs on disk; the same call again runs only what is missing."""
+    import os
+    import signal
+
+    from autofl.tuning.reeval import ReevalInterrupted, load_finished, load_summary
+    from autofl.tuning.study import open_study
+
+    home = tmp_path / "home"
+    space = {"study": "stop", "base": {**TINY, "method": {"name": "fedavg"}},
+             "params": {"fl.lr": {"type": "float", "low": 0.01, "high": 0.3, "log": True}},
+             "trials": 2, "scheduler": {"kind": "none"}, "resources": {"cpu": 1}}
+    study = autofl.search(space, dir=home)
+    done = []
+
+    def ctrl_c_after_the_first(run, metrics):
+        done.append(run.key)
+        if len(done) == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(ReevalInterrupted, match="run the same command again to finish") as stopped:
+        study.reevaluate(seeds=3, top=1, on_done=ctrl_c_after_the_first)
+    assert stopped.value.exit_code == 130
+    folder = open_study(home, "stop")
+    kept = set(load_finished(folder))
+    assert set(done) == kept and 1 <= len(kept) < 6 and load_summary(folder) is None
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Tune's handler did not stay
+
+    summary = study.reevaluate(seeds=3, top=1, on_done=lambda run, metrics: done.append(run.key))
+    assert sorted(done) == sorted(set(done)) and len(done) == 6  # each run once across the two calls
+    assert len(summary["rows"]) == 2 and load_summary(folder) == summary

@@ -32,6 +32,12 @@ SEED_OFFSET = 1000  # fresh seeds start here, above any seed a study is likely t
 DEFAULT_LABEL = "default"
 
 
+class ReevalInterrupted(AutoFLError):
+    """Ctrl-C during re-evaluation: the finished runs are saved; the same command again runs the rest."""
+
+    exit_code = 130
+
+
 @dataclass(frozen=True)
 class Candidate:
     label: str  # "default" or "trial-<number>"
@@ -228,8 +234,13 @@ def reevaluate(study: Study, seeds: int, top: int, vary_partition: bool, address
             record_run(study, missing[index], result)
             on_done(missing[index], result)
 
-        errored = [missing[i].key for i in
-                   run_configs(study, [r.values(data_seed) for r in missing], address, recorded, name="reeval")]
+        try:
+            errored = [missing[i].key for i in
+                       run_configs(study, [r.values(data_seed) for r in missing], address, recorded, name="reeval")]
+        except KeyboardInterrupt:  # no summary from the runs that happened to finish
+            saved = len(set(load_finished(study)) & {r.key for r in runs})
+            raise ReevalInterrupted(f"re-evaluation interrupted; {saved} of {len(runs)} runs are saved: run the "
+                                    f"same command again to finish") from None
     else:
         errored = []
     summary = summarize(study, chosen, runs)

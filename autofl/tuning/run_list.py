@@ -11,6 +11,7 @@ from typing import Any, Callable
 from ray import tune
 from ray.tune import Callback
 
+from autofl.tuning import interrupt
 from autofl.tuning.ray_start import init_ray
 from autofl.tuning.study import Study
 from autofl.tuning.trainable import RunListTrainable
@@ -38,7 +39,8 @@ def run_configs(study: Study, configs: list[dict[str, Any]], address: str | None
                 on_done: Callable[[int, dict], None], name: str = "runs") -> list[int]:
     """Train every config of `configs` (trial values on the study's space) once, in parallel with
     the study's resources; `on_done(index, last_result)` as each completes. Returns the indices
-    of the runs that errored (not handed to `on_done`)."""
+    of the runs that errored (not handed to `on_done`). A Ctrl-C (Tune ends its loop gracefully and
+    returns as if done) raises KeyboardInterrupt once Tune has returned."""
     space = study.space()
     init_ray(address)
     trainable = study_trainable(space, RunListTrainable, runs=configs,
@@ -50,8 +52,11 @@ def run_configs(study: Study, configs: list[dict[str, Any]], address: str | None
         tune_config=tune.TuneConfig(reuse_actors=True),
         run_config=tune.RunConfig(
             name=f"{name}-{time.strftime('%Y%m%d-%H%M%S')}", storage_path=study.tune_root(), verbose=0,
-            callbacks=[recorder], failure_config=tune.FailureConfig(max_failures=0),
+            callbacks=[recorder, interrupt.InterruptWatch()], failure_config=tune.FailureConfig(max_failures=0),
             checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=0, checkpoint_at_end=False)),
     )
-    tuner.fit()
+    with interrupt.watching():  # puts the SIGINT handler back: Tune leaves its own when no signal came
+        tuner.fit()
+    if interrupt.received():
+        raise KeyboardInterrupt
     return recorder.errored
