@@ -1,6 +1,6 @@
 """A/B of one executor switch in one process: a round with it against a round without.
 
-    python scripts/ab_round.py --switch probes|unstacked|inputs|calls --method fedavg [--scenario fedfcd-t1] [--rounds 6]
+    python scripts/ab_round.py --switch probes|unstacked|inputs|calls|simd --method fedavg [--scenario fedfcd-t1] [--rounds 6]
 
 Switches (all on by default in autofl; "off" is what the executor did before them):
   probes     the probed linear-weight update (autofl/engine/linear_probes.py); off: every probe plan
@@ -10,6 +10,8 @@ Switches (all on by default in autofl; "off" is what the executor did before the
   inputs     a stage's `inputs` module computed once for the stage (executor.stage_inputs; DualFed's
              stage 2, FedRep's head epochs); off: computed batch by batch inside each step
   calls      small whole steps run several to a compiled call (compiled.steps_per_call); off: one step a call
+  simd       those calls compiled with compiled.small_step_options (256-bit vectors on AVX-512); off:
+             inductor's default width
 
 One compiled vectorized simulation per variant, run alternately round by round, so both see the same
 host noise (on this project's shared 2-core VMs, fresh processes a minute apart differed by up to
@@ -34,6 +36,7 @@ from autofl.methods.registry import get_method_class
 _on = {"on": True}
 _plan, _key, _stack = vectorized.probe_plan, compiled.step_key, vectorized._ChunkRun._stack_state
 _inputs, _per_call = vectorized.stage_inputs, compiled.steps_per_call
+_small = compiled.small_step_options
 
 
 def switch(name: str) -> None:
@@ -43,6 +46,8 @@ def switch(name: str) -> None:
         vectorized.probe_plan = lambda *a, **k: _plan(*a, **k) if _on["on"] else ()
     elif name == "calls":
         compiled.steps_per_call = lambda step, clients: _per_call(step, clients) if _on["on"] else 1
+    elif name == "simd":
+        compiled.small_step_options = lambda device: _small(device) if _on["on"] else None
     elif name == "inputs":
         vectorized.stage_inputs = lambda ws, stage: _inputs(ws, stage) if _on["on"] else None
     else:
@@ -55,7 +60,7 @@ def switch(name: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--switch", choices=("probes", "unstacked", "inputs", "calls"), default="probes")
+    parser.add_argument("--switch", choices=("probes", "unstacked", "inputs", "calls", "simd"), default="probes")
     parser.add_argument("--method", required=True)
     parser.add_argument("--scenario", default="fedfcd-t1", choices=sorted(SCENARIOS))
     parser.add_argument("--rounds", type=int, default=6)

@@ -280,3 +280,24 @@ def test_the_whole_steps_batch_rows_keep_one_layout_when_sampled_clients_differ(
     assert len(steps) > 1, f"the sampled clients never changed the step count ({steps}): the test tests nothing"
     layouts = {(tuple(rows.shape), rows.stride(), rows.is_contiguous()) for _, _, rows in calls}
     assert len(layouts) == 1 and next(iter(layouts))[2], layouts
+
+
+def test_calls_of_small_steps_use_256_bit_vectors_only_where_the_cpu_has_512_bit_ones(monkeypatch):
+    cpu = torch.device("cpu")
+    for capability, options in (("AVX512", {"cpp.simdlen": 8}), ("AVX512_BF16", {"cpp.simdlen": 8}),
+                                ("AVX2", None), ("DEFAULT", None), ("SVE256", None)):
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+        assert compiled.small_step_options(cpu) == options, capability
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    assert compiled.small_step_options(torch.device("cuda")) is None  # CUDA graphs' mode, no options
+
+
+def test_a_function_compiled_with_options_is_its_own_entry(monkeypatch):
+    made = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: made.append(kw) or fn)
+    monkeypatch.setattr(compiled, "_COMPILED", {})
+    cpu = torch.device("cpu")
+    plain = compiled.compiled(compiled.client_loss, "key", cpu)
+    narrow = compiled.compiled(compiled.client_loss, "key", cpu, {"cpp.simdlen": 8})
+    assert plain is not narrow and compiled.compiled(compiled.client_loss, "key", cpu, {"cpp.simdlen": 8}) is narrow
+    assert made == [{"mode": "default", "dynamic": False}, {"dynamic": False, "options": {"cpp.simdlen": 8}}]

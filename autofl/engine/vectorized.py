@@ -445,7 +445,8 @@ class _Step:
             key = self.key = compiled.step_key(update.loss, *where)
             if run.device.type == "cpu":
                 self.whole = compiled.compiled(compiled.batched_sgd_step, key, run.device)
-                self.whole_run = compiled.compiled(compiled.batched_sgd_step_run, key, run.device)
+                self.whole_run = compiled.compiled(compiled.batched_sgd_step_run, key, run.device,
+                                                   compiled.small_step_options(run.device))
             self.compiled = compiled.compiled(compiled.batched_grads, key, run.device)
         self.probes: ProbePlan | None = None  # the whole step's linear probes, found at its first call
 
