@@ -48,7 +48,7 @@ def test_proximal_sgd_is_sgd_on_each_clients_proximal_term():
 
 def _eager_whole_steps(monkeypatch) -> None:
     """runtime.compile=on without torch.compile: the executor takes its compiled paths eagerly."""
-    monkeypatch.setattr(compiled, "compiled", lambda fn, key, device: fn)
+    monkeypatch.setattr(compiled, "compiled", lambda fn, key, device, options=None: fn)
 
 
 @pytest.fixture(autouse=True)
