@@ -399,7 +399,7 @@ def _run_study(folder: Any, trials: int | None, address: str | None, resume: boo
     """Start Ray and run the study's trials: the one place the API drives the tuning package."""
     from autofl.tuning.preflight import check_cluster_fits, rollback_if_unstarted, sigterm_as_ctrl_c
     from autofl.tuning.ray_start import start_ray
-    from autofl.tuning.runner import run_study
+    from autofl.tuning.runner import StudyInterrupted, run_study
 
     with rollback_if_unstarted(folder, created=created, lock=lock):  # a failed start leaves no half-made study
         # Ray's processes start while this thread waits on them: import the trial stack meanwhile
@@ -417,6 +417,4 @@ def _run_study(folder: Any, trials: int | None, address: str | None, resume: boo
         # outside Tune's loop (after it returned, while the run is settled; or a second one) is a
         # KeyboardInterrupt here. The trials are in the study's storage either way and --resume
         # finishes the run (CI saw a bare "interrupted" from a Ctrl-C just after the last trial).
-        from autofl.tuning.tune_run import StudyInterrupted
-
         raise StudyInterrupted.of(folder.name) from None

@@ -304,11 +304,9 @@ def compiled(fn: Callable[..., Any], key: Hashable, device: torch.device,
         # a copy of fn with its own code object: torch caches compiled frames (and counts recompiles) per code object
         code = fn.__code__.replace(co_name=f"{fn.__name__}_{len(_COMPILED)}")
         copy = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
-        if options:
-            assert device.type == "cpu", "options replace the mode, CUDA's is reduce-overhead"
-            _COMPILED[full_key] = torch.compile(copy, dynamic=False, options=options)
-        else:
-            _COMPILED[full_key] = torch.compile(copy, mode=compile_mode(device), dynamic=False)
+        assert not options or device.type == "cpu", "options replace the mode, CUDA's is reduce-overhead"
+        how = {"options": options} if options else {"mode": compile_mode(device)}
+        _COMPILED[full_key] = torch.compile(copy, dynamic=False, **how)
     return _COMPILED[full_key]
 
 
