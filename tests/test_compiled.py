@@ -30,7 +30,7 @@ def test_unknown_compile_value_is_one_line_naming_the_field():
     assert "\n" not in line and "runtime.compile" in line and "auto" in line and "off" in line
 
 
-def test_auto_compiles_long_vectorized_cpu_trials_and_long_cuda_trials_only():
+def test_auto_compiles_long_vectorized_cpu_trials_and_graphs_every_vectorized_cuda_trial():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     need = compiled.AUTO_MIN_STEPS_CPU
     assert compiled.choose_compile("auto", cpu, 10, "vectorized", need // 10)[0] is True
@@ -41,11 +41,16 @@ def test_auto_compiles_long_vectorized_cpu_trials_and_long_cuda_trials_only():
     assert seq is False and "per-client steps" in why
     banner, why = compiled.choose_compile("auto", cpu, 10_000, "vectorized", None)
     assert banner is False and f"at least {need}" in why
-    short, why = compiled.choose_compile("auto", cuda, compiled.AUTO_MIN_ROUNDS_CUDA - 1)
-    assert short is False and "too few" in why
-    assert compiled.choose_compile("auto", cuda, compiled.AUTO_MIN_ROUNDS_CUDA)[0] is True
+    # on CUDA the vectorized executor's whole steps replay as CUDA graphs: nothing to compile, so even a
+    # one-round trial takes them; the sequential executor's per-client steps stay eager under auto
+    assert compiled.choose_compile("auto", cuda, 1, "vectorized") == (
+        True, "runtime.compile=auto: whole steps replayed as CUDA graphs (nothing to compile: a round captures "
+              "each step once, at about the cost of one eager step)")
+    seq, why = compiled.choose_compile("auto", cuda, 10_000, "sequential")
+    assert seq is False and "per-client steps on CUDA" in why
     assert compiled.choose_compile("on", cpu, 1) == (True, "runtime.compile=on, default mode")
-    assert compiled.choose_compile("on", cuda, 1)[1].endswith("reduce-overhead mode")
+    assert compiled.choose_compile("on", cuda, 1) == (True, "runtime.compile=on, whole steps replayed as CUDA graphs")
+    assert compiled.choose_compile("on", cuda, 1, "sequential")[1].endswith("reduce-overhead mode")
     assert compiled.choose_compile("off", cuda, 10_000)[0] is False
 
 

@@ -13,9 +13,9 @@ What is compiled (the executors keep their own loops, optimizers and bookkeeping
   and one in-place pull towards the anchor per term instead of a gradient and an update
   (`linear_probes`). Whole steps too small to pay a call's overhead alone (FedRep's head epochs and
   DualFed's stage 2 on the encoder's outputs) run several to a call, each on the tensors the one
-  before it wrote (`batched_sgd_step_run`, `steps_per_call`). Other steps and optimizers, and
-  every step on CUDA, where a CUDA graph may not mutate its inputs, compile the gradients only
-  (`batched_grads`) and step `torch.optim.SGD` outside;
+  before it wrote (`batched_sgd_step_run`, `steps_per_call`). Other steps and optimizers compile
+  the gradients only (`batched_grads`) and step `torch.optim.SGD` outside;
+- vectorized on CUDA: nothing is compiled; whole steps replay as CUDA graphs (engine/cuda_graphs.py);
 - sequential: one client's forward and the method's loss (`client_loss`); AOTAutograd compiles its
   backward with it, so `loss.backward()` replays the compiled backward.
 
@@ -35,9 +35,10 @@ key's variants (train/eval modes, shapes) and never another key's. Inductor's
 generated kernels are cached on disk (`TORCHINDUCTOR_CACHE_DIR`, torch's default
 `/tmp/torchinductor_<user>`), so a new process compiles the same step from cache.
 
-On CUDA the mode is "reduce-overhead" (CUDA graphs: one launch per step); on CPU inductor's
-default mode. `auto` decides with `choose_compile`: on CUDA by the trial's rounds, on CPU by the
-vectorized trial's lockstep steps (the sequential executor stays eager on CPU).
+The sequential executor's steps compile in "reduce-overhead" mode on CUDA; on CPU the mode is
+inductor's default. `auto` decides with `choose_compile`: on CPU by the vectorized trial's lockstep
+steps; on CUDA the vectorized executor always replays graphs (nothing to compile) and the sequential
+one stays eager (as it does on CPU).
 """
 
 from __future__ import annotations
@@ -56,11 +57,6 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from autofl.engine.linear_probes import (ATTRIBUTE as PROBES_ATTRIBUTE, NO_PROBES, ProbePlan, client_zero_copies,
                                          linear_sgd_, proximal_sgd_)
-
-# rounds a trial must run before `auto` compiles on CUDA: compiling a step costs tens of seconds once
-# (less from inductor's disk cache); the issue measured 1.11 s for an eager fedfcd-t1 round on an
-# H100 against a 50 ms target, so compiling pays after some 30-60 rounds. Provisional until measured.
-AUTO_MIN_ROUNDS_CUDA = 50
 
 # lockstep steps (rounds x the longest client's batches a round) a vectorized trial must run before
 # `auto` compiles on CPU. Measured on 2 cores with an empty inductor cache (README Benchmarks,
@@ -335,10 +331,15 @@ def choose_compile(choice: str, device: torch.device, rounds: int, executor: str
     """Whether to compile under runtime.compile = `choice`, and the reason for the log line.
     `steps_per_round`: the executor's lockstep steps a round (the longest client's batches times its
     epochs), None where the data is not loaded yet (the search's banner)."""
+    graphs = device.type == "cuda" and executor == "vectorized"
     if choice == "on":
-        return True, f"runtime.compile=on, {compile_mode(device)} mode"
+        return True, ("runtime.compile=on, whole steps replayed as CUDA graphs" if graphs
+                      else f"runtime.compile=on, {compile_mode(device)} mode")
     if choice == "off":
         return False, "runtime.compile=off"
+    if graphs:
+        return True, ("runtime.compile=auto: whole steps replayed as CUDA graphs (nothing to compile: a round "
+                      "captures each step once, at about the cost of one eager step)")
     if device.type != "cuda":
         if executor != "vectorized":
             return False, "runtime.compile=auto: eager, per-client steps on CPU gain nothing from compiling"
@@ -353,7 +354,6 @@ def choose_compile(choice: str, device: torch.device, rounds: int, executor: str
             return False, (f"runtime.compile=auto: eager, {steps} lockstep steps are too few to pay the compile "
                            f"time on CPU (compiles from {AUTO_MIN_STEPS_CPU})")
         return True, f"runtime.compile=auto: compiled with inductor ({steps} lockstep steps pay the compile time)"
-    if rounds < AUTO_MIN_ROUNDS_CUDA:
-        return False, (f"runtime.compile=auto: eager, {rounds} rounds are too few to pay the compile time "
-                       f"(compiles from {AUTO_MIN_ROUNDS_CUDA})")
-    return True, f"runtime.compile=auto: compiled with CUDA graphs ({rounds} rounds pay the compile time)"
+    return False, ("runtime.compile=auto: eager, the sequential executor's per-client steps on CUDA gain little "
+                   "from compiling (runtime.compile=on compiles them in reduce-overhead mode; the vectorized "
+                   "executor replays whole steps as CUDA graphs)")

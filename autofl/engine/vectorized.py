@@ -39,6 +39,7 @@ from torch.func import functional_call
 from autofl.engine import compiled
 from autofl.engine.executor import (ClientJob, ClientOutcome, RoundPlan, Workspace, batch_cuts, epoch_orders,
                                     losses_on_inputs, outputs_by_slices, stage_inputs, stage_models)
+from autofl.engine import cuda_graphs
 from autofl.engine.linear_probes import ProbePlan, end_probes_on_error, probe_plan
 from autofl.engine.plan import Stage, Update
 
@@ -341,6 +342,14 @@ class _ChunkRun:
     def _update(self, update: Update, names: list[str], step: "_Step", opt: torch.optim.Optimizer,
                 runs: list[tuple[int, int, int]], rows: torch.Tensor, active: int) -> None:
         lo0, hi0, size0 = runs[0] if runs else (0, 0, 0)
+        if (step.graphs is not None and len(runs) == 1 and size0 == self.plan.batch_size
+                and (hi0 == self.k or not self.stacked_buffers)):
+            # runtime.compile on CUDA: every active client has a full batch, so the whole step
+            # (gradients and the optimizer's step) replays as one CUDA graph (see _Step.graphed)
+            loss = step.graphed(rows, opt)
+            if update.report is not None:
+                self._meter(update.report, lo0, hi0, size0, loss)
+            return
         if step.whole is not None and len(runs) == 1 and size0 == self.plan.batch_size and step.fuses(opt):
             # runtime.compile on CPU: every active client has a full batch, so the whole step (gather,
             # gradients and SGD update) is one compiled call over the stack (see _Step.whole_step)
@@ -441,7 +450,10 @@ class _Step:
         self.rest_names = [n for n in run.state if n not in trained_set]
         self.rest_dims = {n: run.stage_dims[n] for n in self.rest_names}
         self.compiled = self.whole = self.whole_run = None
-        if run.compile_steps:
+        self.graphs: cuda_graphs.StepGraphs | None = None
+        if run.compile_steps and run.device.type == "cuda":
+            self.graphs = cuda_graphs.StepGraphs()  # whole steps as CUDA graphs (`graphed`), the other steps eager
+        elif run.compile_steps:
             key = self.key = compiled.step_key(update.loss, *where)
             if run.device.type == "cpu":
                 self.whole = compiled.compiled(compiled.batched_sgd_step, key, run.device)
@@ -453,7 +465,8 @@ class _Step:
     def steps_per_call(self, rows: torch.Tensor, opt: torch.optim.Optimizer) -> int:
         """How many whole steps (`whole_step`) one compiled call runs: `compiled.steps_per_call` of the
         chunk's clients and one client's step size (client 0's forward and backward on its first batch of
-        `rows`, measured once per workspace and step key); 1 where no whole step runs."""
+        `rows`, measured once per workspace and step key); 1 where no whole step runs (on CUDA too: a
+        graph of several steps was slower, see cuda_graphs)."""
         run = self.run
         if self.whole is None or not self.fuses(opt):
             return 1
@@ -472,6 +485,30 @@ class _Step:
                 for n in self.rest_names}
         flags = {n: f if whole else f[lo:hi] for n, f in run.flags.items()}
         return lambda xb, yb: compiled.batched_grads(run.ws, self.update.loss, self.rest_dims, tr, rest, xb, yb, flags)
+
+    def graphed(self, rows: torch.Tensor, opt: torch.optim.Optimizer) -> torch.Tensor:
+        """The whole stack's step on (K, batch) rows as a CUDA graph (`cuda_graphs.StepGraphs`): the
+        eager step of every client (`batched_grads`, set as the gradients) and `opt.step()`, captured
+        together and replayed, whatever the optimizer's settings. Used where every active client has a
+        full batch; rows of clients past their last batch (fed padding rows) are stepped too and
+        restored with the epoch's other stale rows, so the caller uses it only where no stacked buffer
+        (BatchNorm statistics) would be written for them. Returns each client's loss."""
+        run = self.run
+        assert self.graphs is not None
+        tr = {n: run.state[n] for n in self.trained}
+        rest = {n: run.stage_state[n] for n in self.rest_names}
+
+        def step(rows: torch.Tensor) -> torch.Tensor:
+            grads, loss = compiled.batched_grads(run.ws, self.update.loss, self.rest_dims, tr, rest, run.x[rows],
+                                                 run.y[rows], run.flags)
+            for n, t in tr.items():
+                t.grad = grads[n]
+            opt.step()
+            return loss
+
+        momentum = tuple(opt.state.get(t, {}).get("momentum_buffer") for t in tr.values())
+        holds = (self.update.loss, opt, run.x, run.y, *tr.values(), *rest.values(), *run.flags.values(), *momentum)
+        return self.graphs.run(holds, rows, step)
 
     def prefix(self, hi: int, xb: torch.Tensor, yb: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """The compiled step of the whole stack on (K, batch) rows, for clients 0:hi: the caller keeps

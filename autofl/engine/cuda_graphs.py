@@ -1,0 +1,124 @@
+"""CUDA graphs of the vectorized executor's whole steps (`runtime.compile` on CUDA).
+
+On a GPU a lockstep step of a small model is all launch overhead: on an H200 (2026-11-26) an eager
+step of fedfcd-t1's FedAvg (20 clients, batch 10, mlp) took 2.5 ms, dozens of small kernels each
+issued from Python, for 1.3 us of arithmetic. A CUDA graph records the step's kernels once and
+replays them with one launch (PyTorch's whole-step recipe: forward, backward and the optimizer's
+`step()` captured together, with the batch's row indices copied into a static buffer first).
+
+Measured there (README Benchmarks, `scripts/bench_round.py --synthetic --device cuda --compile both`):
+FedAvg's fedfcd-t1 round 0.726 s eager, 0.063 s with graphs; FedSiam-DA's 4.64 s, 0.557 s; cifar10-cnn
+FedAvg 0.78 s, 0.37 s. A graphed FedAvg round is now bound by the host: its kernels ran 28 ms of a
+profiled 109 ms round (torch.profiler), the rest is the executor's Python, a rows copy and a graph
+launch each step. Graphs of several steps were tried and dropped: a new round captures again, and a
+graph's launch grows with its kernels (139 us for 4 steps), so 4 steps a graph made FedAvg's round 1.20x
+slower and 16 left FedRep's (2,630 head steps a round) unchanged (1.01x; one-process A/B, medians of 3).
+
+`StepGraphs.run(holds, rows, step)` runs `step(rows)`, one step on the tensors it closes over:
+- a graph is keyed by the identity of the objects `step` reads (`holds`: the stacked tensors, the
+  flags, the loss closure, the optimizer and its momentum buffers) and the rows' shape; it holds
+  them, so no other object can take their identity while it lives;
+- the first call runs `step` eagerly, on the capture stream: a real step (its effect is wanted)
+  that also sets up what the stream needs before a capture (cuBLAS's handle and workspace) and
+  creates the optimizer's momentum buffers, which the graphs then read and write in place;
+- a later call with a new key captures `step` on a static copy of its rows (capturing records
+  kernels and runs none), then replays it: the same kernels as the eager step, on the same memory,
+  so the graph's steps equal eager ones;
+- every call with a known key copies its rows into the static buffer and replays.
+
+A graph replays only the kernels it recorded: `step` must not read a Python value that changes
+between calls (the learning rate is a constant of a stage's optimizer; a new rate comes with a new
+optimizer, hence new `holds`), nor synchronize with the host (`.item()`, a branch on a tensor's value;
+`vmap`, which the executor's steps run under, rejects both anyway). A capture that fails anyway (a
+custom loss that copies from host memory, say) is reported once as a warning and the step runs eagerly
+from then on.
+
+`torch.cuda.CUDAGraph`'s own capture calls are used rather than the `torch.cuda.graph` context, which
+runs `gc.collect()` and empties the allocator's cache at every capture: a new round stacks new client
+tensors, so each round captures again, and the collection alone would cost more than the round.
+"""
+
+from __future__ import annotations
+
+import collections
+import warnings
+from typing import Any, Callable, Hashable, TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+MAX_GRAPHS = 8  # graphs one step keeps (flags replaced after an epoch, fewer active clients...): the oldest goes
+
+
+class _Graph:
+    def __init__(self, holds: tuple[Any, ...]):
+        self.holds = holds  # keeps the keyed objects alive, so their ids stay theirs
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.rows: torch.Tensor | None = None
+        self.out: Any = None
+
+
+class StepGraphs:
+    """The CUDA graphs of one step function (see the module doc); one per executor step and round."""
+
+    def __init__(self) -> None:
+        self.graphs: collections.OrderedDict[Hashable, _Graph] = collections.OrderedDict()
+        self.stream = torch.cuda.Stream()
+        self.pool = torch.cuda.graph_pool_handle()  # one memory pool for this step's graphs (they never run at once)
+        self.warmed = False  # the first call ran eagerly on the capture stream
+        self.failed: str | None = None
+        self.captures = self.replays = 0
+
+    def run(self, holds: tuple[Any, ...], rows: torch.Tensor, step: Callable[[torch.Tensor], T]) -> T:
+        if self.failed is not None:
+            return step(rows)
+        if not self.warmed:
+            self.warmed = True
+            return self._on_stream(lambda: step(rows))
+        key = (*map(id, holds), tuple(rows.shape), rows.dtype)
+        entry = self.graphs.get(key)
+        if entry is None:
+            entry = self.graphs[key] = _Graph(holds)
+            if len(self.graphs) > MAX_GRAPHS:
+                self.graphs.popitem(last=False)
+            self._capture(entry, rows, step)
+            if self.failed is not None:
+                return step(rows)
+        assert entry.graph is not None and entry.rows is not None
+        entry.rows.copy_(rows)
+        entry.graph.replay()
+        self.replays += 1
+        return entry.out
+
+    def _on_stream(self, fn: Callable[[], T]) -> T:
+        """`fn()` on the capture stream, ordered after and before the current stream's work."""
+        current = torch.cuda.current_stream()
+        self.stream.wait_stream(current)
+        with torch.cuda.stream(self.stream):
+            out = fn()
+        current.wait_stream(self.stream)
+        return out
+
+    def _capture(self, entry: _Graph, rows: torch.Tensor, step: Callable[[torch.Tensor], T]) -> None:
+        entry.rows = rows.clone()
+        graph = torch.cuda.CUDAGraph()
+        current = torch.cuda.current_stream()
+        self.stream.wait_stream(current)
+        try:
+            with torch.cuda.stream(self.stream):
+                graph.capture_begin(pool=self.pool)
+                try:
+                    entry.out = step(entry.rows)
+                finally:
+                    graph.capture_end()
+        except Exception as err:  # noqa: BLE001 - any capture failure falls back to eager steps
+            self.failed = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            self.graphs.clear()
+            warnings.warn(f"runtime.compile: a step could not be captured as a CUDA graph ({self.failed}); "
+                          f"it runs eagerly", RuntimeWarning, stacklevel=3)
+            torch.cuda.synchronize()
+            return
+        current.wait_stream(self.stream)
+        entry.graph = graph
+        self.captures += 1
