@@ -37,6 +37,23 @@ def test_packing_line_says_how_many_trials_share_a_card():
                     "so 6 trials share each 80.0 GiB card (20% kept free)")
 
 
+def test_no_more_trials_share_a_card_than_the_cpus_run_at_once():
+    """On an H200 (2026-11-26) a digits trial's dry round peaked at about 0.06 GiB, and memory alone put
+    1,726 trials on the 139.8 GiB card (share 0.0005); that 16-CPU machine runs 16 of them at once. Here
+    with exactly 0.06 GiB."""
+    peak, card = int(0.06 * GIB), int(139.8 * GIB)
+    assert gp.trials_per_card(peak, card) == 1864
+    assert gp.concurrent_trials(16, 1.0) == 16 and gp.concurrent_trials(16, 3) == 5
+    assert gp.concurrent_trials(2, 4) == 1 and gp.concurrent_trials(None, 1.0) is None
+    assert gp.packed_share(peak, card, max_trials=16) == gp.gpu_fraction(16) == 0.0625
+    assert gp.packing_line(peak, card, max_trials=16) == (
+        "resources.gpu: auto = 0.0625: a trial peaks at 0.06 GiB of GPU memory in a dry round, so 16 trials share "
+        "each 139.8 GiB card (20% kept free; memory fits 1864, the CPUs run 16 at once)")
+    # a larger trial: memory is the limit, and the line says no more
+    assert gp.packing_line(10 * GIB, 80 * GIB, max_trials=16) == gp.packing_line(10 * GIB, 80 * GIB)
+    assert gp.packed_share(10 * GIB, 80 * GIB, max_trials=16) == gp.gpu_fraction(6)
+
+
 def test_oom_line_names_the_memory_needed_and_the_share():
     err = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.50 GiB. GPU 0 has a total capacity of "
                                  "79.19 GiB of which 1.1 GiB is free.")

@@ -37,11 +37,26 @@ def gpu_fraction(trials: int) -> float:
     return math.floor(1e4 / trials) / 1e4
 
 
-def packing_line(peak_bytes: int, card_bytes: int, margin: float = MARGIN) -> str:
-    n = trials_per_card(peak_bytes, card_bytes, margin)
+def concurrent_trials(cpus: int | None, cpus_per_trial: float) -> int | None:
+    """How many trials of `cpus_per_trial` CPUs run at once on a machine of `cpus` CPUs (None: unknown)."""
+    return None if not cpus else max(1, math.floor(cpus / cpus_per_trial))
+
+
+def packing_line(peak_bytes: int, card_bytes: int, margin: float = MARGIN, max_trials: int | None = None) -> str:
+    """The `resources.gpu: auto` line: the share, the peak and how many trials share a card; fewer than the
+    memory allows where `max_trials` (the trials the machine's CPUs run at once) is smaller: a finer share
+    would only say that more trials share the card than ever run on it."""
+    fit = trials_per_card(peak_bytes, card_bytes, margin)
+    n = min(fit, max_trials) if max_trials else fit
+    capped = (f"; memory fits {fit}, the CPUs run {n} at once" if n < fit else "")
     return (f"resources.gpu: auto = {gpu_fraction(n):g}: a trial peaks at {peak_bytes / GIB:.2f} GiB of GPU memory "
             f"in a dry round, so {n} trial{'s' if n > 1 else ''} share each {card_bytes / GIB:.1f} GiB card "
-            f"({margin:.0%} kept free)")
+            f"({margin:.0%} kept free{capped})")
+
+
+def packed_share(peak_bytes: int, card_bytes: int, margin: float = MARGIN, max_trials: int | None = None) -> float:
+    fit = trials_per_card(peak_bytes, card_bytes, margin)
+    return gpu_fraction(min(fit, max_trials) if max_trials else fit)
 
 
 def oom_line(needed_bytes: int | None, card_bytes: int, share: float, measured_peak: int | None = None) -> str:
@@ -83,8 +98,9 @@ def measure_peak_bytes(exp: Any) -> int:
     return max(peak, 1)
 
 
-def resolve_auto_gpu(exp: Any) -> tuple[float, str]:
-    """(GPU share per trial, the line saying why) for `resources.gpu: auto` with base experiment `exp`."""
+def resolve_auto_gpu(exp: Any, cpus_per_trial: float = 1.0) -> tuple[float, str]:
+    """(GPU share per trial, the line saying why) for `resources.gpu: auto` with base experiment `exp`, for
+    trials of `cpus_per_trial` CPUs (no more trials share the card than this machine's CPUs run at once)."""
     inherited = os.environ.get(RESOLVED_ENV)
     if inherited is not None:
         return float(inherited), f"resources.gpu: auto = {float(inherited):g} (resolved by the study's driver)"
@@ -92,6 +108,7 @@ def resolve_auto_gpu(exp: Any) -> tuple[float, str]:
         share, line = 0.0, "resources.gpu: auto = 0: no CUDA GPU on this machine, trials train on the CPU"
     else:
         peak, card = measure_peak_bytes(exp), torch.cuda.get_device_properties(0).total_memory
-        share, line = gpu_fraction(trials_per_card(peak, card)), packing_line(peak, card)
+        most = concurrent_trials(os.cpu_count(), cpus_per_trial)
+        share, line = packed_share(peak, card, max_trials=most), packing_line(peak, card, max_trials=most)
     os.environ[RESOLVED_ENV] = repr(share)
     return share, line

@@ -127,7 +127,7 @@ class SearchSpace(Strict):
         if self.resources.gpu == "auto":
             from autofl.tuning.gpu_packing import resolve_auto_gpu
 
-            self.resources.gpu, self.resources._auto_line = resolve_auto_gpu(self.base_experiment())
+            self.resources.gpu, self.resources._auto_line = resolve_auto_gpu(self.base_experiment(), self.resources.cpu)
         return self
 
     @model_validator(mode="after")
