@@ -1,6 +1,7 @@
 """A/B of one executor switch in one process: a round with it against a round without.
 
-    python scripts/ab_round.py --switch probes|unstacked|inputs|calls|simd --method fedavg [--scenario fedfcd-t1] [--rounds 6]
+    python scripts/ab_round.py --switch probes|unstacked|inputs|calls|simd --method fedavg
+                               [--scenario fedfcd-t1] [--rounds 6] [--device cpu|cuda] [--synthetic]
 
 Switches (all on by default in autofl; "off" is what the executor did before them):
   probes     the probed linear-weight update (autofl/engine/linear_probes.py); off: every probe plan
@@ -26,7 +27,7 @@ import argparse
 import statistics
 import time
 
-from bench_round import SCENARIOS
+from bench_round import SCENARIOS, sync, synthetic_dataset
 
 from autofl.engine import compiled, vectorized
 from autofl.engine.simulation import Simulation
@@ -64,22 +65,29 @@ def main() -> None:
     parser.add_argument("--method", required=True)
     parser.add_argument("--scenario", default="fedfcd-t1", choices=sorted(SCENARIOS))
     parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--synthetic", action="store_true", help="random tensors of the dataset's shape (bench_round.py)")
     args = parser.parse_args()
+    raw = (synthetic_dataset(load_experiment(None, SCENARIOS[args.scenario]).data.dataset) if args.synthetic
+           else None)
     switch(args.switch)
     sims = {}
     for on in (True, False):
         _on["on"] = on
         exp = load_experiment(None, [*SCENARIOS[args.scenario], f"method.name={args.method}", "fl.rounds=1000",
-                                     "fl.eval_every=1000", "runtime.executor=vectorized", "runtime.compile=on"])
-        sims[on] = Simulation(exp, get_method_class(args.method), None)
+                                     "fl.eval_every=1000", "runtime.executor=vectorized", "runtime.compile=on",
+                                     f"runtime.device={args.device}"])
+        sims[on] = Simulation(exp, get_method_class(args.method), raw)
         sims[on].run_round()
         sims[on].run_round()
     times: dict[bool, list[float]] = {True: [], False: []}
     for _ in range(args.rounds):
         for on, sim in sims.items():
             _on["on"] = on
+            sync(sim.device)
             start = time.perf_counter()
             sim.run_round()
+            sync(sim.device)
             times[on].append(time.perf_counter() - start)
     med = {on: statistics.median(t) for on, t in times.items()}
     low = {on: min(t) for on, t in times.items()}

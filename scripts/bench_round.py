@@ -1,7 +1,7 @@
 """Time one FL round under each executor against the round's FLOP floor.
 
     python scripts/bench_round.py [--scenario fedfcd-t1|fmnist-cnn|cifar10-cnn|digits]
-                                  [--method fedavg|all] [--executor sequential|vectorized|both] [--repeats 3]
+                                  [--method fedavg|fedavg,moon|all] [--executor sequential|vectorized|both] [--repeats 3]
                                   [--device cpu|cuda] [--synthetic] [--compile off|on|auto|both]
                                   [--peer /path/to/PFLlib]
 
@@ -94,15 +94,15 @@ def matmul_flops_per_second(device: torch.device, n: int = 2048, repeats: int = 
     torch.mm(a, b)
     times = []
     for _ in range(repeats):
-        _sync(device)
+        sync(device)
         start = time.perf_counter()
         torch.mm(a, b)
-        _sync(device)
+        sync(device)
         times.append(time.perf_counter() - start)
     return 2 * n**3 / statistics.median(times)
 
 
-def _sync(device: torch.device) -> None:
+def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -123,17 +123,17 @@ def round_flops(method: str, args: list[str], raw: RawDataset | None) -> float:
 def time_rounds(sim: Simulation, repeats: int) -> tuple[float, float]:
     """(first round's seconds, median of the next `repeats`): the first round warms up (allocations,
     first-participation branches) and, under runtime.compile, compiles the steps."""
-    _sync(sim.device)
+    sync(sim.device)
     start = time.perf_counter()
     sim.run_round()
-    _sync(sim.device)
+    sync(sim.device)
     first = time.perf_counter() - start
     times = []
     for _ in range(repeats):
-        _sync(sim.device)
+        sync(sim.device)
         start = time.perf_counter()
         sim.run_round()
-        _sync(sim.device)
+        sync(sim.device)
         times.append(time.perf_counter() - start)
     return first, statistics.median(times)
 
@@ -181,7 +181,7 @@ def bench(method: str, scenario: str, executors: list[str], extra: list[str], re
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scenario", default="fedfcd-t1", choices=sorted(SCENARIOS))
-    parser.add_argument("--method", default="fedavg", help="a registered method, or `all`")
+    parser.add_argument("--method", default="fedavg", help="a registered method, several joined by commas, or `all`")
     parser.add_argument("--executor", default="both", choices=["sequential", "vectorized", "both"])
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds (the median is reported)")
     parser.add_argument("--device", default="cpu", help="auto, cpu, cuda, cuda:N")
@@ -201,7 +201,7 @@ def main() -> None:
     device = resolve_device(args.device)
     flops_per_s = matmul_flops_per_second(device)
     print(f"matmul {flops_per_s / 1e9:.1f} GFLOP/s on {device}", flush=True)
-    methods = method_names() if args.method == "all" else [args.method]
+    methods = method_names() if args.method == "all" else args.method.split(",")
     raw = None
     if args.synthetic:
         dataset = load_experiment(None, [*SCENARIOS[args.scenario], *args.set]).data.dataset
