@@ -14,10 +14,11 @@ launch each step. Graphs of several steps were tried and dropped: a new round ca
 graph's launch grows with its kernels (139 us for 4 steps), so 4 steps a graph made FedAvg's round 1.20x
 slower and 16 left FedRep's (2,630 head steps a round) unchanged (1.01x; one-process A/B, medians of 3).
 
-`StepGraphs.run(holds, rows, step)` runs `step(rows)`, one step on the tensors it closes over:
+`StepGraphs.run(holds, rows, step, values)` runs `step(rows)`, one step on the tensors it closes over:
 - a graph is keyed by the identity of the objects `step` reads (`holds`: the stacked tensors, the
-  flags, the loss closure, the optimizer and its momentum buffers) and the rows' shape; it holds
-  them, so no other object can take their identity while it lives;
+  flags, the loss closure, the optimizer and its momentum buffers), the Python values it reads
+  (`values`: the optimizer's settings, the workspace's train/eval modes) and the rows' shape; it holds
+  the objects, so no other object can take their identity while it lives;
 - the first call runs `step` eagerly, on the capture stream: a real step (its effect is wanted)
   that also sets up what the stream needs before a capture (cuBLAS's handle and workspace) and
   creates the optimizer's momentum buffers, which the graphs then read and write in place;
@@ -26,12 +27,15 @@ slower and 16 left FedRep's (2,630 head steps a round) unchanged (1.01x; one-pro
   so the graph's steps equal eager ones;
 - every call with a known key copies its rows into the static buffer and replays.
 
-A graph replays only the kernels it recorded: `step` must not read a Python value that changes
-between calls (the learning rate is a constant of a stage's optimizer; a new rate comes with a new
-optimizer, hence new `holds`), nor synchronize with the host (`.item()`, a branch on a tensor's value;
-`vmap`, which the executor's steps run under, rejects both anyway). A capture that fails anyway (a
-custom loss that copies from host memory, say) is reported once as a warning and the step runs eagerly
-from then on.
+A graph replays only the kernels it recorded: a Python value `step` reads that is not in `values`
+must not change between calls, and `step` must not synchronize with the host (`.item()`, a branch on a
+tensor's value: `vmap`, which the executor's steps run under, rejects both anyway). A capture that
+fails anyway (a custom loss that copies from host memory, say) is reported once as a warning, with the
+step's own error, and the step runs eagerly from then on.
+
+A step's graphs share one memory pool: a later capture may reuse memory an earlier graph's outputs
+(its losses, the gradients it set) live in, so a graph's outputs are valid until the next replay of
+any graph of the step. The executor copies the losses at once and sets the gradients anew each step.
 
 `torch.cuda.CUDAGraph`'s own capture calls are used rather than the `torch.cuda.graph` context, which
 runs `gc.collect()` and empties the allocator's cache at every capture: a new round stacks new client
@@ -48,7 +52,7 @@ import torch
 
 T = TypeVar("T")
 
-MAX_GRAPHS = 8  # graphs one step keeps (flags replaced after an epoch, fewer active clients...): the oldest goes
+MAX_GRAPHS = 8  # graphs one step keeps (flags replaced after an epoch, say): the least recently used goes
 
 
 class _Graph:
@@ -65,20 +69,23 @@ class StepGraphs:
     def __init__(self) -> None:
         self.graphs: collections.OrderedDict[Hashable, _Graph] = collections.OrderedDict()
         self.stream = torch.cuda.Stream()
-        self.pool = torch.cuda.graph_pool_handle()  # one memory pool for this step's graphs (they never run at once)
+        self.pool = torch.cuda.graph_pool_handle()  # one memory pool for this step's graphs (see the module doc)
         self.warmed = False  # the first call ran eagerly on the capture stream
         self.failed: str | None = None
         self.captures = self.replays = 0
 
-    def run(self, holds: tuple[Any, ...], rows: torch.Tensor, step: Callable[[torch.Tensor], T]) -> T:
+    def run(self, holds: tuple[Any, ...], rows: torch.Tensor, step: Callable[[torch.Tensor], T],
+            values: tuple[Hashable, ...] = ()) -> T:
         if self.failed is not None:
             return step(rows)
         if not self.warmed:
             self.warmed = True
             return self._on_stream(lambda: step(rows))
-        key = (*map(id, holds), tuple(rows.shape), rows.dtype)
+        key = (*map(id, holds), values, tuple(rows.shape), rows.dtype)
         entry = self.graphs.get(key)
-        if entry is None:
+        if entry is not None:
+            self.graphs.move_to_end(key)
+        else:
             entry = self.graphs[key] = _Graph(holds)
             if len(self.graphs) > MAX_GRAPHS:
                 self.graphs.popitem(last=False)
@@ -105,15 +112,19 @@ class StepGraphs:
         graph = torch.cuda.CUDAGraph()
         current = torch.cuda.current_stream()
         self.stream.wait_stream(current)
-        try:
-            with torch.cuda.stream(self.stream):
-                graph.capture_begin(pool=self.pool)
-                try:
-                    entry.out = step(entry.rows)
-                finally:
-                    graph.capture_end()
-        except Exception as err:  # noqa: BLE001 - any capture failure falls back to eager steps
-            self.failed = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        error: Exception | None = None  # the first failure: the step's own, not the invalidated capture's
+        with torch.cuda.stream(self.stream):
+            graph.capture_begin(pool=self.pool)
+            try:
+                entry.out = step(entry.rows)
+            except Exception as err:  # noqa: BLE001 - any capture failure falls back to eager steps
+                error = err
+            try:
+                graph.capture_end()
+            except Exception as err:  # noqa: BLE001
+                error = error or err
+        if error is not None:
+            self.failed = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
             self.graphs.clear()
             warnings.warn(f"runtime.compile: a step could not be captured as a CUDA graph ({self.failed}); "
                           f"it runs eagerly", RuntimeWarning, stacklevel=3)
