@@ -6,6 +6,7 @@ The graphs themselves are compared with eager steps on a GPU by
 
 from __future__ import annotations
 
+import collections
 import contextlib
 from typing import Callable
 
@@ -86,7 +87,7 @@ def test_the_first_call_runs_eagerly_a_new_key_captures_once_then_replays_on_eac
     assert (graphs.captures, graphs.replays) == (1, 2)
 
 
-def test_other_tensors_or_another_rows_shape_capture_their_own_graph(fake_cuda):
+def test_other_tensors_another_rows_shape_or_other_values_capture_their_own_graph(fake_cuda):
     graphs = cuda_graphs.StepGraphs()
     a, b = torch.zeros(1), torch.zeros(1)
     graphs.run((a,), torch.ones(2), summing_step(a))
@@ -96,6 +97,8 @@ def test_other_tensors_or_another_rows_shape_capture_their_own_graph(fake_cuda):
     assert graphs.captures == 3 and a.item() == 2 + 2 + 3 and b.item() == 2
     graphs.run((a,), torch.ones(2), summing_step(a))  # known again: replayed
     assert graphs.captures == 3 and a.item() == 9
+    graphs.run((a,), torch.ones(2), summing_step(a), values=(0.5,))  # a Python value it reads changed
+    assert graphs.captures == 4 and a.item() == 11
 
 
 def test_only_the_latest_graphs_are_kept(fake_cuda, monkeypatch):
@@ -120,3 +123,59 @@ def test_a_step_that_cannot_be_captured_warns_once_and_runs_eagerly_from_then_on
     assert FakeGraph.recording is None and graphs.failed and not graphs.graphs
     assert graphs.run((weight,), torch.ones(2), step).item() == 6
     assert (graphs.captures, graphs.replays) == (0, 0)
+
+
+class ReplayingGraph:
+    """A captured graph's stand-in on CPU: a replay runs the step as it was captured (its closure, with
+    the objects of the capturing call) on the graph's static rows buffer."""
+
+    def __init__(self, entry: "cuda_graphs._Graph", step: Callable[[torch.Tensor], torch.Tensor]):
+        self.entry, self.step = entry, step
+
+    def replay(self) -> None:
+        self.entry.out = self.step(self.entry.rows)
+
+
+class CpuStepGraphs(cuda_graphs.StepGraphs):
+    """`StepGraphs` with its capture replaced by `ReplayingGraph`, so the executor's graph branch runs on CPU."""
+
+    made: list["CpuStepGraphs"] = []
+
+    def __init__(self) -> None:
+        self.graphs = collections.OrderedDict()
+        self.warmed, self.failed = False, None
+        self.captures = self.replays = 0
+        CpuStepGraphs.made.append(self)
+
+    def _on_stream(self, fn):
+        return fn()
+
+    def _capture(self, entry, rows, step) -> None:
+        entry.rows = rows.clone()
+        entry.graph = ReplayingGraph(entry, step)
+        self.captures += 1
+
+
+@pytest.mark.parametrize("method,arch", [("fedavg", "mlp"), ("fedrep", "mlp"), ("fedsiam_da", "mlp"), ("ditto", "mlp"),
+                                         ("moon", "moon_cnn")])
+def test_the_executors_graph_steps_train_what_its_eager_steps_do(method, arch, monkeypatch):
+    """The vectorized executor's graph branch (`_Step.graphed`, taken on CUDA under runtime.compile),
+    run on CPU with `ReplayingGraph`: whole-stack steps wherever every active client has a full batch,
+    clients past their last batch fed padding rows and stepped, then restored at the epoch's end (on a
+    BatchNorm model only where all clients train), momentum and weight decay in the captured optimizer
+    step, a stage's updates one graph each (FedSiam-DA, Ditto), FedRep's head epochs on stored encoder
+    outputs. The run equals the eager one in float64 on the uneven scenario, and graphs replayed."""
+    from test_executor_equivalence import GRAPHED, assert_same_run, run
+
+    from autofl.engine import vectorized
+
+    monkeypatch.setattr(vectorized, "graphs_on", lambda device: True)
+    monkeypatch.setattr(cuda_graphs, "StepGraphs", CpuStepGraphs)
+    CpuStepGraphs.made = []
+    extra = ("method.head_epochs=2", *GRAPHED) if method == "fedrep" else GRAPHED
+    eager_history, eager = run(method, arch, "vectorized", "float64", "off", extra)
+    assert not CpuStepGraphs.made
+    history, graphed = run(method, arch, "vectorized", "float64", "on", extra)
+    assert_same_run(eager_history, eager, history, graphed)
+    made = CpuStepGraphs.made
+    assert sum(g.captures for g in made) >= 1 and sum(g.replays for g in made) > 2 * sum(g.captures for g in made)

@@ -216,6 +216,11 @@ class Workspace(nn.Module):
             module.track_running_stats = False
         self._mode_key = key
 
+    @property
+    def mode_key(self) -> Any:
+        """What identifies the train / eval modes `enter` last set (None: none yet, or left)."""
+        return self._mode_key
+
     def frozen_batchnorms(self, frozen_stats: tuple[str, ...]) -> list[nn.Module]:
         """The BatchNorm modules under `frozen_stats` whose running statistics an update leaves alone
         (cached per tuple of names; read before `enter` changes any of them)."""

@@ -44,6 +44,11 @@ from autofl.engine.linear_probes import ProbePlan, end_probes_on_error, probe_pl
 from autofl.engine.plan import Stage, Update
 
 
+def graphs_on(device: torch.device) -> bool:
+    """Whether runtime.compile replays whole steps as CUDA graphs on `device` (rather than compiling them)."""
+    return device.type == "cuda"
+
+
 class VectorizedExecutor:
     name = "vectorized"
 
@@ -75,6 +80,7 @@ class _ChunkRun:
         self.compile_steps = compile_steps
         self.k = len(jobs)
         self.device = x.device
+        self.graph_steps = compile_steps and graphs_on(self.device)  # whole steps as CUDA graphs (cuda_graphs.py)
         self.orders = [epoch_orders(job, plan) for job in jobs]  # [client][stage][epoch] -> rows
         self.cuts = [batch_cuts(len(job.train_idx), plan.batch_size) for job in jobs]
         self.state, self.batched, self.common = self._stack_state()
@@ -225,8 +231,8 @@ class _ChunkRun:
         # runtime.compile on CPU, several updates a step with plain SGD at one learning rate: all of them
         # in one call on the steps where every active client has a full batch
         together = (_StageStep(self, stage, param_names, s, opts)
-                    if self.compile_steps and self.device.type == "cpu" and len(stage.updates) > 1
-                    and _StageStep.fuses(opts) else None)
+                    if self.compile_steps and not self.graph_steps and self.device.type == "cpu"
+                    and len(stage.updates) > 1 and _StageStep.fuses(opts) else None)
         n_steps = [len(c) for c in self.cuts]
         max_steps = max(n_steps, default=0)
         calls: dict[int, int] | None = None  # step -> the steps its call runs (the same in every epoch)
@@ -342,8 +348,7 @@ class _ChunkRun:
     def _update(self, update: Update, names: list[str], step: "_Step", opt: torch.optim.Optimizer,
                 runs: list[tuple[int, int, int]], rows: torch.Tensor, active: int) -> None:
         lo0, hi0, size0 = runs[0] if runs else (0, 0, 0)
-        if (step.graphs is not None and len(runs) == 1 and size0 == self.plan.batch_size
-                and (hi0 == self.k or not self.stacked_buffers)):
+        if step.graphs is not None and len(runs) == 1 and size0 == self.plan.batch_size:
             # runtime.compile on CUDA: every active client has a full batch, so the whole step
             # (gradients and the optimizer's step) replays as one CUDA graph (see _Step.graphed)
             loss = step.graphed(rows, opt)
@@ -389,11 +394,10 @@ class _ChunkRun:
     def _meter(self, key: str, lo: int, hi: int, size: int, losses: torch.Tensor, start: int = 0) -> None:
         """Record a step's mean losses of clients lo:hi on batches of `size` (`losses[j]`: client
         start + j's) under the report `key`. Nothing is added up here (a step's few tensor operations
-        cost about as much as a small step's compute): `_metered` does, once per chunk. On CUDA the
-        losses are copied, since a CUDA graph's next replay reuses its outputs' memory."""
+        cost about as much as a small step's compute): `_metered` does, once per chunk. With CUDA-graph
+        steps the losses are copied, since a graph's next replay reuses its outputs' memory."""
         losses = losses.detach()
-        self.meters.setdefault(key, []).append((lo, hi, size, start,
-                                                losses.clone() if self.device.type == "cuda" else losses))
+        self.meters.setdefault(key, []).append((lo, hi, size, start, losses.clone() if self.graph_steps else losses))
 
     def _metered(self) -> dict[str, tuple[list[float], list[int]]]:
         """Per report key, each client's summed sample losses and its sample count: the steps recorded
@@ -451,7 +455,7 @@ class _Step:
         self.rest_dims = {n: run.stage_dims[n] for n in self.rest_names}
         self.compiled = self.whole = self.whole_run = None
         self.graphs: cuda_graphs.StepGraphs | None = None
-        if run.compile_steps and run.device.type == "cuda":
+        if run.graph_steps:
             self.graphs = cuda_graphs.StepGraphs()  # whole steps as CUDA graphs (`graphed`), the other steps eager
         elif run.compile_steps:
             key = self.key = compiled.step_key(update.loss, *where)
@@ -465,8 +469,7 @@ class _Step:
     def steps_per_call(self, rows: torch.Tensor, opt: torch.optim.Optimizer) -> int:
         """How many whole steps (`whole_step`) one compiled call runs: `compiled.steps_per_call` of the
         chunk's clients and one client's step size (client 0's forward and backward on its first batch of
-        `rows`, measured once per workspace and step key); 1 where no whole step runs (on CUDA too: a
-        graph of several steps was slower, see cuda_graphs)."""
+        `rows`, measured once per workspace and step key); 1 where no whole step runs."""
         run = self.run
         if self.whole is None or not self.fuses(opt):
             return 1
@@ -490,9 +493,10 @@ class _Step:
         """The whole stack's step on (K, batch) rows as a CUDA graph (`cuda_graphs.StepGraphs`): the
         eager step of every client (`batched_grads`, set as the gradients) and `opt.step()`, captured
         together and replayed, whatever the optimizer's settings. Used where every active client has a
-        full batch; rows of clients past their last batch (fed padding rows) are stepped too and
-        restored with the epoch's other stale rows, so the caller uses it only where no stacked buffer
-        (BatchNorm statistics) would be written for them. Returns each client's loss."""
+        full batch; rows of clients past their last batch (fed padding rows) are stepped too, their
+        stacked buffers (BatchNorm statistics) written too, and all of it restored with the epoch's other
+        stale rows (`_save_rows` saved every stacked tensor when they finished). Returns each client's
+        loss."""
         run = self.run
         assert self.graphs is not None
         tr = {n: run.state[n] for n in self.trained}
@@ -508,7 +512,10 @@ class _Step:
 
         momentum = tuple(opt.state.get(t, {}).get("momentum_buffer") for t in tr.values())
         holds = (self.update.loss, opt, run.x, run.y, *tr.values(), *rest.values(), *run.flags.values(), *momentum)
-        return self.graphs.run(holds, rows, step)
+        group = opt.param_groups[0]
+        values = (tuple(group[k] for k in ("lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize")),
+                  run.ws.mode_key)
+        return self.graphs.run(holds, rows, step, values)
 
     def prefix(self, hi: int, xb: torch.Tensor, yb: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """The compiled step of the whole stack on (K, batch) rows, for clients 0:hi: the caller keeps
