@@ -45,10 +45,12 @@ def test_no_more_trials_share_a_card_than_the_cpus_run_at_once():
     assert gp.trials_per_card(peak, card) == 1864
     assert gp.concurrent_trials(16, 1.0) == 16 and gp.concurrent_trials(16, 3) == 5
     assert gp.concurrent_trials(2, 4) == 1 and gp.concurrent_trials(None, 1.0) is None
+    assert gp.concurrent_trials(16, 1.0, max_concurrent=4) == 4 and gp.concurrent_trials(None, 1.0, 4) == 4
+    assert gp.sharing_trials(peak, card, max_trials=16) == (16, 1864)
     assert gp.packed_share(peak, card, max_trials=16) == gp.gpu_fraction(16) == 0.0625
     assert gp.packing_line(peak, card, max_trials=16) == (
         "resources.gpu: auto = 0.0625: a trial peaks at 0.06 GiB of GPU memory in a dry round, so 16 trials share "
-        "each 139.8 GiB card (20% kept free; memory fits 1864, the CPUs run 16 at once)")
+        "each 139.8 GiB card (20% kept free; memory fits 1864, 16 run at once)")
     # a larger trial: memory is the limit, and the line says no more
     assert gp.packing_line(10 * GIB, 80 * GIB, max_trials=16) == gp.packing_line(10 * GIB, 80 * GIB)
     assert gp.packed_share(10 * GIB, 80 * GIB, max_trials=16) == gp.gpu_fraction(6)

@@ -3,9 +3,10 @@
 One trial's peak GPU memory is measured on a dry round (the base experiment, one round, on the
 card: `torch.cuda.max_memory_allocated`, which counts the data, the models, the stacked clients and
 the activations); a card then holds floor(total x (1 - margin) / peak) trials, and each trial asks
-Tune for 1/N of a GPU (Tune's fractional GPUs). The margin leaves room for the CUDA context,
-allocator fragmentation and trials whose searched values (a larger batch, more clients per chunk)
-need more than the base did; a trial that still runs out fails alone with `oom_line`.
+Tune for 1/N of a GPU (Tune's fractional GPUs), N no more than the trials that run at once (this
+machine's CPUs over the trial's `resources.cpu`, and `max_concurrent` where set). The margin leaves
+room for the CUDA context, allocator fragmentation and trials whose searched values (a larger batch,
+more clients per chunk) need more than the base did; a trial that still runs out fails alone with `oom_line`.
 
 The driver resolves `auto` once and puts the result in the environment (`RESOLVED_ENV`), which the
 trials' processes inherit, so they never measure again. On a machine without CUDA `auto` is 0.
@@ -37,26 +38,44 @@ def gpu_fraction(trials: int) -> float:
     return math.floor(1e4 / trials) / 1e4
 
 
-def concurrent_trials(cpus: int | None, cpus_per_trial: float) -> int | None:
-    """How many trials of `cpus_per_trial` CPUs run at once on a machine of `cpus` CPUs (None: unknown)."""
-    return None if not cpus else max(1, math.floor(cpus / cpus_per_trial))
+def concurrent_trials(cpus: int | None, cpus_per_trial: float, max_concurrent: int | None = None) -> int | None:
+    """How many trials of `cpus_per_trial` CPUs run at once on a machine of `cpus` CPUs, and at most
+    `max_concurrent` (the space's limit, if set); None: not known."""
+    if not cpus:
+        return max_concurrent
+    most = max(1, math.floor(cpus / cpus_per_trial))
+    return min(most, max_concurrent) if max_concurrent else most
+
+
+def sharing_trials(peak_bytes: int, card_bytes: int, margin: float = MARGIN,
+                   max_trials: int | None = None) -> tuple[int, int]:
+    """(trials that share a card, trials its memory fits): no more than `max_trials` (the trials that run
+    at once) share it, since a finer share would only say that more trials share the card than ever run."""
+    fit = trials_per_card(peak_bytes, card_bytes, margin)
+    return (min(fit, max_trials) if max_trials else fit), fit
 
 
 def packing_line(peak_bytes: int, card_bytes: int, margin: float = MARGIN, max_trials: int | None = None) -> str:
-    """The `resources.gpu: auto` line: the share, the peak and how many trials share a card; fewer than the
-    memory allows where `max_trials` (the trials the machine's CPUs run at once) is smaller: a finer share
-    would only say that more trials share the card than ever run on it."""
-    fit = trials_per_card(peak_bytes, card_bytes, margin)
-    n = min(fit, max_trials) if max_trials else fit
-    capped = (f"; memory fits {fit}, the CPUs run {n} at once" if n < fit else "")
+    """The `resources.gpu: auto` line: the share, the peak, and how many trials share a card (and how many
+    its memory fits, where fewer run at once)."""
+    n, fit = sharing_trials(peak_bytes, card_bytes, margin, max_trials)
+    capped = (f"; memory fits {fit}, {n} run at once" if n < fit else "")
     return (f"resources.gpu: auto = {gpu_fraction(n):g}: a trial peaks at {peak_bytes / GIB:.2f} GiB of GPU memory "
             f"in a dry round, so {n} trial{'s' if n > 1 else ''} share each {card_bytes / GIB:.1f} GiB card "
             f"({margin:.0%} kept free{capped})")
 
 
 def packed_share(peak_bytes: int, card_bytes: int, margin: float = MARGIN, max_trials: int | None = None) -> float:
-    fit = trials_per_card(peak_bytes, card_bytes, margin)
-    return gpu_fraction(min(fit, max_trials) if max_trials else fit)
+    """The GPU share each trial asks for (`sharing_trials`)."""
+    return gpu_fraction(sharing_trials(peak_bytes, card_bytes, margin, max_trials)[0])
+
+
+def machine_cpus() -> int | None:
+    """The CPUs this process may run on (its affinity: a container's or a scheduler's limit), else the count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count()
 
 
 def oom_line(needed_bytes: int | None, card_bytes: int, share: float, measured_peak: int | None = None) -> str:
@@ -98,9 +117,10 @@ def measure_peak_bytes(exp: Any) -> int:
     return max(peak, 1)
 
 
-def resolve_auto_gpu(exp: Any, cpus_per_trial: float = 1.0) -> tuple[float, str]:
+def resolve_auto_gpu(exp: Any, cpus_per_trial: float = 1.0, max_concurrent: int | None = None) -> tuple[float, str]:
     """(GPU share per trial, the line saying why) for `resources.gpu: auto` with base experiment `exp`, for
-    trials of `cpus_per_trial` CPUs (no more trials share the card than this machine's CPUs run at once)."""
+    trials of `cpus_per_trial` CPUs, at most `max_concurrent` at once (no more trials share the card than
+    run at once on this machine)."""
     inherited = os.environ.get(RESOLVED_ENV)
     if inherited is not None:
         return float(inherited), f"resources.gpu: auto = {float(inherited):g} (resolved by the study's driver)"
@@ -108,7 +128,7 @@ def resolve_auto_gpu(exp: Any, cpus_per_trial: float = 1.0) -> tuple[float, str]
         share, line = 0.0, "resources.gpu: auto = 0: no CUDA GPU on this machine, trials train on the CPU"
     else:
         peak, card = measure_peak_bytes(exp), torch.cuda.get_device_properties(0).total_memory
-        most = concurrent_trials(os.cpu_count(), cpus_per_trial)
+        most = concurrent_trials(machine_cpus(), cpus_per_trial, max_concurrent)
         share, line = packed_share(peak, card, max_trials=most), packing_line(peak, card, max_trials=most)
     os.environ[RESOLVED_ENV] = repr(share)
     return share, line

@@ -127,7 +127,8 @@ class SearchSpace(Strict):
         if self.resources.gpu == "auto":
             from autofl.tuning.gpu_packing import resolve_auto_gpu
 
-            self.resources.gpu, self.resources._auto_line = resolve_auto_gpu(self.base_experiment(), self.resources.cpu)
+            self.resources.gpu, self.resources._auto_line = resolve_auto_gpu(self.base_experiment(), self.resources.cpu,
+                                                                             self.resources.max_concurrent)
         return self
 
     @model_validator(mode="after")
