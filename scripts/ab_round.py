@@ -14,6 +14,9 @@ Switches (all on by default in autofl; "off" is what the executor did before the
   simd       those calls compiled with compiled.small_step_options (256-bit vectors on AVX-512); off:
              inductor's default width
 
+`--device cuda` times the CUDA-graph steps, where only `unstacked` and `inputs` change anything (probes,
+calls and simd are options of the CPU's compiled steps); `--synthetic` as in bench_round.py.
+
 One compiled vectorized simulation per variant, run alternately round by round, so both see the same
 host noise (on this project's shared 2-core VMs, fresh processes a minute apart differed by up to
 30%). Each variant compiles as its own function, so neither pays the other's failed guard checks.

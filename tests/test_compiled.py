@@ -45,7 +45,7 @@ def test_auto_compiles_long_vectorized_cpu_trials_and_graphs_every_vectorized_cu
     # one-round trial takes them; the sequential executor's per-client steps stay eager under auto
     assert compiled.choose_compile("auto", cuda, 1, "vectorized") == (
         True, "runtime.compile=auto: whole steps replayed as CUDA graphs (nothing to compile: a round captures "
-              "each step once, at about the cost of one eager step)")
+              "each stage's step once, at about the cost of one eager step)")
     seq, why = compiled.choose_compile("auto", cuda, 10_000, "sequential")
     assert seq is False and "per-client steps on CUDA" in why
     assert compiled.choose_compile("on", cpu, 1) == (True, "runtime.compile=on, default mode")

@@ -339,7 +339,7 @@ def choose_compile(choice: str, device: torch.device, rounds: int, executor: str
         return False, "runtime.compile=off"
     if graphs:
         return True, ("runtime.compile=auto: whole steps replayed as CUDA graphs (nothing to compile: a round "
-                      "captures each step once, at about the cost of one eager step)")
+                      "captures each stage's step once, at about the cost of one eager step)")
     if device.type != "cuda":
         if executor != "vectorized":
             return False, "runtime.compile=auto: eager, per-client steps on CPU gain nothing from compiling"
