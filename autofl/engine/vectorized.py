@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Hashable, Iterator
 
 import torch
 from torch.func import functional_call
@@ -512,9 +512,8 @@ class _Step:
 
         momentum = tuple(opt.state.get(t, {}).get("momentum_buffer") for t in tr.values())
         holds = (self.update.loss, opt, run.x, run.y, *tr.values(), *rest.values(), *run.flags.values(), *momentum)
-        group = opt.param_groups[0]
-        values = (tuple(group[k] for k in ("lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize")),
-                  run.ws.mode_key)
+        settings = tuple((k, v) for k, v in opt.param_groups[0].items() if k != "params" and isinstance(v, Hashable))
+        values = (settings, run.ws.mode_key)  # the Python values the step reads: the rate, momentum, modes...
         return self.graphs.run(holds, rows, step, values)
 
     def prefix(self, hi: int, xb: torch.Tensor, yb: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
