@@ -167,9 +167,7 @@ def test_the_executors_graph_steps_train_what_its_eager_steps_do(method, arch, m
     outputs. The run equals the eager one in float64 on the uneven scenario, and graphs replayed."""
     from test_executor_equivalence import GRAPHED, assert_same_run, run
 
-    from autofl.engine import vectorized
-
-    monkeypatch.setattr(vectorized, "graphs_on", lambda device: True)
+    monkeypatch.setattr(cuda_graphs, "graphs_on", lambda device: True)
     monkeypatch.setattr(cuda_graphs, "StepGraphs", CpuStepGraphs)
     CpuStepGraphs.made = []
     extra = ("method.head_epochs=2", *GRAPHED) if method == "fedrep" else GRAPHED

@@ -55,6 +55,7 @@ from torch.optim.sgd import sgd as sgd_update  # the functional SGD that torch.o
 from torch.func import functional_call, grad, vmap
 from torch.utils.flop_counter import FlopCounterMode
 
+from autofl.engine import cuda_graphs
 from autofl.engine.linear_probes import (ATTRIBUTE as PROBES_ATTRIBUTE, NO_PROBES, ProbePlan, client_zero_copies,
                                          linear_sgd_, proximal_sgd_)
 
@@ -331,7 +332,7 @@ def choose_compile(choice: str, device: torch.device, rounds: int, executor: str
     """Whether to compile under runtime.compile = `choice`, and the reason for the log line.
     `steps_per_round`: the executor's lockstep steps a round (the longest client's batches times its
     epochs), None where the data is not loaded yet (the search's banner)."""
-    graphs = device.type == "cuda" and executor == "vectorized"
+    graphs = executor == "vectorized" and cuda_graphs.graphs_on(device)
     if choice == "on":
         return True, ("runtime.compile=on, whole steps replayed as CUDA graphs" if graphs
                       else f"runtime.compile=on, {compile_mode(device)} mode")

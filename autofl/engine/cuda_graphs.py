@@ -52,6 +52,12 @@ import torch
 
 T = TypeVar("T")
 
+def graphs_on(device: torch.device) -> bool:
+    """Whether runtime.compile replays the vectorized executor's whole steps as CUDA graphs on `device`
+    (rather than compiling them): the one place `choose_compile` and the executor ask."""
+    return device.type == "cuda"
+
+
 MAX_GRAPHS = 8  # graphs one step keeps (flags replaced after an epoch, say): the least recently used goes
 
 

@@ -36,17 +36,11 @@ from typing import Any, Callable, Hashable, Iterator
 import torch
 from torch.func import functional_call
 
-from autofl.engine import compiled
+from autofl.engine import compiled, cuda_graphs
 from autofl.engine.executor import (ClientJob, ClientOutcome, RoundPlan, Workspace, batch_cuts, epoch_orders,
                                     losses_on_inputs, outputs_by_slices, stage_inputs, stage_models)
-from autofl.engine import cuda_graphs
 from autofl.engine.linear_probes import ProbePlan, end_probes_on_error, probe_plan
 from autofl.engine.plan import Stage, Update
-
-
-def graphs_on(device: torch.device) -> bool:
-    """Whether runtime.compile replays whole steps as CUDA graphs on `device` (rather than compiling them)."""
-    return device.type == "cuda"
 
 
 class VectorizedExecutor:
@@ -80,7 +74,7 @@ class _ChunkRun:
         self.compile_steps = compile_steps
         self.k = len(jobs)
         self.device = x.device
-        self.graph_steps = compile_steps and graphs_on(self.device)  # whole steps as CUDA graphs (cuda_graphs.py)
+        self.graph_steps = compile_steps and cuda_graphs.graphs_on(self.device)  # whole steps as CUDA graphs
         self.orders = [epoch_orders(job, plan) for job in jobs]  # [client][stage][epoch] -> rows
         self.cuts = [batch_cuts(len(job.train_idx), plan.batch_size) for job in jobs]
         self.state, self.batched, self.common = self._stack_state()
