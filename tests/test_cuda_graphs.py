@@ -156,24 +156,49 @@ class CpuStepGraphs(cuda_graphs.StepGraphs):
         self.captures += 1
 
 
+@pytest.mark.parametrize("epochs", [1, 2])
 @pytest.mark.parametrize("method,arch", [("fedavg", "mlp"), ("fedrep", "mlp"), ("fedsiam_da", "mlp"), ("ditto", "mlp"),
                                          ("moon", "moon_cnn")])
-def test_the_executors_graph_steps_train_what_its_eager_steps_do(method, arch, monkeypatch):
+def test_the_executors_graph_steps_train_what_its_eager_steps_do(method, arch, epochs, monkeypatch):
     """The vectorized executor's graph branch (`_Step.graphed`, taken on CUDA under runtime.compile),
     run on CPU with `ReplayingGraph`: whole-stack steps wherever every active client has a full batch,
     clients past their last batch fed padding rows and stepped, then restored at the epoch's end (on a
     BatchNorm model only where all clients train), momentum and weight decay in the captured optimizer
     step, a stage's updates one graph each (FedSiam-DA, Ditto), FedRep's head epochs on stored encoder
-    outputs. The run equals the eager one in float64 on the uneven scenario, and graphs replayed."""
+    outputs. Steps where some clients have shorter batches: in a stage of several epochs, a graph of the
+    eager step per pattern of batch sizes; in a stage of one epoch, the full batches by the whole step's
+    graph and the shorter ones eagerly on their rows (`_ChunkRun._mixed_step`). The run equals the
+    eager one in float64 on the uneven scenario, and graphs replayed."""
     from test_executor_equivalence import GRAPHED, assert_same_run, run
+
+    from autofl.engine import vectorized
 
     monkeypatch.setattr(cuda_graphs, "graphs_on", lambda device: True)
     monkeypatch.setattr(cuda_graphs, "StepGraphs", CpuStepGraphs)
     CpuStepGraphs.made = []
-    extra = ("method.head_epochs=2", *GRAPHED) if method == "fedrep" else GRAPHED
+    mixed_steps, pattern_steps = [], []
+    mixed_step, graphed_step = vectorized._ChunkRun._mixed_step, vectorized._Step.graphed
+
+    def mixed(self, update, names, step, opt, runs, rows):
+        mixed_steps.append(runs)
+        return mixed_step(self, update, names, step, opt, runs, rows)
+
+    def graphed(self, rows, opt, runs=None):
+        if runs is not None:
+            pattern_steps.append(runs)
+        return graphed_step(self, rows, opt, runs)
+
+    monkeypatch.setattr(vectorized._ChunkRun, "_mixed_step", mixed)
+    monkeypatch.setattr(vectorized._Step, "graphed", graphed)
+    extra = (*GRAPHED, f"fl.local_epochs={epochs}", *(["method.head_epochs=2"] if method == "fedrep" else []))
     eager_history, eager = run(method, arch, "vectorized", "float64", "off", extra)
     assert not CpuStepGraphs.made
-    history, graphed = run(method, arch, "vectorized", "float64", "on", extra)
-    assert_same_run(eager_history, eager, history, graphed)
+    history, graphed_run = run(method, arch, "vectorized", "float64", "on", extra)
+    assert_same_run(eager_history, eager, history, graphed_run)
     made = CpuStepGraphs.made
     assert sum(g.captures for g in made) >= 1 and sum(g.replays for g in made) > 2 * sum(g.captures for g in made)
+    assert all(len(runs) > 1 for runs in mixed_steps)
+    if epochs == 1:  # steps with shorter last batches had their full batches stepped by the whole step's graph
+        assert mixed_steps
+    else:  # ... or, every epoch, a graph of their own
+        assert pattern_steps and not mixed_steps

@@ -31,10 +31,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, Callable, Hashable, Iterator
+from collections.abc import Hashable
+from typing import Any, Callable, Iterator
 
 import torch
 from torch.func import functional_call
+from torch.optim.sgd import sgd as sgd_update  # the functional SGD that torch.optim.SGD.step runs
 
 from autofl.engine import compiled, cuda_graphs
 from autofl.engine.executor import (ClientJob, ClientOutcome, RoundPlan, Workspace, batch_cuts, epoch_orders,
@@ -92,6 +94,7 @@ class _ChunkRun:
         # trained yet and every client received as one tensor passed unstacked
         self.touched: set[str] = set()
         self.stage_state, self.stage_dims = self.state, self.dims
+        self.graphed_runs: set[tuple[tuple[int, int, int], ...]] = set()  # `_graphed_runs` of the stage
 
     # ----- stacking ----------------------------------------------------------------------------
     def _stack_state(self) -> tuple[dict[str, torch.Tensor], dict[str, bool], dict[str, torch.Tensor]]:
@@ -240,6 +243,8 @@ class _ChunkRun:
             if idle < self.k:
                 self._save_rows(saved, saved_momentum, opts, param_names, idle, self.k)
             lock = self._lockstep(max_steps)
+            if e == 0:
+                self.graphed_runs = self._graphed_runs(stage, lock)
             if calls is None:  # runtime.compile on CPU, one update a step: runs of small whole steps, one call each
                 calls = {}
                 if len(steps) == 1 and max_steps:
@@ -277,7 +282,10 @@ class _ChunkRun:
                 for key in self.ws.get_submodule(source).state_dict():
                     self.state[f"{target}.{key}"].copy_(self.state[f"{source}.{key}"])
             for key, value in stage.flags_after_epoch.items():
-                self.flags[key] = torch.full((self.k,), value, dtype=self.x.dtype, device=self.device)
+                if key in self.flags:  # in place: a step's CUDA graphs read the flags where they are
+                    self.flags[key].fill_(value)
+                else:
+                    self.flags[key] = torch.full((self.k,), value, dtype=self.x.dtype, device=self.device)
 
     def _batch_rows(self, s: int, e: int, max_steps: int) -> torch.Tensor:
         """(steps, K, batch) row indices of epoch e of stage s (padding rows are never read); step-major,
@@ -287,7 +295,7 @@ class _ChunkRun:
         rows = torch.zeros(max_steps, self.k, bs, dtype=torch.int64, device=self.device)
         for i, cuts in enumerate(self.cuts):
             order = self.orders[i][s][e]
-            full = sum(1 for a, b in cuts if b - a == bs)
+            full = len(cuts) - (1 if cuts and cuts[-1][1] - cuts[-1][0] != bs else 0)  # only a last batch is short
             if full:
                 rows[:full, i] = order[: full * bs].view(full, bs)
             for j, (a, b) in enumerate(cuts[full:], start=full):
@@ -298,11 +306,18 @@ class _ChunkRun:
         """Per step of an epoch (the same in every epoch and stage): the clients still training (a
         prefix of the stack), their runs of one batch size, and how many train on after this step."""
         if self._lockstep_plan is None:
-            n_steps = [len(c) for c in self.cuts]
+            n_steps = [len(c) for c in self.cuts]  # descending: clients are sorted by their batches
             plan = []
+            active = done = len(n_steps)
             for step in range(max_steps):
-                active = sum(1 for c in n_steps if c > step)
-                plan.append((active, self._runs(step, active), sum(1 for c in n_steps if c > step + 1)))
+                while active and n_steps[active - 1] <= step:
+                    active -= 1
+                while done and n_steps[done - 1] <= step + 1:
+                    done -= 1
+                # all but their last batches are full: most steps are one run of every active client
+                runs = ([(0, active, self.plan.batch_size)] if active and step < n_steps[active - 1] - 1
+                        else self._runs(step, active))
+                plan.append((active, runs, done))
             self._lockstep_plan = plan
         assert len(self._lockstep_plan) == max_steps  # cuts, hence steps, are fixed per chunk
         return self._lockstep_plan
@@ -324,6 +339,19 @@ class _ChunkRun:
                 calls[first] = per_call
             start = step if groupable else step + 1
         return calls
+
+    def _graphed_runs(self, stage: Stage, lock: list[tuple[int, list[tuple[int, int, int]], int]]
+                      ) -> set[tuple[tuple[int, int, int], ...]]:
+        """The patterns of runs whose steps replay as graphs of their own (`_Step.graphed` with runs): with
+        CUDA-graph steps, in a stage of several epochs (FedRep's head epochs), the steps where some active
+        clients have shorter batches, if their patterns fit among a step's graphs (`cuda_graphs.MAX_GRAPHS`,
+        one kept for the full-batch step). In a stage of one epoch each pattern would be captured once and
+        replayed never: slower than the eager step (those steps go by `_mixed_step`)."""
+        if not self.graph_steps or self.plan.epochs(stage) < 2:
+            return set()
+        bs = self.plan.batch_size
+        patterns = {tuple(runs) for _, runs, _ in lock if not (len(runs) == 1 and runs[0][2] == bs)}
+        return patterns if len(patterns) < cuda_graphs.MAX_GRAPHS else set()
 
     def _runs(self, step: int, active: int) -> list[tuple[int, int, int]]:
         """(lo, hi, batch size): contiguous runs of active clients whose batch at `step` has one size."""
@@ -348,6 +376,19 @@ class _ChunkRun:
             loss = step.graphed(rows, opt)
             if update.report is not None:
                 self._meter(update.report, lo0, hi0, size0, loss)
+            return
+        if step.graphs is not None and tuple(runs) in self.graphed_runs:
+            # runtime.compile on CUDA, a stage of several epochs: this step's pattern of shorter batches
+            # recurs every epoch, so its eager step replays as a graph of its own (see _Step.graphed)
+            losses = step.graphed(rows, opt, tuple(runs))
+            if update.report is not None:
+                for (lo, hi, size), loss in zip(runs, losses):
+                    self._meter(update.report, lo, hi, size, loss, start=lo)
+            return
+        if step.graphs is not None and size0 == self.plan.batch_size and _slices_step(opt, names, self.state):
+            # runtime.compile on CUDA, clients 0:hi0 on full batches and the others on shorter last ones:
+            # the full batches replay the whole step's graph, the shorter ones step eagerly (_mixed_step)
+            self._mixed_step(update, names, step, opt, runs, rows)
             return
         if step.whole is not None and len(runs) == 1 and size0 == self.plan.batch_size and step.fuses(opt):
             # runtime.compile on CPU: every active client has a full batch, so the whole step (gather,
@@ -384,6 +425,40 @@ class _ChunkRun:
             if update.report is not None:
                 self._meter(update.report, lo, hi, size, loss, start=lo)
         opt.step()
+
+    def _mixed_step(self, update: Update, names: list[str], step: "_Step", opt: torch.optim.Optimizer,
+                    runs: list[tuple[int, int, int]], rows: torch.Tensor) -> None:
+        """One step where clients 0:hi0 (the first run) have full batches and the later runs shorter last
+        batches, with CUDA-graph steps: the eager step would run one `vmap(grad)` call per run, each a few
+        milliseconds of Python and kernel launches on a GPU, once per epoch for each such step. Here the
+        first run takes the whole step's graph (`_Step.graphed`), as a step where all have full batches
+        does: it steps every row, the later runs' rows on padding. Those rows (what the step writes: the
+        trained tensors, the stacked buffers, the momentum buffers) are copied before and put back after,
+        and the later runs then step eagerly, each on its own rows (`_Step.__call__`), updated by SGD on
+        those rows alone (`torch.optim.sgd.sgd`, the function `opt.step()` runs, on views of the stack).
+        Every client gets the update the eager step gives it."""
+        lo1, active = runs[1][0], runs[-1][1]
+        written = [*names, *(n for n in self.stacked_buffers if n not in names)]
+        momentum = [opt.state[self.state[n]]["momentum_buffer"] for n in names] if _momentum_of(opt) else []
+        kept = [t[lo1:active].clone() for t in (*(self.state[n] for n in written), *momentum)]
+        loss = step.graphed(rows, opt)
+        if update.report is not None:
+            self._meter(update.report, *runs[0], loss)
+        with torch.no_grad():
+            for t, copy in zip((*(self.state[n] for n in written), *momentum), kept):
+                t[lo1:active] = copy
+        group = opt.param_groups[0]
+        for lo, hi, size in runs[1:]:
+            idx = rows[lo:hi, :size]
+            grads, loss = step(lo, hi)(self.x[idx], self.y[idx])
+            with torch.no_grad():
+                sgd_update([self.state[n][lo:hi] for n in names], [grads[n] for n in names],
+                           [m[lo:hi] for m in momentum] if momentum else [None] * len(names),
+                           foreach=group["foreach"], weight_decay=group["weight_decay"], momentum=group["momentum"],
+                           lr=group["lr"], dampening=group["dampening"], nesterov=group["nesterov"],
+                           maximize=group["maximize"])
+            if update.report is not None:
+                self._meter(update.report, lo, hi, size, loss, start=lo)
 
     def _meter(self, key: str, lo: int, hi: int, size: int, losses: torch.Tensor, start: int = 0) -> None:
         """Record a step's mean losses of clients lo:hi on batches of `size` (`losses[j]`: client
@@ -438,6 +513,23 @@ class _ChunkRun:
                     mom[lo:] = saved_momentum[key][lo:]
 
 
+def _momentum_of(opt: torch.optim.Optimizer) -> bool:
+    return opt.param_groups[0]["momentum"] != 0
+
+
+def _slices_step(opt: torch.optim.Optimizer, names: list[str], state: dict[str, torch.Tensor]) -> bool:
+    """Whether `_ChunkRun._mixed_step` can update rows of the stack alone as `opt.step()` would: `opt` is
+    SGD with one param group, without differentiable or fused updates, and its momentum buffers (if any)
+    exist (SGD's first step makes them; `_mixed_step` writes into rows of them)."""
+    if type(opt) is not torch.optim.SGD or len(opt.param_groups) != 1:
+        return False
+    group = opt.param_groups[0]
+    if group.get("differentiable") or group.get("fused"):
+        return False
+    return not _momentum_of(opt) or all(
+        isinstance(opt.state.get(state[n], {}).get("momentum_buffer"), torch.Tensor) for n in names)
+
+
 class _Step:
     """One update's batched step on a chunk: eager on a slice of clients, or (runtime.compile)
     compiled on the whole stack."""
@@ -459,6 +551,7 @@ class _Step:
                                                    compiled.small_step_options(run.device))
             self.compiled = compiled.compiled(compiled.batched_grads, key, run.device)
         self.probes: ProbePlan | None = None  # the whole step's linear probes, found at its first call
+        self._settings: tuple[torch.optim.Optimizer, tuple[str, ...]] | None = None  # `graphed`'s setting names
 
     def steps_per_call(self, rows: torch.Tensor, opt: torch.optim.Optimizer) -> int:
         """How many whole steps (`whole_step`) one compiled call runs: `compiled.steps_per_call` of the
@@ -483,20 +576,27 @@ class _Step:
         flags = {n: f if whole else f[lo:hi] for n, f in run.flags.items()}
         return lambda xb, yb: compiled.batched_grads(run.ws, self.update.loss, self.rest_dims, tr, rest, xb, yb, flags)
 
-    def graphed(self, rows: torch.Tensor, opt: torch.optim.Optimizer) -> torch.Tensor:
-        """The whole stack's step on (K, batch) rows as a CUDA graph (`cuda_graphs.StepGraphs`): the
-        eager step of every client (`batched_grads`, set as the gradients) and `opt.step()`, captured
-        together and replayed, whatever the optimizer's settings. Used where every active client has a
-        full batch; rows of clients past their last batch (fed padding rows) are stepped too, their
-        stacked buffers (BatchNorm statistics) written too, and all of it restored with the epoch's other
-        stale rows (`_save_rows` saved every stacked tensor when they finished). Returns each client's
-        loss."""
+    def graphed(self, rows: torch.Tensor, opt: torch.optim.Optimizer,
+                runs: tuple[tuple[int, int, int], ...] | None = None) -> Any:
+        """The stack's step on (K, batch) rows as a CUDA graph (`cuda_graphs.StepGraphs`): the eager step's
+        gradients (`batched_grads`, set as the gradients) and `opt.step()`, captured together and replayed,
+        whatever the optimizer's settings. Returns each client's loss.
+
+        Without `runs`, the whole stack's step, used where every active client has a full batch; rows of
+        clients past their last batch (fed padding rows) are stepped too, their stacked buffers (BatchNorm
+        statistics) written too, and all of it restored with the epoch's other stale rows (`_save_rows`
+        saved every stacked tensor when they finished).
+
+        With `runs` ((lo, hi, batch size) of the active clients, `_ChunkRun._runs`), the eager step of a
+        step where some batches are shorter, one graph per pattern of runs: each run's gradients on its
+        rows, zero elsewhere, then `opt.step()`; returns each run's losses. Used in stages of several
+        epochs, where each pattern recurs every epoch (`_ChunkRun._graphed_runs`)."""
         run = self.run
         assert self.graphs is not None
         tr = {n: run.state[n] for n in self.trained}
         rest = {n: run.stage_state[n] for n in self.rest_names}
 
-        def step(rows: torch.Tensor) -> torch.Tensor:
+        def whole(rows: torch.Tensor) -> torch.Tensor:
             grads, loss = compiled.batched_grads(run.ws, self.update.loss, self.rest_dims, tr, rest, run.x[rows],
                                                  run.y[rows], run.flags)
             for n, t in tr.items():
@@ -504,11 +604,29 @@ class _Step:
             opt.step()
             return loss
 
+        def by_runs(rows: torch.Tensor) -> list[torch.Tensor]:
+            assert runs is not None
+            grads = {n: torch.zeros_like(t) for n, t in tr.items()}
+            losses = []
+            for lo, hi, size in runs:
+                idx = rows[lo:hi, :size]
+                run_grads, loss = self(lo, hi)(run.x[idx], run.y[idx])
+                for n, g in grads.items():
+                    g[lo:hi] = run_grads[n]
+                losses.append(loss)
+            for n, t in tr.items():
+                t.grad = grads[n]
+            opt.step()
+            return losses
+
         momentum = tuple(opt.state.get(t, {}).get("momentum_buffer") for t in tr.values())
         holds = (self.update.loss, opt, run.x, run.y, *tr.values(), *rest.values(), *run.flags.values(), *momentum)
-        settings = tuple((k, v) for k, v in opt.param_groups[0].items() if k != "params" and isinstance(v, Hashable))
-        values = (settings, run.ws.mode_key)  # the Python values the step reads: the rate, momentum, modes...
-        return self.graphs.run(holds, rows, step, values)
+        group = opt.param_groups[0]
+        if self._settings is None or self._settings[0] is not opt:  # the group's hashable settings, found once
+            self._settings = (opt, tuple(k for k, v in group.items() if k != "params" and isinstance(v, Hashable)))
+        settings = tuple(group[k] for k in self._settings[1])
+        values = (settings, run.ws.mode_key, runs)  # the Python values the step reads: the rate, momentum, modes...
+        return self.graphs.run(holds, rows, whole if runs is None else by_runs, values)
 
     def prefix(self, hi: int, xb: torch.Tensor, yb: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """The compiled step of the whole stack on (K, batch) rows, for clients 0:hi: the caller keeps
