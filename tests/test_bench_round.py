@@ -101,3 +101,16 @@ def test_peer_runs_pfllib_scripts_with_stand_ins_for_what_they_import_but_never_
     subprocess.run([sys.executable, str(PEER), "--inside", str(script), "-gr", "2"], cwd=tmp_path, check=True,
                    timeout=60)
     assert (tmp_path / "out.json").read_text() == '{"argv": ["-gr", "2"], "cp": "cvxpy"}'
+
+
+def test_graph_host_cost_runs_the_graph_branches_on_cpu():
+    """scripts/graph_host_cost.py: the executor's CUDA-graph branches on CPU with graphs that cost nothing;
+    most steps replay, few run eagerly."""
+    script = SCRIPT.parent / "graph_host_cost.py"
+    out = subprocess.run([sys.executable, str(script), "--scenario", "fedfcd-t1", "--method", "fedavg,fedrep",
+                          "--rounds", "2"], capture_output=True, text=True, timeout=300, check=True).stdout
+    for method in ("fedavg", "fedrep"):
+        fields = next(line for line in out.splitlines() if line.startswith(f"graph_host[{method}]")).split()
+        values = dict(zip(fields[1::2], map(float, fields[2::2])))
+        assert values["round_s"] > 0
+        assert values["replays_per_round"] > 2 * values["eager_vmap_calls_per_round"] > 0
