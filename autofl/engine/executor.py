@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
@@ -65,11 +66,13 @@ class Executor(Protocol):
         ...
 
 
-def batch_cuts(n: int, batch_size: int) -> list[tuple[int, int]]:
+@functools.lru_cache(maxsize=4096)
+def batch_cuts(n: int, batch_size: int) -> tuple[tuple[int, int], ...]:
     """(start, end) of each batch of an n-sample epoch; a lone last sample is dropped (BatchNorm
-    cannot train on one sample) unless it is the client's only sample."""
+    cannot train on one sample) unless it is the client's only sample. Cached: a client's cuts are
+    the same every round (executors ask for every sampled client's each round)."""
     cuts = [(s, min(s + batch_size, n)) for s in range(0, n, batch_size)]
-    return [(a, b) for a, b in cuts if not (b - a < 2 <= n)]
+    return tuple((a, b) for a, b in cuts if not (b - a < 2 <= n))
 
 
 def epoch_orders(job: ClientJob, plan: RoundPlan) -> list[list[torch.Tensor]]:
