@@ -156,7 +156,7 @@ class CpuStepGraphs(cuda_graphs.StepGraphs):
         self.captures += 1
 
 
-@pytest.mark.parametrize("epochs", [1, 2])
+@pytest.mark.parametrize("epochs", [1, 3])
 @pytest.mark.parametrize("method,arch", [("fedavg", "mlp"), ("fedrep", "mlp"), ("fedsiam_da", "mlp"), ("ditto", "mlp"),
                                          ("moon", "moon_cnn")])
 def test_the_executors_graph_steps_train_what_its_eager_steps_do(method, arch, epochs, monkeypatch):
@@ -165,10 +165,10 @@ def test_the_executors_graph_steps_train_what_its_eager_steps_do(method, arch, e
     clients past their last batch fed padding rows and stepped, then restored at the epoch's end (on a
     BatchNorm model only where all clients train), momentum and weight decay in the captured optimizer
     step, a stage's updates one graph each (FedSiam-DA, Ditto), FedRep's head epochs on stored encoder
-    outputs. Steps where some clients have shorter batches: in a stage of several epochs, a graph of the
-    eager step per pattern of batch sizes; in a stage of one epoch, the full batches by the whole step's
-    graph and the shorter ones eagerly on their rows (`_ChunkRun._mixed_step`). The run equals the
-    eager one in float64 on the uneven scenario, and graphs replayed."""
+    outputs. Steps where some clients have shorter batches: the full batches by the whole step's graph
+    and the shorter ones eagerly on their rows (`_ChunkRun._mixed_step`), and in a stage of 3 epochs or
+    more, from the second epoch on, a graph of the eager step per pattern of batch sizes. The run equals
+    the eager one in float64 on the uneven scenario, and graphs replayed."""
     from test_executor_equivalence import GRAPHED, assert_same_run, run
 
     from autofl.engine import vectorized
@@ -190,15 +190,16 @@ def test_the_executors_graph_steps_train_what_its_eager_steps_do(method, arch, e
 
     monkeypatch.setattr(vectorized._ChunkRun, "_mixed_step", mixed)
     monkeypatch.setattr(vectorized._Step, "graphed", graphed)
-    extra = (*GRAPHED, f"fl.local_epochs={epochs}", *(["method.head_epochs=2"] if method == "fedrep" else []))
+    extra = (*GRAPHED, f"fl.local_epochs={epochs}", *(["method.head_epochs=3"] if method == "fedrep" else []))
     eager_history, eager = run(method, arch, "vectorized", "float64", "off", extra)
     assert not CpuStepGraphs.made
     history, graphed_run = run(method, arch, "vectorized", "float64", "on", extra)
     assert_same_run(eager_history, eager, history, graphed_run)
     made = CpuStepGraphs.made
     assert sum(g.captures for g in made) >= 1 and sum(g.replays for g in made) > 2 * sum(g.captures for g in made)
-    assert all(len(runs) > 1 for runs in mixed_steps)
-    if epochs == 1:  # steps with shorter last batches had their full batches stepped by the whole step's graph
-        assert mixed_steps
-    else:  # ... or, every epoch, a graph of their own
-        assert pattern_steps and not mixed_steps
+    # steps with shorter last batches had their full batches stepped by the whole step's graph...
+    assert mixed_steps and all(len(runs) > 1 for runs in mixed_steps)
+    if epochs > 1 or method == "fedrep":  # ... and, from a long stage's second epoch, a graph of their own
+        assert pattern_steps
+    else:
+        assert not pattern_steps

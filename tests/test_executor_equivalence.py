@@ -198,7 +198,9 @@ GRAPHED = ("fl.batch_size=8", "data.min_size=24")
 @pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs need a GPU: run with AUTOFL_TEST_DEVICE=cuda")
 @pytest.mark.parametrize("method,arch,extra", [*[(m, "mlp", ()) for m in METHODS], ("fedavg", "mlp", PLAIN_SGD),
                                                ("fedfcd", "mlp", PLAIN_SGD), ("fedavg", "resnet18", ()),
-                                               ("fedsiam_da", "resnet18", ()), ("moon", "moon_cnn", ())])
+                                               ("fedsiam_da", "resnet18", ()), ("moon", "moon_cnn", ()),
+                                               ("fedavg", "mlp", ("fl.local_epochs=3",)),
+                                               ("moon", "moon_cnn", ("fl.local_epochs=3",))])
 def test_cuda_graph_steps_equal_eager(method, arch, extra, monkeypatch):
     """On CUDA, runtime.compile replays the vectorized executor's whole steps (every active client on a
     full batch) as CUDA graphs (engine/cuda_graphs.py), optimizer step included, momentum and weight

@@ -45,6 +45,10 @@ from autofl.engine.linear_probes import ProbePlan, end_probes_on_error, probe_pl
 from autofl.engine.plan import Stage, Update
 
 
+# a stage's steps with shorter batches replay graphs of their own from this many epochs on (`_graphed_runs`)
+PATTERN_GRAPH_EPOCHS = 3
+
+
 class VectorizedExecutor:
     name = "vectorized"
 
@@ -243,8 +247,12 @@ class _ChunkRun:
             if idle < self.k:
                 self._save_rows(saved, saved_momentum, opts, param_names, idle, self.k)
             lock = self._lockstep(max_steps)
+            # steps with shorter batches: eagerly in the first epoch (each shape runs once before a capture
+            # records it), as graphs of their own from the second (`_graphed_runs`)
             if e == 0:
-                self.graphed_runs = self._graphed_runs(stage, lock)
+                patterns, self.graphed_runs = self._graphed_runs(stage, lock), set()
+            elif e == 1:
+                self.graphed_runs = patterns
             if calls is None:  # runtime.compile on CPU, one update a step: runs of small whole steps, one call each
                 calls = {}
                 if len(steps) == 1 and max_steps:
@@ -342,12 +350,14 @@ class _ChunkRun:
 
     def _graphed_runs(self, stage: Stage, lock: list[tuple[int, list[tuple[int, int, int]], int]]
                       ) -> set[tuple[tuple[int, int, int], ...]]:
-        """The patterns of runs whose steps replay as graphs of their own (`_Step.graphed` with runs): with
-        CUDA-graph steps, in a stage of several epochs (FedRep's head epochs), the steps where some active
-        clients have shorter batches, if their patterns fit among a step's graphs (`cuda_graphs.MAX_GRAPHS`,
-        one kept for the full-batch step). In a stage of one epoch each pattern would be captured once and
-        replayed never: slower than the eager step (those steps go by `_mixed_step`)."""
-        if not self.graph_steps or self.plan.epochs(stage) < 2:
+        """The patterns of runs whose steps replay as graphs of their own (`_Step.graphed` with runs) from a
+        stage's second epoch on: with CUDA-graph steps, in a stage of at least `PATTERN_GRAPH_EPOCHS`
+        epochs (FedRep's head epochs), the steps where some active clients have shorter batches, if their
+        patterns fit among a step's graphs (`cuda_graphs.MAX_GRAPHS`, one kept for the full-batch step).
+        Each such step runs eagerly in the first epoch, is captured (at about an eager step's cost) in the
+        second and replays in the others; in shorter stages that would not pay (those steps go by
+        `_mixed_step`)."""
+        if not self.graph_steps or self.plan.epochs(stage) < PATTERN_GRAPH_EPOCHS:
             return set()
         bs = self.plan.batch_size
         patterns = {tuple(runs) for _, runs, _ in lock if not (len(runs) == 1 and runs[0][2] == bs)}
@@ -377,7 +387,7 @@ class _ChunkRun:
             if update.report is not None:
                 self._meter(update.report, lo0, hi0, size0, loss)
             return
-        if step.graphs is not None and tuple(runs) in self.graphed_runs:
+        if step.graphs is not None and step.graphs.failed is None and tuple(runs) in self.graphed_runs:
             # runtime.compile on CUDA, a stage of several epochs: this step's pattern of shorter batches
             # recurs every epoch, so its eager step replays as a graph of its own (see _Step.graphed)
             losses = step.graphed(rows, opt, tuple(runs))
@@ -385,7 +395,8 @@ class _ChunkRun:
                 for (lo, hi, size), loss in zip(runs, losses):
                     self._meter(update.report, lo, hi, size, loss, start=lo)
             return
-        if step.graphs is not None and size0 == self.plan.batch_size and _slices_step(opt, names, self.state):
+        if (step.graphs is not None and step.graphs.failed is None and size0 == self.plan.batch_size
+                and _slices_step(opt, names, self.state)):
             # runtime.compile on CUDA, clients 0:hi0 on full batches and the others on shorter last ones:
             # the full batches replay the whole step's graph, the shorter ones step eagerly (_mixed_step)
             self._mixed_step(update, names, step, opt, runs, rows)
@@ -500,7 +511,7 @@ class _ChunkRun:
             buf[lo:hi] = self.state[n][lo:hi]
         for key, mom in self._momentum(opts, param_names):
             if key not in saved_momentum:
-                saved_momentum[key] = torch.empty_like(mom)
+                saved_momentum[key] = torch.zeros_like(mom)  # rows saved before it existed: none yet
             saved_momentum[key][lo:hi] = mom[lo:hi]
 
     def _restore_rows(self, saved: dict[str, torch.Tensor], saved_momentum: dict[tuple[int, str], torch.Tensor],
