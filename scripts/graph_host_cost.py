@@ -18,7 +18,6 @@ bookkeeping, not a GPU: the GPU's own numbers come from `bench_round.py --device
 from __future__ import annotations
 
 import argparse
-import collections
 import statistics
 import sys
 import time
@@ -49,9 +48,7 @@ class HostOnlyGraphs(cuda_graphs.StepGraphs):
     made: list["HostOnlyGraphs"] = []
 
     def __init__(self) -> None:
-        self.graphs = collections.OrderedDict()
-        self.warmed, self.failed = False, None
-        self.captures = self.replays = 0
+        super().__init__()
         HostOnlyGraphs.made.append(self)
 
     def _on_stream(self, fn: Callable[[], Any]) -> Any:

@@ -6,7 +6,6 @@ The graphs themselves are compared with eager steps on a GPU by
 
 from __future__ import annotations
 
-import collections
 import contextlib
 from typing import Callable
 
@@ -142,9 +141,7 @@ class CpuStepGraphs(cuda_graphs.StepGraphs):
     made: list["CpuStepGraphs"] = []
 
     def __init__(self) -> None:
-        self.graphs = collections.OrderedDict()
-        self.warmed, self.failed = False, None
-        self.captures = self.replays = 0
+        super().__init__()
         CpuStepGraphs.made.append(self)
 
     def _on_stream(self, fn):

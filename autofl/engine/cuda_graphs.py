@@ -74,8 +74,8 @@ class StepGraphs:
 
     def __init__(self) -> None:
         self.graphs: collections.OrderedDict[Hashable, _Graph] = collections.OrderedDict()
-        self.stream = torch.cuda.Stream()
-        self.pool = torch.cuda.graph_pool_handle()  # one memory pool for this step's graphs (see the module doc)
+        self.stream: torch.cuda.Stream | None = None  # made at the first call (`_capture_stream`)
+        self.pool: Any = None  # one memory pool for this step's graphs (see the module doc)
         self.warmed = False  # the first call ran eagerly on the capture stream
         self.failed: str | None = None
         self.captures = self.replays = 0
@@ -104,22 +104,30 @@ class StepGraphs:
         self.replays += 1
         return entry.out
 
+    def _capture_stream(self) -> torch.cuda.Stream:
+        """The side stream the first call and the captures run on, with the graphs' memory pool: made at the
+        first call, so a step that never runs on CUDA (or a stand-in that overrides `_on_stream` and
+        `_capture`) makes neither."""
+        if self.stream is None:
+            self.stream, self.pool = torch.cuda.Stream(), torch.cuda.graph_pool_handle()
+        return self.stream
+
     def _on_stream(self, fn: Callable[[], T]) -> T:
         """`fn()` on the capture stream, ordered after and before the current stream's work."""
-        current = torch.cuda.current_stream()
-        self.stream.wait_stream(current)
-        with torch.cuda.stream(self.stream):
+        stream, current = self._capture_stream(), torch.cuda.current_stream()
+        stream.wait_stream(current)
+        with torch.cuda.stream(stream):
             out = fn()
-        current.wait_stream(self.stream)
+        current.wait_stream(stream)
         return out
 
     def _capture(self, entry: _Graph, rows: torch.Tensor, step: Callable[[torch.Tensor], T]) -> None:
         entry.rows = rows.clone()
         graph = torch.cuda.CUDAGraph()
-        current = torch.cuda.current_stream()
-        self.stream.wait_stream(current)
+        stream, current = self._capture_stream(), torch.cuda.current_stream()
+        stream.wait_stream(current)
         error: Exception | None = None  # the first failure: the step's own, not the invalidated capture's
-        with torch.cuda.stream(self.stream):
+        with torch.cuda.stream(stream):
             graph.capture_begin(pool=self.pool)
             try:
                 entry.out = step(entry.rows)
@@ -136,6 +144,6 @@ class StepGraphs:
                           f"it runs eagerly", RuntimeWarning, stacklevel=3)
             torch.cuda.synchronize()
             return
-        current.wait_stream(self.stream)
+        current.wait_stream(stream)
         entry.graph = graph
         self.captures += 1
