@@ -449,14 +449,15 @@ class _ChunkRun:
         those rows alone (`torch.optim.sgd.sgd`, the function `opt.step()` runs, on views of the stack).
         Every client gets the update the eager step gives it."""
         lo1, active = runs[1][0], runs[-1][1]
+        momentum = [buf for _, buf in self._momentum([opt], [names])]  # one per name, or none (momentum 0)
         written = [*names, *(n for n in self.stacked_buffers if n not in names)]
-        momentum = [opt.state[self.state[n]]["momentum_buffer"] for n in names] if _momentum_of(opt) else []
-        kept = [t[lo1:active].clone() for t in (*(self.state[n] for n in written), *momentum)]
+        written_tensors = [*(self.state[n] for n in written), *momentum]
+        kept = [t[lo1:active].clone() for t in written_tensors]
         loss = step.graphed(rows, opt)
         if update.report is not None:
             self._meter(update.report, *runs[0], loss)
         with torch.no_grad():
-            for t, copy in zip((*(self.state[n] for n in written), *momentum), kept):
+            for t, copy in zip(written_tensors, kept):
                 t[lo1:active] = copy
         group = opt.param_groups[0]
         for lo, hi, size in runs[1:]:
@@ -524,10 +525,6 @@ class _ChunkRun:
                     mom[lo:] = saved_momentum[key][lo:]
 
 
-def _momentum_of(opt: torch.optim.Optimizer) -> bool:
-    return opt.param_groups[0]["momentum"] != 0
-
-
 def _slices_step(opt: torch.optim.Optimizer, names: list[str], state: dict[str, torch.Tensor]) -> bool:
     """Whether `_ChunkRun._mixed_step` can update rows of the stack alone as `opt.step()` would: `opt` is
     SGD with one param group, without differentiable or fused updates, and its momentum buffers (if any)
@@ -537,7 +534,7 @@ def _slices_step(opt: torch.optim.Optimizer, names: list[str], state: dict[str, 
     group = opt.param_groups[0]
     if group.get("differentiable") or group.get("fused"):
         return False
-    return not _momentum_of(opt) or all(
+    return group["momentum"] == 0 or all(
         isinstance(opt.state.get(state[n], {}).get("momentum_buffer"), torch.Tensor) for n in names)
 
 
