@@ -30,7 +30,7 @@ import argparse
 import statistics
 import time
 
-from bench_round import SCENARIOS, sync, synthetic_dataset
+from bench_round import SCENARIOS, round_args, sync, synthetic_dataset
 
 from autofl.engine import compiled, vectorized
 from autofl.engine.simulation import Simulation
@@ -77,9 +77,8 @@ def main() -> None:
     sims = {}
     for on in (True, False):
         _on["on"] = on
-        exp = load_experiment(None, [*SCENARIOS[args.scenario], f"method.name={args.method}", "fl.rounds=1000",
-                                     "fl.eval_every=1000", "runtime.executor=vectorized", "runtime.compile=on",
-                                     f"runtime.device={args.device}"])
+        exp = load_experiment(None, round_args(args.scenario, args.method, "runtime.executor=vectorized",
+                                               "runtime.compile=on", f"runtime.device={args.device}"))
         sims[on] = Simulation(exp, get_method_class(args.method), raw)
         sims[on].run_round()
         sims[on].run_round()

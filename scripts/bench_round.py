@@ -107,6 +107,12 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def round_args(scenario: str, method: str, *extra: str) -> list[str]:
+    """The experiment of a timed round: the scenario and method, with enough rounds and no evaluation in
+    the rounds timed, then `extra` (KEY=VALUE settings)."""
+    return [*SCENARIOS[scenario], f"method.name={method}", "fl.rounds=1000", "fl.eval_every=1000", *extra]
+
+
 def round_flops(method: str, args: list[str], raw: RawDataset | None) -> float:
     """The FLOPs of one round as the method runs it: its second round (the first takes
     first-participation branches, and is not timed either) under torch's FlopCounterMode, run by
@@ -149,7 +155,7 @@ def bench(method: str, scenario: str, executors: list[str], extra: list[str], re
           flops_per_s: float, raw: RawDataset | None = None, compile_modes: list[str | None] = [None]
           ) -> dict[str, float]:
     seconds: dict[str, float] = {}
-    args = [*SCENARIOS[scenario], f"method.name={method}", "fl.rounds=1000", "fl.eval_every=1000", *extra]
+    args = round_args(scenario, method, *extra)
     floor = round_flops(method, args, raw) / flops_per_s
     for executor in executors:
         for mode in compile_modes:

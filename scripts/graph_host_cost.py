@@ -82,9 +82,8 @@ def main() -> None:
     raw = bench_round.synthetic_dataset(dataset)
     methods = method_names() if args.method == "all" else args.method.split(",")
     for method in methods:
-        exp = load_experiment(None, [*bench_round.SCENARIOS[args.scenario], f"method.name={method}", "fl.rounds=1000",
-                                     "fl.eval_every=1000", "runtime.executor=vectorized", "runtime.compile=on",
-                                     "runtime.device=cpu", *args.set])
+        exp = load_experiment(None, bench_round.round_args(args.scenario, method, "runtime.executor=vectorized",
+                                                           "runtime.compile=on", "runtime.device=cpu", *args.set))
         sim = Simulation(exp, get_method_class(method), raw)
         sim.run_round()
         calls[0] = 0
