@@ -437,13 +437,34 @@ def _stdout_lost(err: OSError) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import errno
     import os
 
     if sys.stdout is None:  # started with stdout closed (>&-): what would be shown is dropped
         sys.stdout = open(os.devnull, "w")
     parser = build_parser()
     args = parser.parse_args(argv)
+    try:
+        return _dispatch(args)
+    finally:
+        _sigterm_ends_the_process()
+
+
+def _sigterm_ends_the_process() -> None:
+    """The command's work is done (its trials and runs are stored): a SIGTERM from here on ends the
+    process at once, as it does without autofl, instead of being forwarded as Ctrl-C into Ray's
+    atexit shutdown, where it printed a KeyboardInterrupt traceback and the process still exited 0
+    (CI saw a SIGTERM land there, just after a study's last trial)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    """Run the parsed command; the errors a user can act on become one line and an exit code."""
+    import errno
+
     try:
         return int(args.func(args) or 0)
     except OSError as err:

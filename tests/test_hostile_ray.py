@@ -47,7 +47,10 @@ def test_resources_no_node_has_stop_the_search_at_once(tmp_path, resources):
 
 def test_sigterm_stops_the_study_like_ctrl_c(tmp_path):
     home = tmp_path / "home"
-    space = space_file(tmp_path, "term", trials=6, rounds=8)
+    # long enough that it cannot end between the first finished trial and the signal: with 6 trials
+    # of 8 rounds the last one ended 0.7 s after the first was pruned, and CI's SIGTERM came later.
+    # The paper default (trial 0) is never pruned: at 1000 rounds it runs for a minute or more
+    space = space_file(tmp_path, "term", trials=12, rounds=1000)
     driver = subprocess.Popen([*AUTOFL, "search", "--space", str(space), "--dir", str(home)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.time() + 600
@@ -64,6 +67,22 @@ def test_sigterm_stops_the_study_like_ctrl_c(tmp_path):
     assert driver.returncode == 130, err[-3000:]
     assert "resume it with autofl search --resume 'term'" in err.splitlines()[-1]
     assert "Traceback" not in err and "Aborted" not in err
+
+
+def test_a_sigterm_after_the_work_ends_the_process_without_a_traceback():
+    """While a study runs SIGTERM is Ctrl-C; once the command's work is done (Ray's atexit shutdown
+    is all that is left) it ends the process as it would without autofl. CI saw one forwarded as
+    Ctrl-C into Ray's shutdown: a KeyboardInterrupt traceback, and exit 0."""
+    code = ("import os, signal\n"
+            "from autofl.cli import main\n"
+            "from autofl.tuning.preflight import sigterm_as_ctrl_c\n"
+            "sigterm_as_ctrl_c()\n"  # as a search does once Ray is up
+            "assert main(['list']) == 0\n"
+            "os.kill(os.getpid(), signal.SIGTERM)\n"
+            "print('still running')\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -signal.SIGTERM, proc.stderr[-2000:]
+    assert "still running" not in proc.stdout and "Traceback" not in proc.stderr
 
 
 @pytest.fixture(scope="module")
