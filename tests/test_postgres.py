@@ -75,7 +75,9 @@ def test_postgres_study_survives_a_killed_driver_and_never_writes_the_password(p
 
     log = tmp_path / "driver.log"
     with open(log, "w") as sink:
-        driver = subprocess.Popen([*AUTOFL, "search", "--space", str(space(tmp_path, "pgkill", 6, 8)), "--dir",
+        # 40 rounds: the paper default (trial 0, never pruned) outlives the pruned trials by seconds, so
+        # the study cannot end between the second finished trial and the kill (at 8 it could)
+        driver = subprocess.Popen([*AUTOFL, "search", "--space", str(space(tmp_path, "pgkill", 6, 40)), "--dir",
                                    str(home)], stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         wait_for(lambda: finished_count(pg, "pgkill") >= 2 or driver.poll() is not None)
         assert driver.poll() is None, "the study finished before it could be killed; make it longer"
