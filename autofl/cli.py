@@ -446,19 +446,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _dispatch(args)
     finally:
-        _sigterm_ends_the_process()
+        from autofl.tuning.preflight import sigterm_ends_the_process
 
-
-def _sigterm_ends_the_process() -> None:
-    """The command's work is done (its trials and runs are stored): a SIGTERM from here on ends the
-    process at once, as it does without autofl, instead of being forwarded as Ctrl-C into Ray's
-    atexit shutdown, where it printed a KeyboardInterrupt traceback and the process still exited 0
-    (CI saw a SIGTERM land there, just after a study's last trial)."""
-    import signal
-    import threading
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        sigterm_ends_the_process()  # the work is done: Ray's atexit shutdown is all that is left
 
 
 def _dispatch(args: argparse.Namespace) -> int:

@@ -169,6 +169,18 @@ def sigterm_as_ctrl_c() -> None:
     signal.signal(signal.SIGTERM, forward)
 
 
+def sigterm_ends_the_process() -> None:
+    """Undoes `sigterm_as_ctrl_c` once the CLI's command is done (its trials and runs are stored): a
+    SIGTERM from then on ends the process at once, as it does without autofl, instead of being
+    forwarded as Ctrl-C into Ray's atexit shutdown, where it printed a KeyboardInterrupt traceback and
+    the process still exited 0 (CI saw a SIGTERM land there, just after a study's last trial). Only
+    the CLI calls it: it owns its process, where a Python caller of the API owns theirs."""
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def check_home(home: Path) -> None:
     """The studies folder ($AUTOFL_HOME or --dir) can hold a new study: a folder (or one that can be
     made) this user may write."""
