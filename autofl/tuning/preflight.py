@@ -154,10 +154,6 @@ def sigterm_as_ctrl_c() -> None:
     """SIGTERM (batch schedulers, systemd, `kill`) does what Ctrl-C does: Tune saves the experiment
     and the study resumes with --resume (exit 130). Ray's driver installs its own SIGTERM handler
     when it connects, so call this again after Ray starts."""
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        return
 
     def forward(signum: int, frame: Any) -> None:
         handler = signal.getsignal(signal.SIGINT)  # Tune's graceful stop while it runs, else KeyboardInterrupt
@@ -166,7 +162,7 @@ def sigterm_as_ctrl_c() -> None:
         else:
             raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, forward)
+    _set_sigterm(forward)
 
 
 def sigterm_ends_the_process() -> None:
@@ -175,10 +171,16 @@ def sigterm_ends_the_process() -> None:
     forwarded as Ctrl-C into Ray's atexit shutdown, where it printed a KeyboardInterrupt traceback and
     the process still exited 0 (CI saw a SIGTERM land there, just after a study's last trial). Only
     the CLI calls it: it owns its process, where a Python caller of the API owns theirs."""
+    _set_sigterm(signal.SIG_DFL)
+
+
+def _set_sigterm(handler: Any) -> None:
+    """SIGTERM's handler set to `handler`, from the main thread only: Python sets signal handlers there
+    alone (elsewhere, as in a Python caller's worker thread, the handler stays as it is)."""
     import threading
 
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, handler)
 
 
 def check_home(home: Path) -> None:
