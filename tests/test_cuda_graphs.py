@@ -164,8 +164,10 @@ def test_the_executors_graph_steps_train_what_its_eager_steps_do(method, arch, e
     step, a stage's updates one graph each (FedSiam-DA, Ditto), FedRep's head epochs on stored encoder
     outputs. Steps where some clients have shorter batches: the full batches by the whole step's graph
     and the shorter ones eagerly on their rows (`_ChunkRun._mixed_step`), and in a stage of 3 epochs or
-    more, from the second epoch on, a graph of the eager step per pattern of batch sizes. The run equals
-    the eager one in float64 on the uneven scenario, and graphs replayed."""
+    more, from the second epoch on, a graph of the eager step per pattern of batch sizes (in a shorter
+    stage, for a pattern met the round before). Tensors, optimizers and graphs are kept from round to round
+    (engine/graph_arena.py; here 3 of 5 clients sampled a round). The run equals the eager one in float64
+    on the uneven scenario, and graphs replayed.""" 
     from test_executor_equivalence import GRAPHED, assert_same_run, run
 
     from autofl.engine import vectorized
@@ -174,6 +176,8 @@ def test_the_executors_graph_steps_train_what_its_eager_steps_do(method, arch, e
     monkeypatch.setattr(cuda_graphs, "StepGraphs", CpuStepGraphs)
     CpuStepGraphs.made = []
     mixed_steps, pattern_steps = [], []
+    eager_patterns, graphed_unseen = set(), []  # patterns stepped without a graph of their own; graphed before that
+    update = vectorized._ChunkRun._update
     mixed_step, graphed_step = vectorized._ChunkRun._mixed_step, vectorized._Step.graphed
 
     def mixed(self, update, names, step, opt, runs, rows):
@@ -185,6 +189,15 @@ def test_the_executors_graph_steps_train_what_its_eager_steps_do(method, arch, e
             pattern_steps.append(runs)
         return graphed_step(self, rows, opt, runs)
 
+    def logged_update(self, update_, names, step, opt, runs, rows, active):
+        graphed_before = len(pattern_steps)
+        update(self, update_, names, step, opt, runs, rows, active)
+        if len(pattern_steps) == graphed_before:
+            eager_patterns.add(tuple(runs))
+        elif tuple(runs) not in eager_patterns:
+            graphed_unseen.append(tuple(runs))
+
+    monkeypatch.setattr(vectorized._ChunkRun, "_update", logged_update)
     monkeypatch.setattr(vectorized._ChunkRun, "_mixed_step", mixed)
     monkeypatch.setattr(vectorized._Step, "graphed", graphed)
     extra = (*GRAPHED, f"fl.local_epochs={epochs}", *(["method.head_epochs=3"] if method == "fedrep" else []))
@@ -198,5 +211,69 @@ def test_the_executors_graph_steps_train_what_its_eager_steps_do(method, arch, e
     assert mixed_steps and all(len(runs) > 1 for runs in mixed_steps)
     if epochs > 1 or method == "fedrep":  # ... and, from a long stage's second epoch, a graph of their own
         assert pattern_steps
+    else:  # ... and in one-epoch stages, a graph of their own only for a pattern met eagerly the round before
+        assert not graphed_unseen
+
+
+@pytest.mark.parametrize("method", sorted(__import__("autofl.methods.registry", fromlist=["x"]).method_names()))
+def test_graphs_are_kept_across_rounds_and_a_round_like_the_last_replays_them_all(method, monkeypatch):
+    """With every client sampled each round, a round's steps meet the tensors, optimizers and patterns
+    of the round before (engine/graph_arena.py): every method's run equals the eager one in float64 on
+    the uneven scenario, and where a method's losses are the same functions every round (its own
+    `loss`, module-level losses) the third round runs no step eagerly (no warm-up, no capture, no
+    `vmap(grad)` outside a graph: a pattern of shorter batches replays the graph captured in round 2).
+    A loss made afresh each round (a closure over that round's prototypes) captures each round anew."""
+    from test_executor_equivalence import GRAPHED, assert_same_run, run
+
+    from autofl.engine import compiled, simulation
+
+    monkeypatch.setattr(cuda_graphs, "graphs_on", lambda device: True)
+    monkeypatch.setattr(cuda_graphs, "StepGraphs", CpuStepGraphs)
+    CpuStepGraphs.made = []
+    eager_calls: list[int] = []  # batched_grads calls outside a replay, per round
+    captures: list[int] = []  # graphs captured, per round
+    replaying = [False]
+    batched_grads, replay = compiled.batched_grads, ReplayingGraph.replay
+    run_round = simulation.Simulation.run_round
+
+    def counted(*a, **k):
+        if not replaying[0]:
+            eager_calls[-1] += 1
+        return batched_grads(*a, **k)
+
+    def replayed(self):
+        replaying[0] = True
+        try:
+            replay(self)
+        finally:
+            replaying[0] = False
+
+    def one_round(self):
+        eager_calls.append(0)
+        before = sum(g.captures for g in CpuStepGraphs.made)
+        try:
+            return run_round(self)
+        finally:
+            captures.append(sum(g.captures for g in CpuStepGraphs.made) - before)
+
+    monkeypatch.setattr(compiled, "batched_grads", counted)
+    monkeypatch.setattr(ReplayingGraph, "replay", replayed)
+    monkeypatch.setattr(simulation.Simulation, "run_round", one_round)
+    extra = (*GRAPHED, "fl.participation=1.0", "fl.local_epochs=1")
+    eager_history, eager = run(method, "mlp", "vectorized", "float64", "off", extra)
+    eager_calls.clear()
+    captures.clear()
+    history, graphed_run = run(method, "mlp", "vectorized", "float64", "on", extra)
+    assert_same_run(eager_history, eager, history, graphed_run)
+    made = CpuStepGraphs.made
+    assert made and not [g.failed for g in made if g.failed]
+    assert len(made) == sum(len(stage.updates) for stage in graphed_run.round_plan().stages)  # one per update, kept
+    assert len(eager_calls) == len(captures) == 3 and eager_calls[0] > 0 and captures[0] > 0
+    if method in FRESH_LOSS_EACH_ROUND:
+        assert captures[2] > 0, captures
     else:
-        assert not pattern_steps
+        assert eager_calls[2] == captures[2] == 0, (eager_calls, captures)
+
+
+# methods whose losses close over the round's own server tensors (prototypes, FedFCD's GFR statistics)
+FRESH_LOSS_EACH_ROUND = {"fedeccr", "fedfcd", "fedproto"}

@@ -14,14 +14,15 @@ launch each step. Graphs of several steps were tried and dropped: a new round ca
 graph's launch grows with its kernels (139 us for 4 steps), so 4 steps a graph made FedAvg's round 1.20x
 slower and 16 left FedRep's (2,630 head steps a round) unchanged (1.01x; one-process A/B, medians of 3).
 
-`StepGraphs.run(holds, rows, step, values)` runs `step(rows)`, one step on the tensors it closes over:
+`StepGraphs.run(holds, rows, step, values, warm_up)` runs `step(rows)`, one step on the tensors it closes over:
 - a graph is keyed by the identity of the objects `step` reads (`holds`: the stacked tensors, the
   flags, the loss closure, the optimizer and its momentum buffers), the Python values it reads
   (`values`: the optimizer's settings, the workspace's train/eval modes) and the rows' shape; it holds
   the objects, so no other object can take their identity while it lives;
-- the first call runs `step` eagerly, on the capture stream: a real step (its effect is wanted)
-  that also sets up what the stream needs before a capture (cuBLAS's handle and workspace) and
-  creates the optimizer's momentum buffers, which the graphs then read and write in place;
+- the first call, and a call with `warm_up` (the caller's new optimizer has no momentum buffers yet),
+  runs `step` eagerly, on the capture stream: a real step (its effect is wanted) that also sets up
+  what the stream needs before a capture (cuBLAS's handle and workspace) and creates the optimizer's
+  momentum buffers, which the graphs then read and write in place;
 - a later call with a new key captures `step` on a static copy of its rows (capturing records
   kernels and runs none), then replays it: the same kernels as the eager step, on the same memory,
   so the graph's steps equal eager ones;
@@ -38,8 +39,10 @@ A step's graphs share one memory pool: a later capture may reuse memory an earli
 any graph of the step. The executor copies the losses at once and sets the gradients anew each step.
 
 `torch.cuda.CUDAGraph`'s own capture calls are used rather than the `torch.cuda.graph` context, which
-runs `gc.collect()` and empties the allocator's cache at every capture: a new round stacks new client
-tensors, so each round captures again, and the collection alone would cost more than the round.
+runs `gc.collect()` and empties the allocator's cache at every capture: a round whose loss is a closure
+made afresh captures again, and the collection alone would cost more than the round. The executor keeps
+a step's `StepGraphs`, and the tensors its graphs read, from one round to the next (engine/graph_arena.py),
+so a round with the same loss replays the graphs of the rounds before.
 """
 
 from __future__ import annotations
@@ -70,7 +73,8 @@ class _Graph:
 
 
 class StepGraphs:
-    """The CUDA graphs of one step function (see the module doc); one per executor step and round."""
+    """The CUDA graphs of one step function (see the module doc); one per executor step (a stage's update),
+    kept across rounds (`graph_arena.RoundArena.graphs`)."""
 
     def __init__(self) -> None:
         self.graphs: collections.OrderedDict[Hashable, _Graph] = collections.OrderedDict()
@@ -81,10 +85,10 @@ class StepGraphs:
         self.captures = self.replays = 0
 
     def run(self, holds: tuple[Any, ...], rows: torch.Tensor, step: Callable[[torch.Tensor], T],
-            values: tuple[Hashable, ...] = ()) -> T:
+            values: tuple[Hashable, ...] = (), warm_up: bool = False) -> T:
         if self.failed is not None:
             return step(rows)
-        if not self.warmed:
+        if not self.warmed or warm_up:
             self.warmed = True
             return self._on_stream(lambda: step(rows))
         key = (*map(id, holds), values, tuple(rows.shape), rows.dtype)

@@ -24,7 +24,9 @@ the size of one model's state, the chunk holds K x P for each stacked model of t
 (the model, plus per-client copies: 1 for FedAvg-like methods, 2 for FDCL/MOON `prev`, 3 for
 FedSiam-DA's f' and `hist`), plus for each trained tensor a gradient and a momentum buffer
 (K x P each, momentum only when fl.momentum > 0), plus an end-of-epoch copy (K x P per stacked
-model), plus the activations of K x batch_size samples. Roughly 5 x K x P for FedAvg.
+model), plus the activations of K x batch_size samples. Roughly 5 x K x P for FedAvg. With CUDA-graph
+steps (runtime.compile on a GPU) the stacked tensors, optimizers and graphs stay between rounds
+(engine/graph_arena.py), so a round's graphs replay in the next.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from torch.optim.sgd import sgd as sgd_update  # the functional SGD that torch.o
 from autofl.engine import compiled, cuda_graphs
 from autofl.engine.executor import (ClientJob, ClientOutcome, RoundPlan, Workspace, batch_cuts, epoch_orders,
                                     losses_on_inputs, outputs_by_slices, stage_inputs, stage_models)
+from autofl.engine.graph_arena import RoundArena, loss_holds
 from autofl.engine.linear_probes import ProbePlan, end_probes_on_error, probe_plan
 from autofl.engine.plan import Stage, Update
 
@@ -56,6 +59,8 @@ class VectorizedExecutor:
         self.ws = ws
         self.client_chunk = client_chunk
         self.compile_steps = compile_steps  # runtime.compile: the batched step runs compiled (engine/compiled.py)
+        # with CUDA-graph steps: each chunk's tensors, optimizers and graphs, kept across rounds (graph_arena)
+        self.arenas: dict[int, RoundArena] = {}
 
     def train(self, plan: RoundPlan, jobs: list[ClientJob], x: torch.Tensor, y: torch.Tensor) -> list[ClientOutcome]:
         sizes = [[b - a for a, b in batch_cuts(len(job.train_idx), plan.batch_size)] for job in jobs]
@@ -64,8 +69,9 @@ class VectorizedExecutor:
         outcomes: dict[int, ClientOutcome] = {}
         for start in range(0, len(order), chunk):
             members = order[start : start + chunk]
+            arena = self.arenas.setdefault(start, RoundArena())
             for i, outcome in zip(members, _ChunkRun(self.ws, plan, [jobs[i] for i in members], x, y,
-                                                        self.compile_steps).run()):
+                                                        self.compile_steps, arena).run()):
                 outcomes[i] = outcome
             plan.finished(len(members))
         return [outcomes[i] for i in range(len(jobs))]
@@ -75,12 +81,14 @@ class _ChunkRun:
     """One chunk of clients, already sorted by (batches, last batch size) descending."""
 
     def __init__(self, ws: Workspace, plan: RoundPlan, jobs: list[ClientJob], x: torch.Tensor, y: torch.Tensor,
-                 compile_steps: bool = False):
+                 compile_steps: bool = False, arena: RoundArena | None = None):
         self.ws, self.plan, self.jobs, self.x, self.y = ws, plan, jobs, x, y
         self.compile_steps = compile_steps
         self.k = len(jobs)
         self.device = x.device
         self.graph_steps = compile_steps and cuda_graphs.graphs_on(self.device)  # whole steps as CUDA graphs
+        # what the graphs read, kept from the chunk's earlier rounds (with graph steps only)
+        self.arena = (arena or RoundArena()) if self.graph_steps else None
         self.orders = [epoch_orders(job, plan) for job in jobs]  # [client][stage][epoch] -> rows
         self.cuts = [batch_cuts(len(job.train_idx), plan.batch_size) for job in jobs]
         self.state, self.batched, self.common = self._stack_state()
@@ -88,8 +96,8 @@ class _ChunkRun:
         self.stacked_buffers = [n for n, _ in ws.named_buffers() if self.batched.get(n, False)]
         self._lr: tuple[float, torch.Tensor] | None = None  # the SGD rate as a tensor, one per stage's rate
         flag_names = list(jobs[0].start.flags)
-        self.flags = {n: torch.tensor([job.start.flags[n] for job in jobs], dtype=x.dtype, device=self.device)
-                      for n in flag_names}
+        self.flags = {n: self._flag(n, torch.tensor([job.start.flags[n] for job in jobs], dtype=x.dtype,
+                                                    device=self.device)) for n in flag_names}
         # report key -> each step's (lo, hi, batch size, first client of `losses`, per-client mean losses)
         self.meters: dict[str, list[tuple[int, int, int, int, torch.Tensor]]] = {}
         self._lockstep_plan: list[tuple[int, list[tuple[int, int, int]], int]] | None = None
@@ -98,7 +106,6 @@ class _ChunkRun:
         # trained yet and every client received as one tensor passed unstacked
         self.touched: set[str] = set()
         self.stage_state, self.stage_dims = self.state, self.dims
-        self.graphed_runs: set[tuple[tuple[int, int, int], ...]] = set()  # `_graphed_runs` of the stage
 
     # ----- stacking ----------------------------------------------------------------------------
     def _stack_state(self) -> tuple[dict[str, torch.Tensor], dict[str, bool], dict[str, torch.Tensor]]:
@@ -119,9 +126,21 @@ class _ChunkRun:
                     state[full], batched[full] = tensors[0].to(self.device), False
                 else:
                     state[full], batched[full] = torch.stack(tensors).to(self.device), True
-                    if full in params and all(t is tensors[0] for t in tensors):
-                        common[full] = state[full][0]
+                if self.arena is not None:
+                    state[full] = self.arena.stacked(full, batched[full], state[full])
+                if batched[full] and full in params and all(t is tensors[0] for t in tensors):
+                    common[full] = state[full][0] if self.arena is None else self.arena.row_view(full, state[full])
         return state, batched, common
+
+    def _flag(self, name: str, values: torch.Tensor) -> torch.Tensor:
+        """A per-client flag's tensor: `values`, or with graph steps the chunk's kept tensor holding them."""
+        return values if self.arena is None else self.arena.flag(name, values)
+
+    def _optimizer(self, key: tuple[int, int], names: list[str]) -> torch.optim.Optimizer:
+        """An update's optimizer over the stack's tensors: new, or with graph steps the chunk's kept one reset
+        (`RoundArena.optimizer`), which its graphs step."""
+        fresh = self.plan.optimizer([self.state[n] for n in names])
+        return fresh if self.arena is None else self.arena.optimizer(key, fresh)
 
     def _enter_stage(self, stage: Stage, param_names: list[list[str]]) -> None:
         """What this stage's steps read: the stack, except the parameters that every client received
@@ -172,6 +191,8 @@ class _ChunkRun:
         for s, stage in enumerate(self.plan.stages):
             module = stage_inputs(self.ws, stage)
             table = None if module is None else self._inputs_table(stage, module)
+            if table is not None and self.arena is not None:
+                table = self.arena.table(s, table)  # the same tensor every round: graph steps read it
             if table is None:
                 self._run_stage(s, losses_on_inputs(stage))
                 continue
@@ -226,7 +247,7 @@ class _ChunkRun:
             for n in names:
                 if not self.batched[n]:
                     raise RuntimeError(f"{n}: a trained tensor must be stacked")
-        opts = [self.plan.optimizer([self.state[n] for n in names]) for names in param_names]
+        opts = [self._optimizer((s, i), names) for i, names in enumerate(param_names)]
         self._enter_stage(stage, param_names)
         steps = [self._make_step(u, names, (s, i)) for i, (u, names) in enumerate(zip(stage.updates, param_names))]
         # runtime.compile on CPU, several updates a step with plain SGD at one learning rate: all of them
@@ -237,6 +258,7 @@ class _ChunkRun:
         n_steps = [len(c) for c in self.cuts]
         max_steps = max(n_steps, default=0)
         calls: dict[int, int] | None = None  # step -> the steps its call runs (the same in every epoch)
+        patterns: set[tuple[tuple[int, int, int], ...]] = set()
         for e in range(self.plan.epochs(stage)):
             batch_rows = self._batch_rows(s, e, max_steps)
             finished_early = sum(1 for c in n_steps if c == max_steps)  # rows past this finish early
@@ -247,12 +269,16 @@ class _ChunkRun:
             if idle < self.k:
                 self._save_rows(saved, saved_momentum, opts, param_names, idle, self.k)
             lock = self._lockstep(max_steps)
-            # steps with shorter batches: eagerly in the first epoch (each shape runs once before a capture
-            # records it), as graphs of their own from the second (`_graphed_runs`)
+            # steps with shorter batches: graphs of their own for the patterns this stage met last round, and
+            # in a long stage for every pattern from its second epoch (each shape runs eagerly once before a
+            # capture records it): `_graphed_runs`
             if e == 0:
-                patterns, self.graphed_runs = self._graphed_runs(stage, lock), set()
-            elif e == 1:
-                self.graphed_runs = patterns
+                patterns = self._graphed_runs(lock)
+                for step_fn in steps:
+                    step_fn.graphed_runs = patterns & self._seen_patterns(step_fn)
+            elif e == 1 and self.plan.epochs(stage) >= PATTERN_GRAPH_EPOCHS:
+                for step_fn in steps:
+                    step_fn.graphed_runs = patterns
             if calls is None:  # runtime.compile on CPU, one update a step: runs of small whole steps, one call each
                 calls = {}
                 if len(steps) == 1 and max_steps:
@@ -293,7 +319,11 @@ class _ChunkRun:
                 if key in self.flags:  # in place: a step's CUDA graphs read the flags where they are
                     self.flags[key].fill_(value)
                 else:
-                    self.flags[key] = torch.full((self.k,), value, dtype=self.x.dtype, device=self.device)
+                    self.flags[key] = self._flag(key, torch.full((self.k,), value, dtype=self.x.dtype,
+                                                                 device=self.device))
+        if self.arena is not None and max_steps:
+            for step_fn in steps:
+                self.arena.seen[step_fn.where] = (step_fn.loss_holds, patterns)
 
     def _batch_rows(self, s: int, e: int, max_steps: int) -> torch.Tensor:
         """(steps, K, batch) row indices of epoch e of stage s (padding rows are never read); step-major,
@@ -348,20 +378,31 @@ class _ChunkRun:
             start = step if groupable else step + 1
         return calls
 
-    def _graphed_runs(self, stage: Stage, lock: list[tuple[int, list[tuple[int, int, int]], int]]
+    def _graphed_runs(self, lock: list[tuple[int, list[tuple[int, int, int]], int]]
                       ) -> set[tuple[tuple[int, int, int], ...]]:
-        """The patterns of runs whose steps replay as graphs of their own (`_Step.graphed` with runs) from a
-        stage's second epoch on: with CUDA-graph steps, in a stage of at least `PATTERN_GRAPH_EPOCHS`
-        epochs (FedRep's head epochs), the steps where some active clients have shorter batches, if their
-        patterns fit among a step's graphs (`cuda_graphs.MAX_GRAPHS`, one kept for the full-batch step).
-        Each such step runs eagerly in the first epoch, is captured (at about an eager step's cost) in the
-        second and replays in the others; in shorter stages that would not pay (those steps go by
-        `_mixed_step`)."""
-        if not self.graph_steps or self.plan.epochs(stage) < PATTERN_GRAPH_EPOCHS:
+        """With CUDA-graph steps, the patterns of runs (the steps where some active clients have shorter
+        batches) that may replay as graphs of their own (`_Step.graphed` with runs), if they fit among a
+        step's graphs (`cuda_graphs.MAX_GRAPHS`, one kept for the full-batch step). A pattern takes its graph
+        where it recurs: from a stage's second epoch on in a stage of at least `PATTERN_GRAPH_EPOCHS` epochs
+        (FedRep's head epochs), and from the first epoch where the update met it last round with the same
+        loss (`_seen_patterns`: with every client sampled, a round's patterns are the last one's). Its first
+        occurrence runs eagerly, the next is captured (at about an eager step's cost) and replayed; where a
+        pattern does not recur that would not pay, and its step goes by `_mixed_step`."""
+        if not self.graph_steps:
             return set()
         bs = self.plan.batch_size
         patterns = {tuple(runs) for _, runs, _ in lock if not (len(runs) == 1 and runs[0][2] == bs)}
         return patterns if len(patterns) < cuda_graphs.MAX_GRAPHS else set()
+
+    def _seen_patterns(self, step: "_Step") -> set[tuple[tuple[int, int, int], ...]]:
+        """The patterns of runs `step`'s update met last round, if its loss is the same one (`loss_holds`):
+        its graphs of them are kept. A loss made afresh (over the round's prototypes) captures anew, and a
+        pattern it meets once a round would not pay its capture."""
+        if self.arena is None or step.where not in self.arena.seen:
+            return set()
+        holds, patterns = self.arena.seen[step.where]
+        same = len(holds) == len(step.loss_holds) and all(a is b for a, b in zip(holds, step.loss_holds))
+        return patterns if same else set()
 
     def _runs(self, step: int, active: int) -> list[tuple[int, int, int]]:
         """(lo, hi, batch size): contiguous runs of active clients whose batch at `step` has one size."""
@@ -387,9 +428,9 @@ class _ChunkRun:
             if update.report is not None:
                 self._meter(update.report, lo0, hi0, size0, loss)
             return
-        if step.graphs is not None and step.graphs.failed is None and tuple(runs) in self.graphed_runs:
-            # runtime.compile on CUDA, a stage of several epochs: this step's pattern of shorter batches
-            # recurs every epoch, so its eager step replays as a graph of its own (see _Step.graphed)
+        if step.graphs is not None and step.graphs.failed is None and tuple(runs) in step.graphed_runs:
+            # runtime.compile on CUDA: this step's pattern of shorter batches recurs (every epoch of a long
+            # stage, or every round), so its eager step replays as a graph of its own (see _Step.graphed)
             losses = step.graphed(rows, opt, tuple(runs))
             if update.report is not None:
                 for (lo, hi, size), loss in zip(runs, losses):
@@ -538,19 +579,39 @@ def _slices_step(opt: torch.optim.Optimizer, names: list[str], state: dict[str, 
         isinstance(opt.state.get(state[n], {}).get("momentum_buffer"), torch.Tensor) for n in names)
 
 
+def _rows_step(ws: Workspace, loss: Callable[..., torch.Tensor], rest_dims: dict[str, int | None], tr: dict[str, torch.Tensor],
+               rest: dict[str, torch.Tensor], flags: dict[str, torch.Tensor], lo: int, hi: int, k: int
+               ) -> Callable[..., Any]:
+    """The eager batched step of clients lo:hi of a stack of k: on views of their rows of the trained
+    tensors `tr`, of the stacked ones of `rest` (client dimension 0 in `rest_dims`; the others whole) and
+    of the flags."""
+    whole = lo == 0 and hi == k
+
+    def rows(t: torch.Tensor) -> torch.Tensor:
+        return t if whole else t[lo:hi]
+
+    tr_rows = {n: rows(t) for n, t in tr.items()}
+    rest_rows = {n: rows(t) if rest_dims[n] == 0 else t for n, t in rest.items()}
+    flag_rows = {n: rows(f) for n, f in flags.items()}
+    return lambda xb, yb: compiled.batched_grads(ws, loss, rest_dims, tr_rows, rest_rows, xb, yb, flag_rows)
+
+
 class _Step:
     """One update's batched step on a chunk: eager on a slice of clients, or (runtime.compile)
     compiled on the whole stack."""
 
     def __init__(self, run: _ChunkRun, update: Update, trained: list[str], where: tuple[int, int]):
-        self.run, self.update, self.trained = run, update, trained
+        self.run, self.update, self.trained, self.where = run, update, trained, where
+        self.loss_holds = loss_holds(update.loss)  # what keys its loss in its graphs (graph_arena)
+        # the patterns of runs whose steps replay graphs of their own (`_ChunkRun._graphed_runs`)
+        self.graphed_runs: set[tuple[tuple[int, int, int], ...]] = set()
         trained_set = set(trained)
         self.rest_names = [n for n in run.state if n not in trained_set]
         self.rest_dims = {n: run.stage_dims[n] for n in self.rest_names}
         self.compiled = self.whole = self.whole_run = None
         self.graphs: cuda_graphs.StepGraphs | None = None
-        if run.graph_steps:
-            self.graphs = cuda_graphs.StepGraphs()  # whole steps as CUDA graphs (`graphed`), the other steps eager
+        if run.arena is not None:  # whole steps as CUDA graphs (`graphed`), the other steps eager
+            self.graphs = run.arena.graphs(where)
         elif run.compile_steps:
             key = self.key = compiled.step_key(update.loss, *where)
             if run.device.type == "cpu":
@@ -577,12 +638,8 @@ class _Step:
     def __call__(self, lo: int, hi: int) -> Callable[..., Any]:
         """The eager step of clients lo:hi (views of their rows)."""
         run = self.run
-        whole = lo == 0 and hi == run.k
-        tr = {n: run.state[n] if whole else run.state[n][lo:hi] for n in self.trained}
-        rest = {n: (run.state[n] if whole else run.state[n][lo:hi]) if self.rest_dims[n] == 0 else run.stage_state[n]
-                for n in self.rest_names}
-        flags = {n: f if whole else f[lo:hi] for n, f in run.flags.items()}
-        return lambda xb, yb: compiled.batched_grads(run.ws, self.update.loss, self.rest_dims, tr, rest, xb, yb, flags)
+        return _rows_step(run.ws, self.update.loss, self.rest_dims, {n: run.state[n] for n in self.trained},
+                          {n: run.stage_state[n] for n in self.rest_names}, run.flags, lo, hi, run.k)
 
     def graphed(self, rows: torch.Tensor, opt: torch.optim.Optimizer,
                 runs: tuple[tuple[int, int, int], ...] | None = None) -> Any:
@@ -597,16 +654,22 @@ class _Step:
 
         With `runs` ((lo, hi, batch size) of the active clients, `_ChunkRun._runs`), the eager step of a
         step where some batches are shorter, one graph per pattern of runs: each run's gradients on its
-        rows, zero elsewhere, then `opt.step()`; returns each run's losses. Used in stages of several
-        epochs, where each pattern recurs every epoch (`_ChunkRun._graphed_runs`)."""
+        rows, zero elsewhere, then `opt.step()`; returns each run's losses. Used where a pattern recurs
+        (`_ChunkRun._graphed_runs`).
+
+        The graphs are kept across rounds (`graph_arena.RoundArena`): the step's closures read the objects
+        of this call (taken here, not through the chunk run at replay), and its loss is keyed by
+        `graph_arena.loss_holds`."""
         run = self.run
         assert self.graphs is not None
+        # what the step reads, as this call finds it (a graph kept for later rounds reads these tensors)
+        ws, loss_fn, rest_dims, x, y, k = run.ws, self.update.loss, self.rest_dims, run.x, run.y, run.k
         tr = {n: run.state[n] for n in self.trained}
         rest = {n: run.stage_state[n] for n in self.rest_names}
+        flags = dict(run.flags)
 
         def whole(rows: torch.Tensor) -> torch.Tensor:
-            grads, loss = compiled.batched_grads(run.ws, self.update.loss, self.rest_dims, tr, rest, run.x[rows],
-                                                 run.y[rows], run.flags)
+            grads, loss = compiled.batched_grads(ws, loss_fn, rest_dims, tr, rest, x[rows], y[rows], flags)
             for n, t in tr.items():
                 t.grad = grads[n]
             opt.step()
@@ -618,7 +681,7 @@ class _Step:
             losses = []
             for lo, hi, size in runs:
                 idx = rows[lo:hi, :size]
-                run_grads, loss = self(lo, hi)(run.x[idx], run.y[idx])
+                run_grads, loss = _rows_step(ws, loss_fn, rest_dims, tr, rest, flags, lo, hi, k)(x[idx], y[idx])
                 for n, g in grads.items():
                     g[lo:hi] = run_grads[n]
                 losses.append(loss)
@@ -628,13 +691,15 @@ class _Step:
             return losses
 
         momentum = tuple(opt.state.get(t, {}).get("momentum_buffer") for t in tr.values())
-        holds = (self.update.loss, opt, run.x, run.y, *tr.values(), *rest.values(), *run.flags.values(), *momentum)
+        holds = (*self.loss_holds, opt, x, y, *tr.values(), *rest.values(), *flags.values(), *momentum)
         group = opt.param_groups[0]
         if self._settings is None or self._settings[0] is not opt:  # the group's hashable settings, found once
             self._settings = (opt, tuple(k for k, v in group.items() if k != "params" and isinstance(v, Hashable)))
         settings = tuple(group[k] for k in self._settings[1])
-        values = (settings, run.ws.mode_key, runs)  # the Python values the step reads: the rate, momentum, modes...
-        return self.graphs.run(holds, rows, whole if runs is None else by_runs, values)
+        values = (settings, ws.mode_key, runs)  # the Python values the step reads: the rate, momentum, modes...
+        # a new optimizer's first step makes its momentum buffers, which a graph must find made: run eagerly
+        eager_first = group["momentum"] != 0 and any(m is None for m in momentum)
+        return self.graphs.run(holds, rows, whole if runs is None else by_runs, values, warm_up=eager_first)
 
     def prefix(self, hi: int, xb: torch.Tensor, yb: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """The compiled step of the whole stack on (K, batch) rows, for clients 0:hi: the caller keeps

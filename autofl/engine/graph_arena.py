@@ -1,0 +1,148 @@
+"""What the vectorized executor keeps from one round to the next when whole steps replay as CUDA graphs.
+
+A CUDA graph replays kernels on the memory it was captured on (engine/cuda_graphs.py), so a graph is
+keyed by the identity of the tensors its step reads. Each round used to stack new tensors, make new
+optimizers and new `StepGraphs`, so every round paid each step's eager warm-up and its capture again,
+and ran eagerly the steps where some clients have shorter last batches (a one-epoch stage meets each
+such pattern once a round): on an H200 each of those is an eager `vmap(grad)` call of some 2.5 ms,
+nine of them in a fedfcd-t1 FedAvg round whose replays take about 0.1 ms a step.
+
+`RoundArena` holds, for one chunk of clients, the tensors a round's steps read and write, in place:
+- the stacked (and the shared, unstacked) workspace tensors, and the row-0 views of received
+  parameters (`stacked`, `row_view`): a new round's starting values are copied into the same tensors;
+- the per-client flags (`flag`) and a stage's table of computed inputs (`table`), likewise;
+- each update's SGD optimizer (`optimizer`): reused when its settings and parameters are the same, its
+  momentum buffers zeroed (exactly a fresh SGD's first step when dampening is 0: 0 * momentum + d_p is
+  d_p, the value a fresh optimizer clones);
+- each update's `StepGraphs` (`graphs`), so a round's steps find the graphs of the rounds before;
+- the patterns of shorter last batches each update met last round (`seen`), which get graphs of their
+  own from their next occurrence on when its loss is the same (`_ChunkRun._graphed_runs`).
+
+When anything differs (a tensor's shape, a flag's size, an optimizer's settings), the new round's own
+object is kept instead and the graphs key on it anew: reusing is an optimisation, never a condition
+of being right. A loss is keyed by what it is (`loss_holds`): the same function, the same closure made
+again over the same values, the same method's bound `loss` finds its graphs again, while a closure over
+a round's own tensors (its prototypes, say) captures anew.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from collections.abc import Hashable
+from typing import Any, Callable
+
+import torch
+
+from autofl.engine import cuda_graphs
+
+
+class RoundArena:
+    """The tensors, optimizers and step graphs of one chunk of clients, kept across rounds (module doc)."""
+
+    def __init__(self) -> None:
+        self.tensors: dict[tuple[str, bool], torch.Tensor] = {}
+        self.views: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # name -> (base, its row 0)
+        self.flags: dict[str, torch.Tensor] = {}
+        self.tables: dict[int, torch.Tensor] = {}
+        self.optimizers: dict[Hashable, torch.optim.Optimizer] = {}
+        self.step_graphs: dict[Hashable, cuda_graphs.StepGraphs] = {}
+        # (stage, update) -> its loss's `loss_holds` and the patterns of runs it met last round
+        self.seen: dict[tuple[int, int], tuple[tuple[Any, ...], set[Any]]] = {}
+
+    def stacked(self, name: str, batched: bool, value: torch.Tensor) -> torch.Tensor:
+        """`value` (a round's stacked tensor, or a shared one) in the tensor kept under its name, when
+        the kept one has its shape, dtype and device; otherwise a tensor of its own: `value` when it is a
+        new stack, a copy of a shared one (the received global model's, which the arena must not write)."""
+        return self._kept(self.tensors, (name, batched), value if batched else _Copy(value))
+
+    def row_view(self, name: str, base: torch.Tensor) -> torch.Tensor:
+        """`base[0]`, the same view object every round `base` is the same tensor."""
+        kept = self.views.get(name)
+        if kept is None or kept[0] is not base:
+            kept = self.views[name] = (base, base[0])
+        return kept[1]
+
+    def flag(self, name: str, value: torch.Tensor) -> torch.Tensor:
+        return self._kept(self.flags, name, value)
+
+    def table(self, stage: int, value: torch.Tensor) -> torch.Tensor:
+        return self._kept(self.tables, stage, value)
+
+    def optimizer(self, key: Hashable, fresh: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """The optimizer kept under `key`, reset, if it is an SGD over the same tensors with the same
+        settings as `fresh` and zeroing its momentum makes its next step a fresh one's; else `fresh`."""
+        kept = self.optimizers.get(key)
+        if kept is not None and _same_sgd(kept, fresh):
+            for state in kept.state.values():
+                buf = state.get("momentum_buffer")
+                if isinstance(buf, torch.Tensor):
+                    buf.zero_()
+            return kept
+        self.optimizers[key] = fresh
+        return fresh
+
+    def graphs(self, key: Hashable) -> cuda_graphs.StepGraphs:
+        graphs = self.step_graphs.get(key)
+        if graphs is None:
+            graphs = self.step_graphs[key] = cuda_graphs.StepGraphs()
+        return graphs
+
+    @staticmethod
+    def _kept(kept: dict[Any, torch.Tensor], key: Any, value: "torch.Tensor | _Copy") -> torch.Tensor:
+        """The tensor kept under `key`, holding `value` (copied in); a new one when shapes differ."""
+        source = value.tensor if isinstance(value, _Copy) else value
+        old = kept.get(key)
+        if (old is not None and old.shape == source.shape and old.dtype == source.dtype
+                and old.device == source.device and old.stride() == source.stride()):
+            with torch.no_grad():
+                old.copy_(source)
+            return old
+        new = kept[key] = source.clone() if isinstance(value, _Copy) else source
+        return new
+
+
+class _Copy:
+    """A tensor the arena must not keep itself (it belongs to someone else): it keeps a copy."""
+
+    def __init__(self, tensor: torch.Tensor):
+        self.tensor = tensor
+
+
+def _same_sgd(kept: torch.optim.Optimizer, fresh: torch.optim.Optimizer) -> bool:
+    if type(kept) is not torch.optim.SGD or type(fresh) is not torch.optim.SGD:
+        return False
+    if len(kept.param_groups) != 1 or len(fresh.param_groups) != 1:
+        return False
+    old, new = kept.param_groups[0], fresh.param_groups[0]
+    if len(old["params"]) != len(new["params"]) or any(a is not b for a, b in zip(old["params"], new["params"])):
+        return False
+    if {k: v for k, v in old.items() if k != "params"} != {k: v for k, v in new.items() if k != "params"}:
+        return False
+    return new["momentum"] == 0 or new["dampening"] == 0
+
+
+def loss_holds(loss: Callable[..., Any]) -> tuple[Any, ...]:
+    """What identifies a loss for a step's graph key (`StepGraphs.run`'s `holds`), so that the same loss made
+    again in a later round's `local_stages` finds its graphs: a function by its code and what it closes
+    over (the contents of its cells, its defaults), a bound method by its object, its function and that
+    object's attributes, a `functools.partial` by its function and arguments; anything else by itself.
+    A closure over a round's own tensors (its prototypes) or a method that reassigns an attribute its loss
+    reads (`self.prototypes = ...`) gets a new key and captures anew; tensors changed in place are read
+    where they are, as any graph reads them. What a loss reads from elsewhere (a module's globals, an object
+    reached through one of these) must not be replaced between rounds: a kept graph would not see it."""
+    # objects, not tuples made here: `holds` are keyed by identity and kept alive by the graph
+    if isinstance(loss, functools.partial):
+        return (functools.partial, *loss_holds(loss.func), *loss.args, *loss.keywords.values())
+    if isinstance(loss, types.MethodType):
+        attributes = getattr(loss.__self__, "__dict__", None)
+        if isinstance(attributes, dict):
+            return (loss.__self__, *loss_holds(loss.__func__), *attributes.values())
+        return (loss,)
+    if isinstance(loss, types.FunctionType):
+        try:
+            cells = tuple(cell.cell_contents for cell in loss.__closure__ or ())
+        except ValueError:  # a cell not filled yet
+            return (loss,)
+        return (loss.__code__, *cells, *(loss.__defaults__ or ()), *(loss.__kwdefaults__ or {}).values())
+    return (loss,)

@@ -1,0 +1,92 @@
+"""engine/graph_arena.py: what the vectorized executor keeps across rounds for its CUDA-graph steps, on
+fixed tensors (the executor's use of it is checked end to end in tests/test_cuda_graphs.py)."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from autofl.engine.graph_arena import RoundArena, loss_holds
+
+
+def same(a: tuple, b: tuple) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+
+
+def test_a_round_s_values_go_into_the_kept_tensor_and_a_shared_tensor_is_copied_never_written():
+    arena = RoundArena()
+    stack = torch.zeros(3, 2)
+    assert arena.stacked("model.w", True, stack) is stack  # a new stack: kept itself
+    again = arena.stacked("model.w", True, torch.ones(3, 2))
+    assert again is stack and torch.equal(stack, torch.ones(3, 2))
+    other = arena.stacked("model.w", True, torch.ones(4, 2))  # another shape: a tensor of its own
+    assert other is not stack and other.shape == (4, 2)
+    shared = torch.full((2,), 5.0)  # the received global model's tensor: the arena keeps a copy
+    kept = arena.stacked("glob.w", False, shared)
+    assert kept is not shared and torch.equal(kept, shared)
+    assert arena.stacked("glob.w", False, torch.full((2,), 7.0)) is kept
+    assert torch.equal(shared, torch.full((2,), 5.0)) and torch.equal(kept, torch.full((2,), 7.0))
+    assert arena.row_view("model.w", other) is arena.row_view("model.w", other)
+    flag = arena.flag("has_prev", torch.tensor([0.0, 1.0]))
+    assert arena.flag("has_prev", torch.tensor([1.0, 1.0])) is flag and flag.tolist() == [1.0, 1.0]
+
+
+def test_a_kept_sgd_is_reset_so_its_next_step_is_a_fresh_one_s_and_other_settings_get_the_fresh_one():
+    arena = RoundArena()
+    w = torch.tensor([1.0, -2.0, 3.0], dtype=torch.float64)
+    grads = [torch.tensor([0.3, 0.1, -0.2], dtype=torch.float64), torch.tensor([0.5, -0.7, 0.9], dtype=torch.float64)]
+
+    def sgd(**kw):
+        return torch.optim.SGD([w], lr=0.1, momentum=0.9, weight_decay=0.01, **kw)
+
+    first = arena.optimizer("u", sgd())
+    for g in grads:  # round 1: momentum accumulates
+        w.grad = g.clone()
+        first.step()
+    start = w.clone()
+    kept = arena.optimizer("u", sgd())
+    assert kept is first
+    for g in grads:  # round 2 on the kept optimizer ...
+        w.grad = g.clone()
+        kept.step()
+    reused = w.clone()
+    w.copy_(start)
+    fresh = sgd()
+    for g in grads:  # ... equals round 2 on a new one, bit for bit
+        w.grad = g.clone()
+        fresh.step()
+    assert torch.equal(reused, w)
+    assert arena.optimizer("u", sgd(dampening=0.5)) is not first  # 0 * momentum + (1 - d) * d_p is no clone
+    assert arena.optimizer("u", torch.optim.SGD([w], lr=0.2, momentum=0.9, weight_decay=0.01)) is not first
+    assert arena.optimizer("u", torch.optim.SGD([w.clone()], lr=0.1)) is not first
+
+
+class Method:
+    def __init__(self) -> None:
+        self.lam = 0.5
+
+    def loss(self, x):
+        return self.lam * x
+
+
+def make_closure(protos: torch.Tensor, lam: float):
+    def loss(x):
+        return lam * (x - protos)
+
+    return loss
+
+
+def test_a_loss_made_again_over_the_same_values_is_the_same_and_over_new_ones_is_another():
+    method, protos, lam = Method(), torch.zeros(2), 0.25
+    assert same(loss_holds(method.loss), loss_holds(method.loss))  # a new bound method object each access
+    before = loss_holds(method.loss)
+    method.lam = 0.75  # an attribute it reads, reassigned
+    assert not same(before, loss_holds(method.loss))
+    assert same(loss_holds(make_closure(protos, lam)), loss_holds(make_closure(protos, lam)))
+    assert not same(loss_holds(make_closure(protos, lam)), loss_holds(make_closure(torch.zeros(2), lam)))
+    assert same(loss_holds(functools.partial(make_closure, protos)), loss_holds(functools.partial(make_closure, protos)))
+    assert not same(loss_holds(functools.partial(make_closure, protos)),
+                    loss_holds(functools.partial(make_closure, torch.zeros(2))))
+    callable_object = Method()
+    assert loss_holds(callable_object) == (callable_object,)
