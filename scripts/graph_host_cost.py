@@ -10,7 +10,7 @@ Python once (as a real capture does, recording instead of running kernels), a re
 a round then takes is the host's work of a graphed round, plus the eager steps computed on the CPU
 (their arithmetic is far slower there than on a GPU, so a round with many eager steps reads high). It
 prints, per method, the median and fastest of `--rounds` rounds (after a first) and the eager
-`vmap(grad)` calls a round makes (captures included) and its graph replays. The data are random tensors of the scenario's
+`vmap(grad)` calls a round makes (captures included), its captures and its graph replays. The data are random tensors of the scenario's
 dataset (`--synthetic` of bench_round.py), so nothing is read from disk. It measures the executor's
 bookkeeping, not a GPU: the GPU's own numbers come from `bench_round.py --device cuda`.
 """
@@ -85,17 +85,22 @@ def main() -> None:
         exp = load_experiment(None, bench_round.round_args(args.scenario, method, "runtime.executor=vectorized",
                                                            "runtime.compile=on", "runtime.device=cpu", *args.set))
         sim = Simulation(exp, get_method_class(method), raw)
+        HostOnlyGraphs.made = []
         sim.run_round()
         calls[0] = 0
-        HostOnlyGraphs.made = []
+        # the executor keeps a step's graphs across rounds (engine/graph_arena.py): count from here on
+        replays, captures = (sum(g.replays for g in HostOnlyGraphs.made), sum(g.captures for g in HostOnlyGraphs.made))
         times = []
         for _ in range(args.rounds):
             start = time.perf_counter()
             sim.run_round()
             times.append(time.perf_counter() - start)
+        replays = sum(g.replays for g in HostOnlyGraphs.made) - replays
+        captures = sum(g.captures for g in HostOnlyGraphs.made) - captures
         print(f"graph_host[{method}] round_s {statistics.median(times):.4f}  fastest_s {min(times):.4f}  "
               f"eager_vmap_calls_per_round {calls[0] / args.rounds:.1f}  "
-              f"replays_per_round {sum(g.replays for g in HostOnlyGraphs.made) / args.rounds:.1f}", flush=True)
+              f"captures_per_round {captures / args.rounds:.1f}  replays_per_round {replays / args.rounds:.1f}",
+              flush=True)
 
 
 if __name__ == "__main__":
