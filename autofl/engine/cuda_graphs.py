@@ -61,7 +61,10 @@ def graphs_on(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
-MAX_GRAPHS = 8  # graphs one step keeps (flags replaced after an epoch, say): the least recently used goes
+# graphs one step keeps (its whole step's, one per pattern of shorter batches, a key replaced by a new round's
+# loss or flags): the least recently used goes. A step's graphs share one memory pool, so more graphs cost
+# their launch structures, not their activations again
+MAX_GRAPHS = 32
 
 
 class _Graph:

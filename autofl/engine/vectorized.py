@@ -50,6 +50,10 @@ from autofl.engine.plan import Stage, Update
 
 # a stage's steps with shorter batches replay graphs of their own from this many epochs on (`_graphed_runs`)
 PATTERN_GRAPH_EPOCHS = 3
+# at most this many patterns of shorter batches take graphs of their own (`_graphed_runs`): cifar10-cnn's 20
+# clients of Dirichlet sizes meet 18 a round, fedfcd-t1's 3 to 7; the rest of a step's graphs is room for
+# its whole step's and a new round's keys (`cuda_graphs.MAX_GRAPHS`)
+MAX_PATTERN_GRAPHS = 24
 
 
 class VectorizedExecutor:
@@ -382,7 +386,7 @@ class _ChunkRun:
                       ) -> set[tuple[tuple[int, int, int], ...]]:
         """With CUDA-graph steps, the patterns of runs (the steps where some active clients have shorter
         batches) that may replay as graphs of their own (`_Step.graphed` with runs), if they fit among a
-        step's graphs (`cuda_graphs.MAX_GRAPHS`, one kept for the full-batch step). A pattern takes its graph
+        step's graphs (`MAX_PATTERN_GRAPHS`, fewer than `cuda_graphs.MAX_GRAPHS`). A pattern takes its graph
         where it recurs: from a stage's second epoch on in a stage of at least `PATTERN_GRAPH_EPOCHS` epochs
         (FedRep's head epochs), and from the first epoch where the update met it last round with the same
         loss (`_seen_patterns`: with every client sampled, a round's patterns are the last one's). Its first
@@ -392,7 +396,7 @@ class _ChunkRun:
             return set()
         bs = self.plan.batch_size
         patterns = {tuple(runs) for _, runs, _ in lock if not (len(runs) == 1 and runs[0][2] == bs)}
-        return patterns if len(patterns) < cuda_graphs.MAX_GRAPHS else set()
+        return patterns if len(patterns) <= min(MAX_PATTERN_GRAPHS, cuda_graphs.MAX_GRAPHS - 1) else set()
 
     def _seen_patterns(self, step: "_Step") -> set[tuple[tuple[int, int, int], ...]]:
         """The patterns of runs `step`'s update met last round, if its loss is the same one (`loss_holds`):
