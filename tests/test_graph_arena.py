@@ -90,3 +90,27 @@ def test_a_loss_made_again_over_the_same_values_is_the_same_and_over_new_ones_is
                     loss_holds(functools.partial(make_closure, torch.zeros(2))))
     callable_object = Method()
     assert loss_holds(callable_object) == (callable_object,)
+
+
+def test_a_closure_over_a_round_s_tensors_runs_on_the_arena_s_copies_which_the_next_round_s_values_fill():
+    arena = RoundArena()
+    protos1, protos2 = torch.tensor([1.0, 2.0]), torch.tensor([5.0, 7.0])
+    first = arena.loss("u", make_closure(protos1, 0.25))
+    assert first(torch.zeros(2)).tolist() == [-0.25, -0.5]
+    second = arena.loss("u", make_closure(protos2, 0.25))  # the next round's: the same code, other values
+    assert second is first and second(torch.zeros(2)).tolist() == [-1.25, -1.75]
+    assert protos1.tolist() == [1.0, 2.0]  # the round's own tensors are never written
+    assert same(loss_holds(first), loss_holds(second))
+    # another scalar, another shape: a closure of its own
+    assert arena.loss("u", make_closure(protos2, 0.5)) is not first
+    other = arena.loss("u", make_closure(torch.zeros(3), 0.5))
+    assert other(torch.ones(3)).tolist() == [0.5, 0.5, 0.5]
+    # nothing to keep: a function without tensors in its cells, a bound method, a tensor that needs grad
+    assert arena.loss("v", make_closure) is make_closure
+    no_tensors = make_closure(None, 0.25)
+    assert arena.loss("v", no_tensors) is no_tensors
+    method = Method()
+    assert arena.loss("v", method.loss) == method.loss
+    trained = torch.zeros(2, requires_grad=True)
+    needs_grad = make_closure(trained, 0.25)
+    assert arena.loss("w", needs_grad) is needs_grad

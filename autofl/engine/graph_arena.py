@@ -21,8 +21,10 @@ nine of them in a fedfcd-t1 FedAvg round whose replays take about 0.1 ms a step.
 When anything differs (a tensor's shape, a flag's size, an optimizer's settings), the new round's own
 object is kept instead and the graphs key on it anew: reusing is an optimisation, never a condition
 of being right. A loss is keyed by what it is (`loss_holds`): the same function, the same closure made
-again over the same values, the same method's bound `loss` finds its graphs again, while a closure over
-a round's own tensors (its prototypes, say) captures anew.
+again over the same values, the same method's bound `loss` finds its graphs again. A closure over a
+round's own tensors (FedProto's and FedECCR's prototypes, FedFCD's GFR statistics) is run as a kept
+closure of the same code whose cells hold the arena's copies of those tensors (`loss`), this round's
+values copied in, so it finds its graphs again too.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class RoundArena:
         self.tables: dict[int, torch.Tensor] = {}
         self.optimizers: dict[Hashable, torch.optim.Optimizer] = {}
         self.step_graphs: dict[Hashable, cuda_graphs.StepGraphs] = {}
+        self.losses: dict[Hashable, tuple[types.FunctionType, list[Any]]] = {}  # `loss`: kept closures, their cells
         # (stage, update) -> its loss's `loss_holds` and the patterns of runs it met last round
         self.seen: dict[tuple[int, int], tuple[tuple[Any, ...], set[Any]]] = {}
 
@@ -81,6 +84,36 @@ class RoundArena:
             return kept
         self.optimizers[key] = fresh
         return fresh
+
+    def loss(self, key: Hashable, loss: Callable[..., Any]) -> Callable[..., Any]:
+        """The loss update `key`'s steps run: `loss`, or, for a closure over tensors (a round's prototypes,
+        FedFCD's GFR statistics), a closure of the same code whose tensor cells hold the arena's own
+        tensors. A later round's closure of the same code, over tensors of the same shapes and the same
+        other values, gets that kept closure back with its tensors' values copied in, so its graphs
+        replay on them; anything else gets a closure of its own (the tensors it closes over are never
+        written)."""
+        if not isinstance(loss, types.FunctionType) or not loss.__closure__:
+            return loss
+        try:
+            cells = [cell.cell_contents for cell in loss.__closure__]
+        except ValueError:  # a cell not filled yet
+            return loss
+        tensors = [i for i, v in enumerate(cells) if isinstance(v, torch.Tensor)]
+        if not tensors or any(cells[i].requires_grad for i in tensors):
+            return loss
+        kept = self.losses.get(key)
+        if kept is not None and _same_closure(kept[0], kept[1], loss, cells):
+            with torch.no_grad():
+                for i in tensors:
+                    kept[1][i].copy_(cells[i])
+            return kept[0]
+        own = [v.detach().clone() if i in tensors else v for i, v in enumerate(cells)]
+        rebound = types.FunctionType(loss.__code__, loss.__globals__, loss.__name__, loss.__defaults__,
+                                     tuple(types.CellType(v) for v in own))
+        rebound.__kwdefaults__ = loss.__kwdefaults__
+        rebound.__qualname__ = loss.__qualname__
+        self.losses[key] = (rebound, own)
+        return rebound
 
     def graphs(self, key: Hashable) -> cuda_graphs.StepGraphs:
         graphs = self.step_graphs.get(key)
@@ -120,6 +153,29 @@ def _same_sgd(kept: torch.optim.Optimizer, fresh: torch.optim.Optimizer) -> bool
     if {k: v for k, v in old.items() if k != "params"} != {k: v for k, v in new.items() if k != "params"}:
         return False
     return new["momentum"] == 0 or new["dampening"] == 0
+
+
+def _same_closure(kept: types.FunctionType, kept_cells: list[Any], loss: types.FunctionType, cells: list[Any]) -> bool:
+    """Whether `loss` is `kept` made again: the same code, globals and defaults, tensors of the same layout
+    where `kept` holds its own, and the same values elsewhere (the same object, or an equal number or string)."""
+    if (kept.__code__ is not loss.__code__ or kept.__globals__ is not loss.__globals__
+            or not _identical(kept.__defaults__ or (), loss.__defaults__ or ())
+            or not _identical(tuple((kept.__kwdefaults__ or {}).items()), tuple((loss.__kwdefaults__ or {}).items()))
+            or len(kept_cells) != len(cells)):
+        return False
+    for old, new in zip(kept_cells, cells):
+        if isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor):
+            if (old.shape != new.shape or old.dtype != new.dtype or old.device != new.device
+                    or old.stride() != new.stride()):
+                return False
+        elif not (old is new or (type(old) is type(new) and type(new) in (int, float, bool, str) and old == new)):
+            return False
+    return True
+
+
+def _identical(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    return len(a) == len(b) and all(x is y or (isinstance(x, tuple) and isinstance(y, tuple) and _identical(x, y))
+                                    for x, y in zip(a, b))
 
 
 def loss_holds(loss: Callable[..., Any]) -> tuple[Any, ...]:

@@ -605,6 +605,8 @@ class _Step:
     compiled on the whole stack."""
 
     def __init__(self, run: _ChunkRun, update: Update, trained: list[str], where: tuple[int, int]):
+        if run.arena is not None:  # a closure over the round's tensors runs on the arena's copies of them
+            update = dataclasses.replace(update, loss=run.arena.loss(where, update.loss))
         self.run, self.update, self.trained, self.where = run, update, trained, where
         self.loss_holds = loss_holds(update.loss)  # what keys its loss in its graphs (graph_arena)
         # the patterns of runs whose steps replay graphs of their own (`_ChunkRun._graphed_runs`)
