@@ -17,6 +17,14 @@ Under the vectorized executor the same function runs inside `torch.func.vmap`, s
 per-client: batch means, no Python branching on tensor values (use a per-client flag instead,
 e.g. `flags["has_prev"] * term`), no in-place writes to parameters.
 
+On a GPU (`runtime.compile`) the vectorized executor replays each step as a CUDA graph and keeps
+its graphs from one round to the next (autofl.engine.graph_arena). A loss reads the round's values
+through `ws`, `flags`, or what `local_stages` closes it over (a round's prototypes as a closure's
+tensors are fine: the executor copies each round's values in), or through attributes of the method
+that are replaced, not changed in place, when they change. It must not read a tensor reached through
+a global or a container (a dict kept across rounds) that is replaced between rounds: a graph kept
+from an earlier round would read the tensor it was captured on.
+
 The server side is values in, values out (as Flower's Strategy and FedJAX's ServerState): a
 method never sees the simulation. Its server-side state is one frozen dataclass, a subclass of
 `ServerState` named in `Method.State`, whose fields all have defaults; the engine keeps it, saves
