@@ -279,3 +279,41 @@ def test_graphs_are_kept_across_rounds_and_a_round_like_the_last_replays_them_al
 
 # FedProto trains on CE alone until the server has prototypes (round 1), then on its prototype loss
 LOSS_CHANGES_AFTER_ROUND_1 = {"fedproto"}
+
+
+@pytest.mark.parametrize("method", ["fedavg", "fedsiam_da"])
+@pytest.mark.parametrize("setting", ["runtime.client_chunk=2", "fl.lr_decay=0.9"])
+def test_kept_graphs_with_chunks_of_clients_and_a_decaying_learning_rate(method, setting, monkeypatch):
+    """Chunks of clients (5 a round, 2 + 2 + 1) share the kept tensors and graphs of their size, one arena
+    each size, not one each chunk; a learning rate that decays every round keeps each update's optimizer
+    (its new rate set, its momentum zeroed) and captures the steps anew at each rate, not the patterns of
+    shorter batches, which it would replay once. Either way the run equals the eager one in float64."""
+    from test_executor_equivalence import GRAPHED, assert_same_run, run
+
+    from autofl.engine import vectorized
+
+    monkeypatch.setattr(cuda_graphs, "graphs_on", lambda device: True)
+    monkeypatch.setattr(cuda_graphs, "StepGraphs", CpuStepGraphs)
+    patterns: list[object] = []
+    graphed = vectorized._Step.graphed
+
+    def recorded(self, rows, opt, runs=None):
+        if runs is not None:
+            patterns.append(runs)
+        return graphed(self, rows, opt, runs)
+
+    monkeypatch.setattr(vectorized._Step, "graphed", recorded)
+    CpuStepGraphs.made = []
+    extra = (*GRAPHED, "fl.participation=1.0", "fl.local_epochs=1", setting)
+    eager_history, eager = run(method, "mlp", "vectorized", "float64", "off", extra)
+    history, graphed_run = run(method, "mlp", "vectorized", "float64", "on", extra)
+    assert_same_run(eager_history, eager, history, graphed_run)
+    arenas = graphed_run.executor.arenas
+    updates = len(graphed_run.round_plan().stages[0].updates)
+    if setting.startswith("runtime.client_chunk"):
+        assert sorted(arenas) == [1, 2]
+        assert len(CpuStepGraphs.made) == 2 * updates  # a StepGraphs per update and chunk size
+    else:
+        (arena,) = arenas.values()
+        assert len(arena.optimizers) == updates and not patterns
+        assert len({id(g) for g in CpuStepGraphs.made}) == updates

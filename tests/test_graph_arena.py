@@ -70,7 +70,15 @@ class Method:
         return self.lam * x
 
 
-def make_closure(protos: torch.Tensor, lam: float):
+class Callable:
+    def __init__(self) -> None:
+        self.protos = torch.ones(2)
+
+    def __call__(self, x):
+        return x - self.protos
+
+
+def make_closure(protos, lam):
     def loss(x):
         return lam * (x - protos)
 
@@ -88,8 +96,21 @@ def test_a_loss_made_again_over_the_same_values_is_the_same_and_over_new_ones_is
     assert same(loss_holds(functools.partial(make_closure, protos)), loss_holds(functools.partial(make_closure, protos)))
     assert not same(loss_holds(functools.partial(make_closure, protos)),
                     loss_holds(functools.partial(make_closure, torch.zeros(2))))
-    callable_object = Method()
-    assert loss_holds(callable_object) == (callable_object,)
+    assert not same(loss_holds(functools.partial(make_closure, protos=protos)),
+                    loss_holds(functools.partial(make_closure, lam=protos)))  # another keyword
+    callable_object = Callable()
+    before = loss_holds(callable_object)
+    assert same(before, loss_holds(callable_object))
+    callable_object.protos = torch.zeros(2)  # replaced: another key
+    assert not same(before, loss_holds(callable_object))
+    held = {"protos": protos}  # a container a closure reads: its items are part of the key
+    before = loss_holds(make_closure(held, lam))
+    held["protos"] = torch.zeros(2)
+    assert not same(before, loss_holds(make_closure(held, lam)))
+    module = torch.nn.Linear(2, 2)  # a module's parameters and buffers too
+    before = loss_holds(make_closure(module, lam))
+    module.weight = torch.nn.Parameter(torch.zeros(2, 2))
+    assert not same(before, loss_holds(make_closure(module, lam)))
 
 
 def test_a_closure_over_a_round_s_tensors_runs_on_the_arena_s_copies_which_the_next_round_s_values_fill():

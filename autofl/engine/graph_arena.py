@@ -7,7 +7,8 @@ and ran eagerly the steps where some clients have shorter last batches (a one-ep
 such pattern once a round): on an H200 each of those is an eager `vmap(grad)` call of some 2.5 ms,
 nine of them in a fedfcd-t1 FedAvg round whose replays take about 0.1 ms a step.
 
-`RoundArena` holds, for one chunk of clients, the tensors a round's steps read and write, in place:
+`RoundArena` holds, for the chunks of K clients (`runtime.client_chunk`; one chunk of all sampled clients
+by default), the tensors a round's steps read and write, in place:
 - the stacked (and the shared, unstacked) workspace tensors, and the row-0 views of received
   parameters (`stacked`, `row_view`): a new round's starting values are copied into the same tensors;
 - the per-client flags (`flag`) and a stage's table of computed inputs (`table`), likewise;
@@ -15,8 +16,12 @@ nine of them in a fedfcd-t1 FedAvg round whose replays take about 0.1 ms a step.
   momentum buffers zeroed (exactly a fresh SGD's first step when dampening is 0: 0 * momentum + d_p is
   d_p, the value a fresh optimizer clones);
 - each update's `StepGraphs` (`graphs`), so a round's steps find the graphs of the rounds before;
-- the patterns of shorter last batches each update met last round (`seen`), which get graphs of their
-  own from their next occurrence on when its loss is the same (`_ChunkRun._graphed_runs`).
+- the patterns of shorter last batches each chunk's updates met last round (`seen`), which get graphs of
+  their own from their next occurrence on when the loss and the optimizer's settings are the same
+  (`_ChunkRun._graphed_runs`).
+
+A round's chunks of one size share it: they run one after another, and a chunk's results are copied
+out before the next starts, so one set of tensors and graphs serves them all.
 
 When anything differs (a tensor's shape, a flag's size, an optimizer's settings), the new round's own
 object is kept instead and the graphs key on it anew: reusing is an optimisation, never a condition
@@ -30,6 +35,7 @@ values copied in, so it finds its graphs again too.
 from __future__ import annotations
 
 import functools
+import itertools
 import types
 from collections.abc import Hashable
 from typing import Any, Callable
@@ -50,8 +56,9 @@ class RoundArena:
         self.optimizers: dict[Hashable, torch.optim.Optimizer] = {}
         self.step_graphs: dict[Hashable, cuda_graphs.StepGraphs] = {}
         self.losses: dict[Hashable, tuple[types.FunctionType, list[Any]]] = {}  # `loss`: kept closures, their cells
-        # (stage, update) -> its loss's `loss_holds` and the patterns of runs it met last round
-        self.seen: dict[tuple[int, int], tuple[tuple[Any, ...], set[Any]]] = {}
+        # (chunk, stage, update) -> its loss's `loss_holds`, its optimizer's settings and the patterns of
+        # runs it met last round
+        self.seen: dict[tuple[int, int, int], tuple[tuple[Any, ...], tuple[Any, ...], set[Any]]] = {}
 
     def stacked(self, name: str, batched: bool, value: torch.Tensor) -> torch.Tensor:
         """`value` (a round's stacked tensor, or a shared one) in the tensor kept under its name, when
@@ -73,10 +80,13 @@ class RoundArena:
         return self._kept(self.tables, stage, value)
 
     def optimizer(self, key: Hashable, fresh: torch.optim.Optimizer) -> torch.optim.Optimizer:
-        """The optimizer kept under `key`, reset, if it is an SGD over the same tensors with the same
-        settings as `fresh` and zeroing its momentum makes its next step a fresh one's; else `fresh`."""
+        """The optimizer kept under `key`, reset to `fresh`'s settings (a new round's learning rate under
+        fl.lr_decay, say) with its momentum zeroed, if it is an SGD over the same tensors and zeroing its
+        momentum makes its next step a fresh one's; else `fresh`. Steps whose settings changed capture new
+        graphs (the settings are part of a graph's key), but on the same optimizer and buffers."""
         kept = self.optimizers.get(key)
-        if kept is not None and _same_sgd(kept, fresh):
+        if kept is not None and _resettable_sgd(kept, fresh):
+            kept.param_groups[0].update({k: v for k, v in fresh.param_groups[0].items() if k != "params"})
             for state in kept.state.values():
                 buf = state.get("momentum_buffer")
                 if isinstance(buf, torch.Tensor):
@@ -142,7 +152,7 @@ class _Copy:
         self.tensor = tensor
 
 
-def _same_sgd(kept: torch.optim.Optimizer, fresh: torch.optim.Optimizer) -> bool:
+def _resettable_sgd(kept: torch.optim.Optimizer, fresh: torch.optim.Optimizer) -> bool:
     if type(kept) is not torch.optim.SGD or type(fresh) is not torch.optim.SGD:
         return False
     if len(kept.param_groups) != 1 or len(fresh.param_groups) != 1:
@@ -150,9 +160,7 @@ def _same_sgd(kept: torch.optim.Optimizer, fresh: torch.optim.Optimizer) -> bool
     old, new = kept.param_groups[0], fresh.param_groups[0]
     if len(old["params"]) != len(new["params"]) or any(a is not b for a, b in zip(old["params"], new["params"])):
         return False
-    if {k: v for k, v in old.items() if k != "params"} != {k: v for k, v in new.items() if k != "params"}:
-        return False
-    return new["momentum"] == 0 or new["dampening"] == 0
+    return set(old) == set(new) and (new["momentum"] == 0 or new["dampening"] == 0)
 
 
 def _same_closure(kept: types.FunctionType, kept_cells: list[Any], loss: types.FunctionType, cells: list[Any]) -> bool:
@@ -181,24 +189,43 @@ def _identical(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
 def loss_holds(loss: Callable[..., Any]) -> tuple[Any, ...]:
     """What identifies a loss for a step's graph key (`StepGraphs.run`'s `holds`), so that the same loss made
     again in a later round's `local_stages` finds its graphs: a function by its code and what it closes
-    over (the contents of its cells, its defaults), a bound method by its object, its function and that
-    object's attributes, a `functools.partial` by its function and arguments; anything else by itself.
-    A closure over a round's own tensors (its prototypes) or a method that reassigns an attribute its loss
-    reads (`self.prototypes = ...`) gets a new key and captures anew; tensors changed in place are read
-    where they are, as any graph reads them. What a loss reads from elsewhere (a module's globals, an object
-    reached through one of these) must not be replaced between rounds: a kept graph would not see it."""
+    over (the contents of its cells, its defaults), a bound method by its object and its function, a
+    `functools.partial` by its function and arguments, any other callable by itself; and each object
+    among these (a cell's, an argument, the method's object) with what one level inside it holds: an
+    object's attribute names and values, a module's parameters and buffers, a list's, tuple's or dict's
+    items. A closure over a round's own tensors, or a method that replaces an attribute its loss reads
+    (`self.prototypes = ...`), gets a new key and captures anew; tensors changed in place are read where
+    they are, as any graph reads them. What a loss reads from elsewhere (a module's globals, tensors two
+    levels down) must not be replaced between rounds: a kept graph would not see it (autofl/methods/base.py)."""
     # objects, not tuples made here: `holds` are keyed by identity and kept alive by the graph
     if isinstance(loss, functools.partial):
-        return (functools.partial, *loss_holds(loss.func), *loss.args, *loss.keywords.values())
+        return (functools.partial, *loss_holds(loss.func), *_inside(loss.args),
+                *_inside(tuple(itertools.chain.from_iterable(loss.keywords.items()))))
     if isinstance(loss, types.MethodType):
-        attributes = getattr(loss.__self__, "__dict__", None)
-        if isinstance(attributes, dict):
-            return (loss.__self__, *loss_holds(loss.__func__), *attributes.values())
-        return (loss,)
+        return (*_inside((loss.__self__,)), *loss_holds(loss.__func__))
     if isinstance(loss, types.FunctionType):
         try:
             cells = tuple(cell.cell_contents for cell in loss.__closure__ or ())
         except ValueError:  # a cell not filled yet
             return (loss,)
-        return (loss.__code__, *cells, *(loss.__defaults__ or ()), *(loss.__kwdefaults__ or {}).values())
-    return (loss,)
+        defaults = (*(loss.__defaults__ or ()), *itertools.chain.from_iterable((loss.__kwdefaults__ or {}).items()))
+        return (loss.__code__, *_inside(cells), *_inside(defaults))
+    return _inside((loss,))
+
+
+def _inside(values: tuple[Any, ...]) -> tuple[Any, ...]:
+    """`values`, each followed by what it holds one level down (`loss_holds`)."""
+    out: list[Any] = []
+    for value in values:
+        out.append(value)
+        if isinstance(value, torch.nn.Module):
+            out.extend((*value.parameters(), *value.buffers()))
+        elif isinstance(value, (list, tuple)):
+            out.extend(value)
+        elif isinstance(value, dict):
+            out.extend(itertools.chain.from_iterable(value.items()))
+        if not isinstance(value, (type, types.FunctionType, types.ModuleType, torch.Tensor, torch.nn.Module)):
+            attributes = getattr(value, "__dict__", None)
+            if isinstance(attributes, dict):
+                out.extend(itertools.chain.from_iterable(attributes.items()))
+    return tuple(out)

@@ -63,7 +63,8 @@ class VectorizedExecutor:
         self.ws = ws
         self.client_chunk = client_chunk
         self.compile_steps = compile_steps  # runtime.compile: the batched step runs compiled (engine/compiled.py)
-        # with CUDA-graph steps: each chunk's tensors, optimizers and graphs, kept across rounds (graph_arena)
+        # with CUDA-graph steps: the tensors, optimizers and graphs of chunks of K clients, kept across rounds
+        # and shared by a round's chunks of one size, which run one after another (graph_arena)
         self.arenas: dict[int, RoundArena] = {}
 
     def train(self, plan: RoundPlan, jobs: list[ClientJob], x: torch.Tensor, y: torch.Tensor) -> list[ClientOutcome]:
@@ -73,9 +74,9 @@ class VectorizedExecutor:
         outcomes: dict[int, ClientOutcome] = {}
         for start in range(0, len(order), chunk):
             members = order[start : start + chunk]
-            arena = self.arenas.setdefault(start, RoundArena())
+            arena = self.arenas.setdefault(len(members), RoundArena())
             for i, outcome in zip(members, _ChunkRun(self.ws, plan, [jobs[i] for i in members], x, y,
-                                                        self.compile_steps, arena).run()):
+                                                        self.compile_steps, arena, start).run()):
                 outcomes[i] = outcome
             plan.finished(len(members))
         return [outcomes[i] for i in range(len(jobs))]
@@ -85,7 +86,7 @@ class _ChunkRun:
     """One chunk of clients, already sorted by (batches, last batch size) descending."""
 
     def __init__(self, ws: Workspace, plan: RoundPlan, jobs: list[ClientJob], x: torch.Tensor, y: torch.Tensor,
-                 compile_steps: bool = False, arena: RoundArena | None = None):
+                 compile_steps: bool = False, arena: RoundArena | None = None, chunk: int = 0):
         self.ws, self.plan, self.jobs, self.x, self.y = ws, plan, jobs, x, y
         self.compile_steps = compile_steps
         self.k = len(jobs)
@@ -93,6 +94,7 @@ class _ChunkRun:
         self.graph_steps = compile_steps and cuda_graphs.graphs_on(self.device)  # whole steps as CUDA graphs
         # what the graphs read, kept from the chunk's earlier rounds (with graph steps only)
         self.arena = (arena or RoundArena()) if self.graph_steps else None
+        self.chunk = chunk  # the chunk's first client in the round's order: its patterns are its own (`seen`)
         self.orders = [epoch_orders(job, plan) for job in jobs]  # [client][stage][epoch] -> rows
         self.cuts = [batch_cuts(len(job.train_idx), plan.batch_size) for job in jobs]
         self.state, self.batched, self.common = self._stack_state()
@@ -278,8 +280,8 @@ class _ChunkRun:
             # capture records it): `_graphed_runs`
             if e == 0:
                 patterns = self._graphed_runs(lock)
-                for step_fn in steps:
-                    step_fn.graphed_runs = patterns & self._seen_patterns(step_fn)
+                for step_fn, opt in zip(steps, opts):
+                    step_fn.graphed_runs = patterns & self._seen_patterns(step_fn, opt)
             elif e == 1 and self.plan.epochs(stage) >= PATTERN_GRAPH_EPOCHS:
                 for step_fn in steps:
                     step_fn.graphed_runs = patterns
@@ -326,8 +328,8 @@ class _ChunkRun:
                     self.flags[key] = self._flag(key, torch.full((self.k,), value, dtype=self.x.dtype,
                                                                  device=self.device))
         if self.arena is not None and max_steps:
-            for step_fn in steps:
-                self.arena.seen[step_fn.where] = (step_fn.loss_holds, patterns)
+            for step_fn, opt in zip(steps, opts):
+                self.arena.seen[(self.chunk, *step_fn.where)] = (step_fn.loss_holds, _settings(opt), patterns)
 
     def _batch_rows(self, s: int, e: int, max_steps: int) -> torch.Tensor:
         """(steps, K, batch) row indices of epoch e of stage s (padding rows are never read); step-major,
@@ -398,14 +400,16 @@ class _ChunkRun:
         patterns = {tuple(runs) for _, runs, _ in lock if not (len(runs) == 1 and runs[0][2] == bs)}
         return patterns if len(patterns) <= min(MAX_PATTERN_GRAPHS, cuda_graphs.MAX_GRAPHS - 1) else set()
 
-    def _seen_patterns(self, step: "_Step") -> set[tuple[tuple[int, int, int], ...]]:
-        """The patterns of runs `step`'s update met last round, if its loss is the same one (`loss_holds`):
-        its graphs of them are kept. A loss made afresh (over the round's prototypes) captures anew, and a
-        pattern it meets once a round would not pay its capture."""
-        if self.arena is None or step.where not in self.arena.seen:
+    def _seen_patterns(self, step: "_Step", opt: torch.optim.Optimizer) -> set[tuple[tuple[int, int, int], ...]]:
+        """The patterns of runs `step`'s update met last round in this chunk, if its loss (`loss_holds`) and
+        its optimizer's settings are the same: its graphs of them are kept. Otherwise (another loss, a
+        learning rate decayed since) they would capture anew, which a pattern met once a round does not pay."""
+        seen = self.arena.seen.get((self.chunk, *step.where)) if self.arena is not None else None
+        if seen is None:
             return set()
-        holds, patterns = self.arena.seen[step.where]
-        same = len(holds) == len(step.loss_holds) and all(a is b for a, b in zip(holds, step.loss_holds))
+        holds, settings, patterns = seen
+        same = (len(holds) == len(step.loss_holds) and all(a is b for a, b in zip(holds, step.loss_holds))
+                and settings == _settings(opt))
         return patterns if same else set()
 
     def _runs(self, step: int, active: int) -> list[tuple[int, int, int]]:
@@ -568,6 +572,11 @@ class _ChunkRun:
             for key, mom in self._momentum(opts, param_names):
                 if key in saved_momentum:
                     mom[lo:] = saved_momentum[key][lo:]
+
+
+def _settings(opt: torch.optim.Optimizer) -> tuple[tuple[str, Any], ...]:
+    """An optimizer's hashable settings (its learning rate, momentum, ...), as a graph of its step reads them."""
+    return tuple((k, v) for k, v in opt.param_groups[0].items() if k != "params" and isinstance(v, Hashable))
 
 
 def _slices_step(opt: torch.optim.Optimizer, names: list[str], state: dict[str, torch.Tensor]) -> bool:
