@@ -21,9 +21,10 @@ On a GPU (`runtime.compile`) the vectorized executor replays each step as a CUDA
 its graphs from one round to the next (autofl.engine.graph_arena). A loss reads the round's values
 through `ws`, `flags`, or what `local_stages` closes it over (a round's prototypes as a closure's
 tensors are fine: the executor copies each round's values in), or through attributes of the method
-that are replaced, not changed in place, when they change. It must not read a tensor reached through
-a global or a container (a dict kept across rounds) that is replaced between rounds: a graph kept
-from an earlier round would read the tensor it was captured on.
+(or items of a list or dict it closes over) that are replaced, not changed in place, when they change.
+It must not read a tensor that is replaced between rounds where the executor does not look: through a
+global, or nested deeper (an attribute of an attribute): a graph kept from an earlier round would read
+the tensor it was captured on (`autofl.engine.graph_arena.loss_holds`).
 
 The server side is values in, values out (as Flower's Strategy and FedJAX's ServerState): a
 method never sees the simulation. Its server-side state is one frozen dataclass, a subclass of
