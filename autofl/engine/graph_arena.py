@@ -12,9 +12,9 @@ by default), the tensors a round's steps read and write, in place:
 - the stacked (and the shared, unstacked) workspace tensors, and the row-0 views of received
   parameters (`stacked`, `row_view`): a new round's starting values are copied into the same tensors;
 - the per-client flags (`flag`) and a stage's table of computed inputs (`table`), likewise;
-- each update's SGD optimizer (`optimizer`): reused when its settings and parameters are the same, its
-  momentum buffers zeroed (exactly a fresh SGD's first step when dampening is 0: 0 * momentum + d_p is
-  d_p, the value a fresh optimizer clones);
+- each update's SGD optimizer (`optimizer`): reused over the same tensors with the new round's settings
+  (a learning rate decayed by fl.lr_decay) and its momentum buffers zeroed (exactly a fresh SGD's first
+  step when dampening is 0: 0 * momentum + d_p is d_p, the value a fresh optimizer clones);
 - each update's `StepGraphs` (`graphs`), so a round's steps find the graphs of the rounds before;
 - the patterns of shorter last batches each chunk's updates met last round (`seen`), which get graphs of
   their own from their next occurrence on when the loss and the optimizer's settings are the same
@@ -23,7 +23,7 @@ by default), the tensors a round's steps read and write, in place:
 A round's chunks of one size share it: they run one after another, and a chunk's results are copied
 out before the next starts, so one set of tensors and graphs serves them all.
 
-When anything differs (a tensor's shape, a flag's size, an optimizer's settings), the new round's own
+When anything differs (a tensor's shape, a flag's size, another optimizer), the new round's own
 object is kept instead and the graphs key on it anew: reusing is an optimisation, never a condition
 of being right. A loss is keyed by what it is (`loss_holds`): the same function, the same closure made
 again over the same values, the same method's bound `loss` finds its graphs again. A closure over a
@@ -46,7 +46,7 @@ from autofl.engine import cuda_graphs
 
 
 class RoundArena:
-    """The tensors, optimizers and step graphs of one chunk of clients, kept across rounds (module doc)."""
+    """The tensors, optimizers and step graphs of a round's chunks of K clients, kept across rounds (module doc)."""
 
     def __init__(self) -> None:
         self.tensors: dict[tuple[str, bool], torch.Tensor] = {}
