@@ -10,7 +10,7 @@ Measured there (README Benchmarks, `scripts/bench_round.py --synthetic --device 
 FedAvg's fedfcd-t1 round 0.726 s eager, 0.063 s with graphs; FedSiam-DA's 4.64 s, 0.557 s; cifar10-cnn
 FedAvg 0.78 s, 0.37 s. A graphed FedAvg round is now bound by the host: its kernels ran 28 ms of a
 profiled 109 ms round (torch.profiler), the rest is the executor's Python, a rows copy and a graph
-launch each step. Graphs of several steps were tried and dropped: a new round captures again, and a
+launch each step. Graphs of several steps were tried and dropped: each round then captured anew, and a
 graph's launch grows with its kernels (139 us for 4 steps), so 4 steps a graph made FedAvg's round 1.20x
 slower and 16 left FedRep's (2,630 head steps a round) unchanged (1.01x; one-process A/B, medians of 3).
 
