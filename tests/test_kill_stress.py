@@ -23,6 +23,7 @@ from test_search_e2e import AUTOFL, run, space_file
 
 pytestmark = pytest.mark.slow
 KILLS = int(os.environ.get("AUTOFL_STRESS_KILLS", "10"))
+TRIALS = 32
 
 
 def _killed_after(args: list, seconds: float) -> int | None:
@@ -41,7 +42,9 @@ def _killed_after(args: list, seconds: float) -> int | None:
 def test_random_kills_and_resumes_end_with_exactly_the_requested_trials(tmp_path):
     rng = random.Random(20261122)
     home = tmp_path / "home"
-    space = space_file(tmp_path, "stress", trials=8, rounds=12)  # a whole run takes longer than a kill
+    # a whole run takes longer than all the kills together: with 8 trials a quiet CI host (2026-11-26) finished
+    # the study in the third run, before its kill; with 16, in the fourth; with 32 all 10 kills land (81 s)
+    space = space_file(tmp_path, "stress", trials=TRIALS, rounds=12)
     data = yaml.safe_load(space.read_text())
     # a checkpoint every round; one trial at a time, so each trial is judged against all earlier ones
     space.write_text(yaml.safe_dump({**data, "checkpoint_every_s": 0, "resources": {"cpu": 1, "max_concurrent": 1}}))
@@ -61,7 +64,7 @@ def test_random_kills_and_resumes_end_with_exactly_the_requested_trials(tmp_path
 
     trials = optuna.load_study(study_name="stress", storage=f"sqlite:///{home / 'stress' / 'optuna.db'}").trials
     real = [t for t in trials if not t.user_attrs.get("interrupted")]
-    assert len(real) == 8, (moments, [(t.number, t.state.name, t.user_attrs) for t in trials])
+    assert len(real) == TRIALS, (moments, [(t.number, t.state.name, t.user_attrs) for t in trials])
     assert all(t.state.name in ("COMPLETE", "PRUNED") for t in real), (moments, [t.state.name for t in real])
     assert not [t for t in trials if t.state.name in ("RUNNING", "WAITING")]
     tune_ids = [t.user_attrs.get("tune_trial_id") for t in real]
