@@ -93,7 +93,8 @@ def test_a_loss_made_again_over_the_same_values_is_the_same_and_over_new_ones_is
     assert not same(before, loss_holds(method.loss))
     assert same(loss_holds(make_closure(protos, lam)), loss_holds(make_closure(protos, lam)))
     assert not same(loss_holds(make_closure(protos, lam)), loss_holds(make_closure(torch.zeros(2), lam)))
-    assert same(loss_holds(functools.partial(make_closure, protos)), loss_holds(functools.partial(make_closure, protos)))
+    assert same(loss_holds(functools.partial(make_closure, protos)),
+                loss_holds(functools.partial(make_closure, protos)))
     assert not same(loss_holds(functools.partial(make_closure, protos)),
                     loss_holds(functools.partial(make_closure, torch.zeros(2))))
     assert not same(loss_holds(functools.partial(make_closure, protos=protos)),

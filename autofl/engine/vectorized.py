@@ -592,9 +592,9 @@ def _slices_step(opt: torch.optim.Optimizer, names: list[str], state: dict[str, 
         isinstance(opt.state.get(state[n], {}).get("momentum_buffer"), torch.Tensor) for n in names)
 
 
-def _rows_step(ws: Workspace, loss: Callable[..., torch.Tensor], rest_dims: dict[str, int | None], tr: dict[str, torch.Tensor],
-               rest: dict[str, torch.Tensor], flags: dict[str, torch.Tensor], lo: int, hi: int, k: int
-               ) -> Callable[..., Any]:
+def _rows_step(ws: Workspace, loss: Callable[..., torch.Tensor], rest_dims: dict[str, int | None],
+               tr: dict[str, torch.Tensor], rest: dict[str, torch.Tensor], flags: dict[str, torch.Tensor], lo: int,
+               hi: int, k: int) -> Callable[..., Any]:
     """The eager batched step of clients lo:hi of a stack of k: on views of their rows of the trained
     tensors `tr`, of the stacked ones of `rest` (client dimension 0 in `rest_dims`; the others whole) and
     of the flags."""
