@@ -574,9 +574,16 @@ class _ChunkRun:
                     mom[lo:] = saved_momentum[key][lo:]
 
 
+def _setting_names(group: dict[str, Any]) -> tuple[str, ...]:
+    """The names of a param group's hashable settings (its learning rate, momentum, ...): the Python values a
+    graph of its optimizer's step reads."""
+    return tuple(k for k, v in group.items() if k != "params" and isinstance(v, Hashable))
+
+
 def _settings(opt: torch.optim.Optimizer) -> tuple[tuple[str, Any], ...]:
-    """An optimizer's hashable settings (its learning rate, momentum, ...), as a graph of its step reads them."""
-    return tuple((k, v) for k, v in opt.param_groups[0].items() if k != "params" and isinstance(v, Hashable))
+    """An optimizer's hashable settings, named (`_setting_names`)."""
+    group = opt.param_groups[0]
+    return tuple((k, group[k]) for k in _setting_names(group))
 
 
 def _slices_step(opt: torch.optim.Optimizer, names: list[str], state: dict[str, torch.Tensor]) -> bool:
@@ -617,7 +624,8 @@ class _Step:
         if run.arena is not None:  # a closure over the round's tensors runs on the arena's copies of them
             update = dataclasses.replace(update, loss=run.arena.loss(where, update.loss))
         self.run, self.update, self.trained, self.where = run, update, trained, where
-        self.loss_holds = loss_holds(update.loss)  # what keys its loss in its graphs (graph_arena)
+        # what keys its loss in its graphs (graph_arena); no graphs, no key
+        self.loss_holds = loss_holds(update.loss) if run.arena is not None else ()
         # the patterns of runs whose steps replay graphs of their own (`_ChunkRun._graphed_runs`)
         self.graphed_runs: set[tuple[tuple[int, int, int], ...]] = set()
         trained_set = set(trained)
@@ -709,7 +717,7 @@ class _Step:
         holds = (*self.loss_holds, opt, x, y, *tr.values(), *rest.values(), *flags.values(), *momentum)
         group = opt.param_groups[0]
         if self._settings is None or self._settings[0] is not opt:  # the group's hashable settings, found once
-            self._settings = (opt, tuple(k for k, v in group.items() if k != "params" and isinstance(v, Hashable)))
+            self._settings = (opt, _setting_names(group))
         settings = tuple(group[k] for k in self._settings[1])
         values = (settings, ws.mode_key, runs)  # the Python values the step reads: the rate, momentum, modes...
         # a new optimizer's first step makes its momentum buffers, which a graph must find made: run eagerly
