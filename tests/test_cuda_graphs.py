@@ -153,10 +153,20 @@ class CpuStepGraphs(cuda_graphs.StepGraphs):
         self.captures += 1
 
 
+@pytest.fixture
+def cpu_graphs(monkeypatch) -> list[CpuStepGraphs]:
+    """The executor's graph branch on CPU: `graphs_on` true and `StepGraphs` replaced by `CpuStepGraphs`;
+    the list of the `CpuStepGraphs` the run made (empty at the start of each test)."""
+    monkeypatch.setattr(cuda_graphs, "graphs_on", lambda device: True)
+    monkeypatch.setattr(cuda_graphs, "StepGraphs", CpuStepGraphs)
+    CpuStepGraphs.made = []
+    return CpuStepGraphs.made
+
+
 @pytest.mark.parametrize("epochs", [1, 3])
 @pytest.mark.parametrize("method,arch", [("fedavg", "mlp"), ("fedrep", "mlp"), ("fedsiam_da", "mlp"), ("ditto", "mlp"),
                                          ("moon", "moon_cnn")])
-def test_the_executors_graph_steps_train_what_its_eager_steps_do(method, arch, epochs, monkeypatch):
+def test_the_executors_graph_steps_train_what_its_eager_steps_do(method, arch, epochs, cpu_graphs, monkeypatch):
     """The vectorized executor's graph branch (`_Step.graphed`, taken on CUDA under runtime.compile),
     run on CPU with `ReplayingGraph`: whole-stack steps wherever every active client has a full batch,
     clients past their last batch fed padding rows and stepped, then restored at the epoch's end (on a
@@ -172,9 +182,6 @@ def test_the_executors_graph_steps_train_what_its_eager_steps_do(method, arch, e
 
     from autofl.engine import vectorized
 
-    monkeypatch.setattr(cuda_graphs, "graphs_on", lambda device: True)
-    monkeypatch.setattr(cuda_graphs, "StepGraphs", CpuStepGraphs)
-    CpuStepGraphs.made = []
     mixed_steps, pattern_steps = [], []
     eager_patterns, graphed_unseen = set(), []  # patterns stepped without a graph of their own; graphed before that
     update = vectorized._ChunkRun._update
@@ -202,11 +209,11 @@ def test_the_executors_graph_steps_train_what_its_eager_steps_do(method, arch, e
     monkeypatch.setattr(vectorized._Step, "graphed", graphed)
     extra = (*GRAPHED, f"fl.local_epochs={epochs}", *(["method.head_epochs=3"] if method == "fedrep" else []))
     eager_history, eager = run(method, arch, "vectorized", "float64", "off", extra)
-    assert not CpuStepGraphs.made
+    assert not cpu_graphs
     history, graphed_run = run(method, arch, "vectorized", "float64", "on", extra)
     assert_same_run(eager_history, eager, history, graphed_run)
-    made = CpuStepGraphs.made
-    assert sum(g.captures for g in made) >= 1 and sum(g.replays for g in made) > 2 * sum(g.captures for g in made)
+    captured = sum(g.captures for g in cpu_graphs)
+    assert captured >= 1 and sum(g.replays for g in cpu_graphs) > 2 * captured
     # steps with shorter last batches had their full batches stepped by the whole step's graph...
     assert mixed_steps and all(len(runs) > 1 for runs in mixed_steps)
     if epochs > 1 or method == "fedrep":  # ... and, from a long stage's second epoch, a graph of their own
@@ -216,7 +223,7 @@ def test_the_executors_graph_steps_train_what_its_eager_steps_do(method, arch, e
 
 
 @pytest.mark.parametrize("method", sorted(__import__("autofl.methods.registry", fromlist=["x"]).method_names()))
-def test_graphs_are_kept_across_rounds_and_a_round_like_the_last_replays_them_all(method, monkeypatch):
+def test_graphs_are_kept_across_rounds_and_a_round_like_the_last_replays_them_all(method, cpu_graphs, monkeypatch):
     """With every client sampled each round, a round's steps meet the tensors, optimizers and patterns
     of the round before (engine/graph_arena.py): every method's run equals the eager one in float64 on
     the uneven scenario, and the third round runs no `vmap(grad)` outside a graph (no warm-up, and the
@@ -230,9 +237,6 @@ def test_graphs_are_kept_across_rounds_and_a_round_like_the_last_replays_them_al
 
     from autofl.engine import compiled, simulation
 
-    monkeypatch.setattr(cuda_graphs, "graphs_on", lambda device: True)
-    monkeypatch.setattr(cuda_graphs, "StepGraphs", CpuStepGraphs)
-    CpuStepGraphs.made = []
     eager_calls: list[int] = []  # batched_grads calls outside a replay, per round
     captures: list[int] = []  # graphs captured, per round
     replaying = [False]
@@ -253,11 +257,11 @@ def test_graphs_are_kept_across_rounds_and_a_round_like_the_last_replays_them_al
 
     def one_round(self):
         eager_calls.append(0)
-        before = sum(g.captures for g in CpuStepGraphs.made)
+        before = sum(g.captures for g in cpu_graphs)
         try:
             return run_round(self)
         finally:
-            captures.append(sum(g.captures for g in CpuStepGraphs.made) - before)
+            captures.append(sum(g.captures for g in cpu_graphs) - before)
 
     monkeypatch.setattr(compiled, "batched_grads", counted)
     monkeypatch.setattr(ReplayingGraph, "replay", replayed)
@@ -268,9 +272,9 @@ def test_graphs_are_kept_across_rounds_and_a_round_like_the_last_replays_them_al
     captures.clear()
     history, graphed_run = run(method, "mlp", "vectorized", "float64", "on", extra)
     assert_same_run(eager_history, eager, history, graphed_run)
-    made = CpuStepGraphs.made
-    assert made and not [g.failed for g in made if g.failed]
-    assert len(made) == sum(len(stage.updates) for stage in graphed_run.round_plan().stages)  # one per update, kept
+    assert cpu_graphs and not [g.failed for g in cpu_graphs if g.failed]
+    # one per update, kept
+    assert len(cpu_graphs) == sum(len(stage.updates) for stage in graphed_run.round_plan().stages)
     assert len(eager_calls) == len(captures) == 3 and eager_calls[0] > 0 and captures[0] > 0
     assert eager_calls[2] == 0, eager_calls
     if method not in LOSS_CHANGES_AFTER_ROUND_1:  # round 3 then only captures the patterns round 2 met
@@ -283,7 +287,7 @@ LOSS_CHANGES_AFTER_ROUND_1 = {"fedproto"}
 
 @pytest.mark.parametrize("method", ["fedavg", "fedsiam_da"])
 @pytest.mark.parametrize("setting", ["runtime.client_chunk=2", "fl.lr_decay=0.9"])
-def test_kept_graphs_with_chunks_of_clients_and_a_decaying_learning_rate(method, setting, monkeypatch):
+def test_kept_graphs_with_chunks_of_clients_and_a_decaying_learning_rate(method, setting, cpu_graphs, monkeypatch):
     """Chunks of clients (5 a round, 2 + 2 + 1) share the kept tensors and graphs of their size, one arena
     each size, not one each chunk; a learning rate that decays every round keeps each update's optimizer
     (its new rate set, its momentum zeroed) and captures the steps anew at each rate, not the patterns of
@@ -292,8 +296,6 @@ def test_kept_graphs_with_chunks_of_clients_and_a_decaying_learning_rate(method,
 
     from autofl.engine import vectorized
 
-    monkeypatch.setattr(cuda_graphs, "graphs_on", lambda device: True)
-    monkeypatch.setattr(cuda_graphs, "StepGraphs", CpuStepGraphs)
     patterns: list[object] = []
     graphed = vectorized._Step.graphed
 
@@ -303,7 +305,6 @@ def test_kept_graphs_with_chunks_of_clients_and_a_decaying_learning_rate(method,
         return graphed(self, rows, opt, runs)
 
     monkeypatch.setattr(vectorized._Step, "graphed", recorded)
-    CpuStepGraphs.made = []
     extra = (*GRAPHED, "fl.participation=1.0", "fl.local_epochs=1", setting)
     eager_history, eager = run(method, "mlp", "vectorized", "float64", "off", extra)
     history, graphed_run = run(method, "mlp", "vectorized", "float64", "on", extra)
@@ -312,8 +313,8 @@ def test_kept_graphs_with_chunks_of_clients_and_a_decaying_learning_rate(method,
     updates = len(graphed_run.round_plan().stages[0].updates)
     if setting.startswith("runtime.client_chunk"):
         assert sorted(arenas) == [1, 2]
-        assert len(CpuStepGraphs.made) == 2 * updates  # a StepGraphs per update and chunk size
+        assert len(cpu_graphs) == 2 * updates  # a StepGraphs per update and chunk size
     else:
         (arena,) = arenas.values()
         assert len(arena.optimizers) == updates and not patterns
-        assert len({id(g) for g in CpuStepGraphs.made}) == updates
+        assert len({id(g) for g in cpu_graphs}) == updates
