@@ -75,9 +75,9 @@ def test_postgres_study_survives_a_killed_driver_and_never_writes_the_password(p
 
     log = tmp_path / "driver.log"
     with open(log, "w") as sink:
-        # 40 rounds: the paper default (trial 0, never pruned) outlives the pruned trials by seconds, so
-        # the study cannot end between the second finished trial and the kill (at 8 it could)
-        driver = subprocess.Popen([*AUTOFL, "search", "--space", str(space(tmp_path, "pgkill", 6, 40)), "--dir",
+        # 160 rounds: the paper default (trial 0, never pruned) outlives the pruned trials by ~6 s, so the
+        # study cannot end between the second finished trial and the kill (at 40, 1.7 s against a 1 s poll)
+        driver = subprocess.Popen([*AUTOFL, "search", "--space", str(space(tmp_path, "pgkill", 6, 160)), "--dir",
                                    str(home)], stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         wait_for(lambda: finished_count(pg, "pgkill") >= 2 or driver.poll() is not None)
         assert driver.poll() is None, "the study finished before it could be killed; make it longer"
@@ -86,6 +86,7 @@ def test_postgres_study_survives_a_killed_driver_and_never_writes_the_password(p
     outputs.append(log.read_text())
     stop_ray()
     finished_before = {t.number: (t.state.name, t.value) for t in trials_of(pg, "pgkill") if t.state.is_finished()}
+    assert len(finished_before) < 6, finished_before  # killed mid-study
 
     proc = run("search", "--resume", "pgkill", "--dir", home)
     assert proc.returncode == 0, proc.stderr[-3000:]
