@@ -134,7 +134,9 @@ def test_a_second_driver_on_a_sqlite_study_is_refused_while_the_first_runs(tmp_p
     """SQLite takes one driver: a concurrent --resume (which would train a config twice) or --join is
     refused at start with one line; the running study ends with exactly its trials."""
     home = tmp_path / "home"
-    space = space_file(tmp_path, "busy", trials=4, rounds=6)
+    # 160 rounds: the never-pruned paper default trains ~6 s longer than the others; at 6 rounds the driver
+    # exited 9.8 s after its first trial appeared, and the three refused drivers took 5.7 s of that (2026-11-26)
+    space = space_file(tmp_path, "busy", trials=4, rounds=160)
     driver = subprocess.Popen([*AUTOFL, "search", "--space", str(space), "--dir", str(home)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 600
