@@ -18,6 +18,18 @@ def read_metrics(folder: Path) -> list[dict]:
 
 
 @pytest.fixture
+def ctrl_c_raises():
+    """SIGINT raises KeyboardInterrupt in this process, as in a terminal, for the tests that send themselves a
+    Ctrl-C: a suite started in the background by a shell without job control (`cmd &`, nohup) inherits SIGINT
+    ignored, and Python then keeps it ignored. The disposition the process had is put back afterwards."""
+    import signal
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+@pytest.fixture
 def data_root() -> Path:
     root = os.environ.get("AUTOFL_DATA_ROOT")
     if not root:

@@ -169,7 +169,7 @@ def test_search_from_python_returns_a_study_whose_best_config_trains(tmp_path, r
 
 @pytest.mark.slow
 def test_a_ctrl_c_after_tune_returned_says_how_to_resume_and_resume_finishes_the_run(tmp_path, ray_in_this_process,
-                                                                                       monkeypatch):
+                                                                                       monkeypatch, ctrl_c_raises):
     """Tune turns the first Ctrl-C during its loop into a graceful stop; one that arrives after Tune
     returned (the run is being settled) is a KeyboardInterrupt. CI saw `autofl search` end with a
     bare "autofl: interrupted" there: it is StudyInterrupted with the resume line, as any Ctrl-C."""
@@ -206,7 +206,8 @@ def test_a_ctrl_c_after_tune_returned_says_how_to_resume_and_resume_finishes_the
 
 @pytest.mark.slow
 def test_a_ctrl_c_during_reevaluation_stops_it_keeps_the_finished_runs_and_a_rerun_finishes(tmp_path,
-                                                                                        ray_in_this_process):
+                                                                                        ray_in_this_process,
+                                                                                        ctrl_c_raises):
     """Tune ends its loop gracefully on Ctrl-C and returns as if done: re-evaluation used to go on
     and save a verdict from the runs that happened to finish. It stops instead (exit 130 from the
     CLI) with the finished runs on disk; the same call again runs only what is missing."""
