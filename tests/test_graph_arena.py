@@ -70,7 +70,7 @@ class Method:
         return self.lam * x
 
 
-class Callable:
+class CallableLoss:
     def __init__(self) -> None:
         self.protos = torch.ones(2)
 
@@ -99,7 +99,7 @@ def test_a_loss_made_again_over_the_same_values_is_the_same_and_over_new_ones_is
                     loss_holds(functools.partial(make_closure, torch.zeros(2))))
     assert not same(loss_holds(functools.partial(make_closure, protos=protos)),
                     loss_holds(functools.partial(make_closure, lam=protos)))  # another keyword
-    callable_object = Callable()
+    callable_object = CallableLoss()
     before = loss_holds(callable_object)
     assert same(before, loss_holds(callable_object))
     callable_object.protos = torch.zeros(2)  # replaced: another key

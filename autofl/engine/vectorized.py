@@ -643,7 +643,8 @@ class _Step:
                                                    compiled.small_step_options(run.device))
             self.compiled = compiled.compiled(compiled.batched_grads, key, run.device)
         self.probes: ProbePlan | None = None  # the whole step's linear probes, found at its first call
-        self._settings: tuple[torch.optim.Optimizer, tuple[str, ...]] | None = None  # `graphed`'s setting names
+        # `graphed`'s optimizer and the names of its hashable settings (`_setting_names`), found once per optimizer
+        self._opt_setting_names: tuple[torch.optim.Optimizer, tuple[str, ...]] | None = None
 
     def steps_per_call(self, rows: torch.Tensor, opt: torch.optim.Optimizer) -> int:
         """How many whole steps (`whole_step`) one compiled call runs: `compiled.steps_per_call` of the
@@ -716,9 +717,9 @@ class _Step:
         momentum = tuple(opt.state.get(t, {}).get("momentum_buffer") for t in tr.values())
         holds = (*self.loss_holds, opt, x, y, *tr.values(), *rest.values(), *flags.values(), *momentum)
         group = opt.param_groups[0]
-        if self._settings is None or self._settings[0] is not opt:  # the group's hashable settings, found once
-            self._settings = (opt, _setting_names(group))
-        settings = tuple(group[k] for k in self._settings[1])
+        if self._opt_setting_names is None or self._opt_setting_names[0] is not opt:
+            self._opt_setting_names = (opt, _setting_names(group))
+        settings = tuple(group[k] for k in self._opt_setting_names[1])
         values = (settings, ws.mode_key, runs)  # the Python values the step reads: the rate, momentum, modes...
         # a new optimizer's first step makes its momentum buffers, which a graph must find made: run eagerly
         eager_first = group["momentum"] != 0 and any(m is None for m in momentum)
