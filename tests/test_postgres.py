@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from pg_server import PgServer, serve_pg
+from test_storage_race import open_at_once
 from test_search_e2e import space_file
 
 pytestmark = pytest.mark.slow
@@ -118,6 +119,24 @@ def test_postgres_study_survives_a_killed_driver_and_never_writes_the_password(p
     for path in [*home.rglob("*"), out]:
         if path.is_file():
             assert secret not in path.read_bytes(), path
+
+
+def test_drivers_opening_a_new_postgres_database_at_once_all_open_it(pg, tmp_path, monkeypatch):
+    """Several drivers on a new database create Optuna's tables at the same moment; the losers of that
+    race retry instead of failing (see test_storage_race.py)."""
+    import psycopg
+
+    monkeypatch.setenv("PGPASSWORD", pg.password)
+    for attempt in range(3):
+        database = f"race{attempt}"
+        with psycopg.connect(host=pg.host, port=pg.port, user=pg.user, password=pg.password, dbname="postgres",
+                             autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {database}")
+        url = f"postgresql+psycopg://{pg.user}@{pg.host}:{pg.port}/{database}"
+        folder = tmp_path / database
+        folder.mkdir()
+        assert open_at_once(url, 6, folder) == []
+        assert optuna.create_study(study_name="after", storage=url).ask().number == 0
 
 
 def test_two_drivers_share_one_study_and_its_budget(pg, tmp_path):

@@ -20,6 +20,8 @@ from typing import Any
 
 STORAGE_ENV = "AUTOFL_STORAGE"
 PG_CONNECT_TIMEOUT_S = 10
+SCHEMA_RACE_TRIES = 6  # attempts to open a new storage that other processes are creating at the same moment
+SCHEMA_RACE_PAUSE_S = 0.1  # the pause before the n-th retry is n times this
 ALLOWED = "sqlite:///PATH or postgresql+psycopg://USER@HOST:PORT/DB"
 _PASSWORD_IN_URL = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^:/@\s]*:)(?P<password>[^@\s]*)@")
 # libpq's other form: the password as a query parameter (`?password=...`, any case, percent-encoded
@@ -125,7 +127,7 @@ def open_storage(url: str):
     server that refuses, no password in the environment, a corrupt file) raises StorageError with
     one masked line."""
     try:
-        return _open_rdb(url)
+        return _open_rdb_once_created(url)
     except Exception as err:  # noqa: BLE001 - any driver error becomes one line
         from autofl.errors import StorageError
 
@@ -134,6 +136,35 @@ def open_storage(url: str):
         text = str(err).strip()
         reason = mask_url(" ".join(text.splitlines()[0].split()) if text else type(err).__name__)
         raise StorageError(f"storage: cannot open {mask_url(url)}: {reason[:300]}") from None
+
+
+def _open_rdb_once_created(url: str):
+    """`_open_rdb`, tried again while another process is creating the same new storage: Optuna creates
+    its tables and stamps its schema version by check-then-write, so two processes opening a new
+    storage at once (a driver and `autofl status`, two PostgreSQL drivers) can both write, and the
+    later one fails with "table ... already exists" or a UNIQUE violation on alembic_version. Once
+    the other process has written, the check sees its tables and the retry writes nothing."""
+    import time
+
+    for attempt in range(1, SCHEMA_RACE_TRIES):
+        try:
+            return _open_rdb(url)
+        except Exception as err:  # noqa: BLE001 - only the creation race is retried; the rest propagate
+            if not _is_schema_creation_race(err):
+                raise
+            time.sleep(SCHEMA_RACE_PAUSE_S * attempt)
+    return _open_rdb(url)
+
+
+def _is_schema_creation_race(err: Exception) -> bool:
+    """Whether `err` is another process having created a table or stamped the schema version first
+    (SQLite: OperationalError "already exists", IntegrityError; PostgreSQL: ProgrammingError
+    "already exists", IntegrityError on pg_type's unique index)."""
+    from sqlalchemy import exc
+
+    if isinstance(err, exc.IntegrityError):
+        return True
+    return isinstance(err, (exc.OperationalError, exc.ProgrammingError)) and "already exists" in str(err)
 
 
 def _open_rdb(url: str):
