@@ -12,6 +12,7 @@ import optuna
 import pytest
 import yaml
 
+from autofl.tuning.storage import open_storage
 from conftest import read_metrics
 
 pytestmark = pytest.mark.slow
@@ -39,7 +40,9 @@ def run(args, **kw):
 
 
 def trials_of(home: Path, name: str):
-    return optuna.load_study(study_name=name, storage=f"sqlite:///{home / name / 'optuna.db'}").get_trials()
+    # through autofl's open_storage: a read that starts while the driver creates the tables retries as it does
+    storage = open_storage(f"sqlite:///{home / name / 'optuna.db'}")
+    return optuna.load_study(study_name=name, storage=storage).get_trials()
 
 
 def test_quickstart_sized_study_prunes_and_exports_a_reproducible_config(tmp_path):
