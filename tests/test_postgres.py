@@ -16,6 +16,7 @@ import optuna
 import pytest
 import yaml
 
+from autofl.tuning.storage import open_storage
 from pg_server import PgServer, serve_pg
 from test_storage_race import open_at_once
 from test_search_e2e import space_file
@@ -40,7 +41,8 @@ def space(tmp_path: Path, study: str, trials: int, rounds: int, storage: str | N
 
 
 def trials_of(pg: PgServer, name: str):
-    return optuna.load_study(study_name=name, storage=pg.url_with_password).get_trials()
+    # through autofl's open_storage: a read that starts while the driver creates the tables retries as it does
+    return optuna.load_study(study_name=name, storage=open_storage(pg.url_with_password)).get_trials()
 
 
 def wait_for(predicate, seconds: float = 600) -> None:
@@ -139,16 +141,25 @@ def test_drivers_opening_a_new_postgres_database_at_once_all_open_it(pg, tmp_pat
         assert optuna.create_study(study_name="after", storage=url).ask().number == 0
 
 
+JOIN_ROUNDS = 120
+
+
 def test_two_drivers_share_one_study_and_its_budget(pg, tmp_path):
     home = tmp_path / "home"
     env = {**os.environ, "PGPASSWORD": pg.password}  # libpq's own variable; the space holds no password
     env.pop("AUTOFL_STORAGE", None)
-    spec = space(tmp_path, "pgjoin", 6, 8, storage=pg.url)
+    spec = space(tmp_path, "pgjoin", 6, JOIN_ROUNDS, storage=pg.url)
+    # one trial at a time per driver and none pruned: the first driver alone needs six full trials, far
+    # longer than the second takes to start (at 8 rounds with ASHA, CI saw the first finish all six first)
+    tree = yaml.safe_load(spec.read_text())
+    spec.write_text(yaml.safe_dump({**tree, "scheduler": {"kind": "none"},
+                                    "resources": {"cpu": 1, "max_concurrent": 1}}))
     logs = [tmp_path / "first.log", tmp_path / "joined.log"]
     with open(logs[0], "w") as first_log, open(logs[1], "w") as joined_log:
         first = subprocess.Popen([*AUTOFL, "search", "--space", str(spec), "--dir", str(home)],
                                  stdout=first_log, stderr=subprocess.STDOUT, env=env)
         wait_for(lambda: len(trials_of_safe(pg, "pgjoin")) >= 1 or first.poll() is not None)
+        started = time.monotonic()
         joined = subprocess.Popen([*AUTOFL, "search", "--join", "pgjoin", "--dir", str(home)],
                                   stdout=joined_log, stderr=subprocess.STDOUT, env=env)
         assert first.wait(timeout=900) == 0, logs[0].read_text()[-3000:]
@@ -157,8 +168,13 @@ def test_two_drivers_share_one_study_and_its_budget(pg, tmp_path):
     assert len(trials) == 6 and all(t.state.is_finished() for t in trials), [t.state.name for t in trials]
     ids = [t.user_attrs["tune_trial_id"] for t in trials]
     assert len(set(ids)) == 6
-    runs = {t.user_attrs["tune_run"] for t in trials}
-    assert "run-1" in runs and any(r.startswith("join-") for r in runs), runs
+    runs = [t.user_attrs["tune_run"] for t in trials]
+    since_join = lambda moment: round(moment.timestamp() - time.time() + time.monotonic() - started, 1)  # noqa: E731
+    ends = sorted(since_join(t.datetime_complete) for t in trials if t.user_attrs["tune_run"] == "run-1")
+    joins = sorted(since_join(t.datetime_start) for t in trials if t.user_attrs["tune_run"] != "run-1")
+    print(f"tune runs {runs}; after the join was launched, its trials started at {joins} s and the first "
+          f"driver's ended at {ends} s")
+    assert "run-1" in runs and any(r.startswith("join-") for r in runs), (runs, ends)
 
     proc = subprocess.run([*AUTOFL, "search", "--resume", "pgjoin", "--dir", str(home)], capture_output=True,
                           text=True, env=env, timeout=600)
