@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 OPENER = """
 import sys, time
 from pathlib import Path
@@ -63,10 +65,6 @@ def test_an_error_that_is_not_the_creation_race_is_not_retried(tmp_path, monkeyp
     real = storage._open_rdb
     monkeypatch.setattr(storage, "_open_rdb", lambda url: opened.append(url) or real(url))
     started = time.monotonic()
-    try:
+    with pytest.raises(StorageError, match="not a database"):
         storage.open_storage(f"sqlite:///{bad}")
-    except StorageError as err:
-        assert "not a database" in str(err), err
-    else:
-        raise AssertionError("a corrupt file opened")
     assert len(opened) == 1 and time.monotonic() - started < 5

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from typing import Any
 
 STORAGE_ENV = "AUTOFL_STORAGE"
@@ -144,8 +145,6 @@ def _open_rdb_once_created(url: str):
     storage at once (a driver and `autofl status`, two PostgreSQL drivers) can both write, and the
     later one fails with "table ... already exists" or a UNIQUE violation on alembic_version. Once
     the other process has written, the check sees its tables and the retry writes nothing."""
-    import time
-
     for attempt in range(1, SCHEMA_RACE_TRIES):
         try:
             return _open_rdb(url)
