@@ -178,8 +178,11 @@ def test_installed_plugins_are_listed_used_or_skipped_with_one_line(plugin_env, 
     assert (out / "metrics.jsonl").read_text().count("\n") == 2
 
 
-def _readme_block(after: str) -> str:
-    text = (REPO / "README.md").read_text()
+PLUGINS_PAGE = REPO / "docs" / "plugins.md"  # the docs page that holds the method plugin example
+
+
+def _docs_block(after: str) -> str:
+    text = PLUGINS_PAGE.read_text()
     start = text.index("```python\n", text.index(after)) + len("```python\n")
     return text[start:text.index("```", start)]
 
@@ -187,7 +190,7 @@ def _readme_block(after: str) -> str:
 @pytest.fixture
 def readme_method():
     namespace = {"__name__": "readme_prox_head"}
-    exec(compile(_readme_block("**A method plugin**"), "README.md", "exec"), namespace)  # noqa: S102
+    exec(compile(_docs_block("## A method plugin"), "docs/plugins.md", "exec"), namespace)  # noqa: S102
     cls = METHODS.add(namespace["ProxHead"])
     yield cls
     METHODS.discard(cls.name)
