@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The GPU checks of runtime.compile on CUDA, in one run (README Benchmarks, "On a GPU"): the CUDA-graph
+# The GPU checks of runtime.compile on CUDA, in one run (docs/benchmarks.md, "On a GPU"): the CUDA-graph
 # equivalence tests, graphed rounds of every method on fedfcd-t1, eager rounds of the methods whose eager
-# round on a GPU is not yet in README (or whose graphed round was under 10x it), and FedAvg on cifar10-cnn
+# round on a GPU is not yet in the benchmark log (or whose graphed round was under 10x it), and FedAvg on cifar10-cnn
 # both ways (random tensors of the datasets' shapes: no download needed). Logs go to $1 (default .).
 # Run from the repository root on a machine with a CUDA GPU and autofl installed:
 #   bash scripts/gpu_checks.sh /tmp/gpu-logs

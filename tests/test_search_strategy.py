@@ -130,7 +130,7 @@ def test_multi_objective_takes_samplers_that_can_rank_fronts(tmp_path):
         space = load_space(_write(tmp_path, sampler={"kind": kind}, scheduler={"kind": "none"}, **MULTI))
         assert space.multi_objective and make_sampler(space) is not None
     default = SearchSpace.model_validate({"study": "x"}).sampler
-    assert default.kind == "random" and default.skip_repeats  # the benchmark's choice (README)
+    assert default.kind == "random" and default.skip_repeats  # the benchmark's choice (docs/search-quality.md)
 
 
 @pytest.mark.slow
