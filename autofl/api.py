@@ -311,6 +311,14 @@ def list_studies(dir: str | Path | None = None) -> list[str]:
     return existing_studies(studies_dir(dir))
 
 
+def skipped_study_folders(dir: str | Path | None = None) -> list[str]:
+    """Folders in the studies folder that hold a study's files under a name no study may have
+    (a copy made as `cp -r qs1 "qs1 backup"`): `list_studies` leaves them out."""
+    from autofl.tuning.study import study_folders
+
+    return study_folders(studies_dir(dir))[1]
+
+
 def load_study(name: str, dir: str | Path | None = None) -> Study:
     """An existing study by name; AutoFLError listing the existing ones if there is none."""
     from autofl.tuning.study import open_study

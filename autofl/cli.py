@@ -167,6 +167,14 @@ def cmd_studies(args: argparse.Namespace) -> int:
 
     home = api.studies_dir(args.dir)
     names = api.list_studies(home)
+    skipped = api.skipped_study_folders(home)
+    if skipped:  # one line; the valid studies are still listed
+        from autofl.tuning.study import STUDY_NAME_RULE
+
+        err_console.print(f"autofl: skipped {len(skipped)} folder{'s' if len(skipped) > 1 else ''} in {home} whose "
+                          f"name is not a study name: {', '.join(clean(repr(n)) for n in skipped)}; rename "
+                          f"{'them' if len(skipped) > 1 else 'it'} ({STUDY_NAME_RULE}) to use "
+                          f"{'them' if len(skipped) > 1 else 'it'}", highlight=False, soft_wrap=True)
     if not names:
         console.print(f"no studies in {home}")
         return 0

@@ -51,7 +51,14 @@ def created_default_sampler() -> dict[str, Any]:
 
 
 def studies_dir(explicit: str | None = None) -> Path:
-    return Path(explicit or os.environ.get(HOME_ENV) or "autofl_studies").expanduser().resolve()
+    """The studies folder: `explicit` (--dir), else $AUTOFL_HOME, else ./autofl_studies; a path
+    that is there but no folder is a ConfigError naming where it came from (a file given as the
+    studies folder holds no studies, and saying "no studies" would hide the mistake)."""
+    source = "--dir" if explicit else HOME_ENV if os.environ.get(HOME_ENV) else "the default studies folder"
+    home = Path(explicit or os.environ.get(HOME_ENV) or "autofl_studies").expanduser().resolve()
+    if home.exists() and not home.is_dir():
+        raise ConfigError(f"{source} {home}: is not a folder; allowed: a folder that holds studies (or none yet)")
+    return home
 
 
 @dataclass
@@ -133,11 +140,17 @@ class Study:
 STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 
 
+STUDY_NAME_RULE = "1-100 letters, digits, '_', '.', '-', starting with a letter or digit (no '/', no '..')"
+
+
+def is_study_name(name: str) -> bool:
+    return bool(STUDY_NAME.fullmatch(name)) and ".." not in name
+
+
 def check_study_name(name: str, field: str) -> str:
     """A study name is one folder under the studies dir: no path separators, no `..`."""
-    if not STUDY_NAME.fullmatch(name) or ".." in name:
-        raise ConfigError(f"{field}: {name!r} is not a study name; allowed: 1-100 letters, digits, '_', '.', '-', "
-                          f"starting with a letter or digit (no '/', no '..')")
+    if not is_study_name(name):
+        raise ConfigError(f"{field}: {name!r} is not a study name; allowed: {STUDY_NAME_RULE}")
     return name
 
 
@@ -150,8 +163,19 @@ def check_owned(root: Path) -> None:
                            f"(cp -r) to take ownership")
 
 
+def study_folders(home: Path) -> tuple[list[str], list[str]]:
+    """The studies in `home` (folders holding a space.yaml, named as a study may be), and the
+    folders that hold one under a name no study may have (`cp -r qs1 "qs1 backup"`, `a..b`):
+    those are skipped, never opened, so one of them does not hide the others."""
+    if not home.is_dir():
+        return [], []
+    found = sorted(p.name for p in home.iterdir() if (p / SPACE_FILE).is_file())
+    valid = [n for n in found if is_study_name(n)]
+    return valid, [n for n in found if not is_study_name(n)]
+
+
 def existing_studies(home: Path) -> list[str]:
-    return sorted(p.name for p in home.iterdir() if (p / SPACE_FILE).is_file()) if home.is_dir() else []
+    return study_folders(home)[0]
 
 
 def open_study(home: Path, name: str) -> Study:
