@@ -41,3 +41,27 @@ def test_a_studies_folder_that_is_a_file_is_one_line_naming_it(tmp_path, capsys,
         code, out, err = cli(capsys, *command, *args)
         assert_one_line(code, err, f"{'AUTOFL_HOME' if how == 'env' else '--dir'} {afile}: is not a folder")
     assert files_under(tmp_path) == before
+
+
+FLOAT = {"type": "float", "low": 0.1, "high": 0.5}
+
+
+@pytest.mark.parametrize("space, path", [
+    ({"params": {"method.mu": FLOAT, "fl.learning_rate": FLOAT}, "base": {"method": {"name": "fedprox"}}},
+     "params.fl.learning_rate: fl.learning_rate: unknown key"),
+    ({"params": {"fl.lr": FLOAT, "fl.momentum": FLOAT, "model.widht": {"type": "int", "low": 2, "high": 4}}},
+     "params.model.widht: model.widht: unknown key"),
+    ({"params": {"method.name": {"type": "categorical", "choices": ["fedavg", "fedprox"]}, "fl.lr": FLOAT,
+                 "fl.learning_rate": FLOAT}}, "params.fl.learning_rate: fl.learning_rate: unknown key"),
+    ({"params": {"method.name": {"type": "categorical", "choices": ["fedavg", "fedprox"]}, "fl.lr": FLOAT},
+      "conditional": {"fedprox": {"method.mu": FLOAT, "method.muu": FLOAT}}},
+     "conditional.fedprox.method.muu: method.muu: unknown key for method fedprox"),
+])
+def test_a_bad_param_is_reported_under_its_own_key(tmp_path, capsys, space, path):
+    """Issue 42: a bad entry under params: that was not the first was reported under the first's name
+    (`params.method.alpha: fl.learning_rate: unknown key`)."""
+    file = tmp_path / "space.yaml"
+    file.write_text(yaml.safe_dump({"study": "s", "trials": 2, **space}, sort_keys=False))
+    code, out, err = cli(capsys, "search", "--space", file, "--dir", tmp_path / "home")
+    assert_one_line(code, err, f"space.yaml: {path}")
+    assert not (tmp_path / "home").exists()
