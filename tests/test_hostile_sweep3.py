@@ -65,3 +65,20 @@ def test_a_bad_param_is_reported_under_its_own_key(tmp_path, capsys, space, path
     code, out, err = cli(capsys, "search", "--space", file, "--dir", tmp_path / "home")
     assert_one_line(code, err, f"space.yaml: {path}")
     assert not (tmp_path / "home").exists()
+
+
+@pytest.mark.parametrize("kind", ["asha", "hyperband", "median"])
+def test_a_grace_period_beyond_the_rounds_is_one_line(tmp_path, capsys, kind):
+    """Issue 42: scheduler.grace_period above the round count silently disabled pruning."""
+    file = tmp_path / "space.yaml"
+    file.write_text(yaml.safe_dump({"study": "g", "trials": 2, "base": {"fl": {"rounds": 4}},
+                                    "scheduler": {"kind": kind, "grace_period": 5}}))
+    code, out, err = cli(capsys, "search", "--space", file, "--dir", tmp_path / "home")
+    assert_one_line(code, err, "scheduler.grace_period: 5 is more than the 4 rounds")
+    assert "allowed: 1..4" in err
+    assert not (tmp_path / "home").exists()
+    from autofl.tuning.space import load_space
+
+    file.write_text(yaml.safe_dump({"study": "g", "base": {"fl": {"rounds": 4}},
+                                    "scheduler": {"kind": kind, "grace_period": 4}}))
+    assert load_space(file).scheduler.grace_period == 4

@@ -247,6 +247,11 @@ def validate_space(space: SearchSpace) -> None:
         base = space.base_experiment()
     except ConfigError as err:
         raise ConfigError(f"base.{err}") from None
+    rounds = base.fl.rounds  # the schedulers' max_t: a trial's rounds
+    if space.scheduler.kind != "none" and space.scheduler.grace_period > rounds:
+        raise ConfigError(f"scheduler.grace_period: {space.scheduler.grace_period} is more than the {rounds} rounds "
+                          f"a trial runs (base fl.rounds), so no trial would ever be stopped; allowed: 1..{rounds}, "
+                          f"or scheduler: {{kind: none}} to run every trial to the end")
     searched = "method.name" in space.params
     choices = (space.params["method.name"].choices or []) if searched else [base.method.name]
     methods = [str(m) for m in choices]  # the methods this study runs
