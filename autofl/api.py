@@ -152,6 +152,12 @@ class Study:
         return self._folder.space()
 
     @property
+    def stored_space(self) -> SearchSpace:
+        """The space as the study's own copy holds it, read without building experiments (no torch):
+        what read-only views use; `space` is the same space validated in full."""
+        return self._folder.stored_space()
+
+    @property
     def storage_url(self) -> str:
         """The Optuna storage URL (without password)."""
         return self._folder.storage_url()

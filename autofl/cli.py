@@ -128,7 +128,7 @@ def _print_status(study) -> None:
     from autofl.tuning.storage import mask_url
 
     rows = study.trials()  # each row's state as shown: INTERRUPTED for what a stopped driver left
-    space = study.space
+    space = study.stored_space  # a view: no experiment built, so no torch
     table = Table("trial", "state", "round", " / ".join(space.metrics), "node", "params", "note",
                   title=f"study {study.name}")
     for r in rows:

@@ -305,6 +305,16 @@ def parse_space(raw: dict[str, Any], where: str | Path) -> SearchSpace:
     return space
 
 
+def parse_stored_space(raw: dict[str, Any], where: str | Path) -> SearchSpace:
+    """A study's own space file, checked as a SearchSpace (keys, types, sampler and scheduler)
+    without building its experiments (`validate_space`, done when the study was made and again
+    before any work): what read-only views need."""
+    try:
+        return SearchSpace.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(f"{where}: {format_validation_error(err, SearchSpace)}") from None
+
+
 def _lookup(tree: dict[str, Any], key: str) -> Any:
     node: Any = tree
     for part in key.split("."):

@@ -16,7 +16,7 @@ import yaml
 from autofl.config import read_yaml
 from autofl.errors import AutoFLError, ConfigError, StorageError
 from autofl.files import write_atomic
-from autofl.tuning.space import SearchSpace, load_space, parse_space
+from autofl.tuning.space import SearchSpace, load_space, parse_space, parse_stored_space
 from autofl.tuning.strategy_spec import SAMPLER_OPTIONS, SamplerSpec
 
 HOME_ENV = "AUTOFL_HOME"
@@ -68,6 +68,7 @@ class Study:
     # and validating it builds an experiment per searched bound (storage_url, tune_root and
     # load_optuna all need it)
     _space: SearchSpace | None = field(default=None, init=False, repr=False, compare=False)
+    _stored: SearchSpace | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def name(self) -> str:
@@ -78,10 +79,23 @@ class Study:
         return self.root / SPACE_FILE
 
     def space(self) -> SearchSpace:
+        """The study's space, fully validated (every searched bound built into an experiment, which
+        loads the method, model and dataset registries, and with them torch): before work starts."""
         if self._space is None:
             tree = with_created_default_sampler(read_yaml(self.space_file), self.meta(), self.root / META_FILE)
             self._space = parse_space(tree, self.space_file)
         return self._space
+
+    def stored_space(self) -> SearchSpace:
+        """The study's space as its own copy holds it (validated in full when the study was made),
+        read without building experiments: what read-only views (status, studies, the storage's
+        place) use, so that they start without torch."""
+        if self._space is not None:
+            return self._space
+        if self._stored is None:
+            tree = with_created_default_sampler(read_yaml(self.space_file), self.meta(), self.root / META_FILE)
+            self._stored = parse_stored_space(tree, self.space_file)
+        return self._stored
 
     def meta(self) -> dict[str, Any]:
         path = self.root / META_FILE
@@ -102,13 +116,13 @@ class Study:
     def storage_url(self) -> str:
         """The study's storage, without password: the space's `storage`, else the `AUTOFL_STORAGE`
         URL recorded when the study was created, else a SQLite file in the study folder."""
-        return self.space().storage or self.meta().get("storage") or sqlite_url(self.root)
+        return self.stored_space().storage or self.meta().get("storage") or sqlite_url(self.root)
 
     def tune_root(self) -> str:
         """Where Tune keeps this study's experiments (trial checkpoints included): `<study>/tune`, or
         `<storage_path>/<study>` when the space or `--storage-path` names a folder every Ray node
         reaches (a shared folder, or a pyarrow URI such as s3://bucket/prefix)."""
-        base = self.space().storage_path or self.meta().get("storage_path")
+        base = self.stored_space().storage_path or self.meta().get("storage_path")
         return f"{base.rstrip('/')}/{self.name}" if base else str(self.root / TUNE_DIR)
 
     def load_optuna(self):
@@ -127,7 +141,7 @@ class Study:
         """The study's name inside its storage: the folder's name, except in a study folder copied
         under a new name (as README advises to take ownership), whose own SQLite file still holds
         the one study under its old name (issue 18)."""
-        if self.space().storage or self.meta().get("storage"):
+        if self.stored_space().storage or self.meta().get("storage"):
             return self.name
         import optuna
 
@@ -267,7 +281,7 @@ def pareto_trials(study: Study) -> list:
     """A multi-objective study's Pareto front (Optuna's best_trials), best first objective first."""
     ot = study.load_optuna()
     front = list(ot.best_trials) if ot is not None else []
-    space = study.space()
+    space = study.stored_space()
     from autofl.tuning.objectives import best_first
 
     return best_first(front, key=lambda t: t.values[0], mode=space.mode)
@@ -277,7 +291,7 @@ def best_trial(study: Study):
     ot = study.load_optuna()
     if ot is None:
         raise AutoFLError(f"study {study.name!r} has no trials yet")
-    best = best_of(ot.get_trials(deepcopy=False), study.space().mode)
+    best = best_of(ot.get_trials(deepcopy=False), study.stored_space().mode)
     if best is None:
         raise AutoFLError(f"study {study.name!r} has no completed trial yet; see autofl status {study.name}")
     return best
@@ -328,10 +342,6 @@ def export_pareto(study: Study) -> dict[str, Any]:
 def trial_config(study: Study, params: dict[str, Any], number: int | None, value: float | None,
                  attrs: dict[str, Any]) -> dict[str, Any]:
     """The runnable config of one set of searched values, with where it came from as metadata."""
-    import optuna
-    import ray
-    import torch
-
     import autofl
     from autofl.config import experiment_to_dict
     from autofl.tuning.objectives import TEST_METRICS
@@ -353,10 +363,20 @@ def trial_config(study: Study, params: dict[str, Any], number: int | None, value
         "objective_round": attrs.get("round"),
         "test_metrics_reported_not_optimized": {k: attrs[k] for k in TEST_METRICS if k in attrs},
         "seed": exp.seed,
-        "versions": {"autofl": autofl.__version__, "torch": str(torch.__version__), "ray": ray.__version__,
-                     "optuna": optuna.__version__},
+        "versions": {"autofl": autofl.__version__,
+                     **{name: _installed_version(name) for name in ("torch", "ray", "optuna")}},
     }
     return config
+
+
+def _installed_version(name: str) -> str:
+    """A package's installed version from its metadata (importing torch or Ray to ask took seconds)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "not installed"
 
 
 def _trial_attrs(study: Study, number: int | None) -> dict[str, Any]:
