@@ -44,6 +44,7 @@ _EXPORTS: dict[str, str] = {
     "DatasetSpec": "autofl.data.spec",
     "RawDataset": "autofl.data.spec",
     "AutoFLError": "autofl.errors",
+    "ArgumentError": "autofl.errors",
     "ConfigError": "autofl.errors",
     "DataError": "autofl.errors",
     "StorageError": "autofl.errors",
@@ -55,7 +56,7 @@ __all__ = ["__version__", *_EXPORTS]
 if TYPE_CHECKING:
     from autofl.api import RunResult, Study, list_studies, load_config, load_study, search, train
     from autofl.engine.plan import ClientStart, Stage, Update
-    from autofl.errors import AutoFLError, ConfigError, DataError, RunDiverged, StorageError
+    from autofl.errors import ArgumentError, AutoFLError, ConfigError, DataError, RunDiverged, StorageError
     from autofl.methods.base import Method, MethodParams
     from autofl.data.spec import DatasetSpec, RawDataset
     from autofl.models.parts import SplitModel

@@ -12,7 +12,9 @@ notebook calls them directly:
 
 Configs and spaces may be dicts, pydantic objects (`Experiment`, `SearchSpace`) or YAML paths.
 Bad input raises an `autofl.errors.AutoFLError` subclass (one line naming the field and what is
-allowed, raised before any work starts); the CLI prints it and exits with its `exit_code`.
+allowed, raised before any work starts); the CLI prints it and exits with its `exit_code`. Every
+call's arguments are checked first, strictly (autofl/api_args.py): a wrongly typed one raises
+`ArgumentError` naming it and what it allows, and nothing is written.
 
 The study side is reached through `autofl.tuning` in one place (the `_store` functions below),
 so that the study's owner can change without the API changing.
@@ -27,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import yaml
 
+from autofl import api_args as args_
 from autofl.errors import AutoFLError, ConfigError
 
 if TYPE_CHECKING:
@@ -45,6 +48,7 @@ def load_config(config: dict[str, Any] | Experiment | str | Path | None = None,
     from autofl.config import Experiment, apply_overrides, experiment_to_dict, read_yaml
     from autofl.experiment import build_experiment
 
+    args_.check_args(args_.LoadConfigArgs, "load_config", overrides=overrides)
     if config is None:
         raw: dict[str, Any] = {}
     elif isinstance(config, Experiment):
@@ -90,6 +94,8 @@ def train(config: dict[str, Any] | Experiment | str | Path | None = None, *, out
     line, `on_clients(n)` each batch of a round's clients finishing."""
     from autofl.training import run_training
 
+    args_.check_args(args_.TrainArgs, "train", out=out, overwrite=overwrite, overrides=overrides, on_round=on_round,
+                     announce=announce, on_clients=on_clients)
     if isinstance(out, str) and not out.strip():
         raise AutoFLError("--out: empty; give a folder, or leave --out out for autofl_runs/<method>-<time>")
     exp = load_config(config, overrides)
@@ -144,6 +150,12 @@ class Study:
     @property
     def space(self) -> SearchSpace:
         return self._folder.space()
+
+    @property
+    def stored_space(self) -> SearchSpace:
+        """The space as the study's own copy holds it, read without building experiments (no torch):
+        what read-only views use; `space` is the same space validated in full."""
+        return self._folder.stored_space()
 
     @property
     def storage_url(self) -> str:
@@ -226,6 +238,7 @@ class Study:
         by mean over its seeds, with the verdict in its metadata."""
         from autofl.tuning.study import best_trial, export_best_config
 
+        args_.check_args(args_.BestConfigArgs, "best_config", reeval=reeval)
         best_trial(self._folder)  # a study without a completed trial fails here
         return export_best_config(self._folder, reeval if reeval is not None else self.reeval_summary())
 
@@ -248,6 +261,8 @@ class Study:
         from autofl.tuning.storage import is_sqlite
         from autofl.tuning.study import check_owned
 
+        args_.check_args(args_.ReevaluateArgs, "reevaluate", seeds=seeds, top=top, vary_partition=vary_partition,
+                         address=address, verbose=verbose, on_plan=on_plan, on_done=on_done)
         if seeds < 2:
             raise AutoFLError(f"seeds: {seeds}; allowed: 2 or more")
         if top < 1:
@@ -283,6 +298,7 @@ class Study:
 
         from autofl.tuning.study import check_owned
 
+        args_.check_args(args_.ReportArgs, "report", out=out)
         folder = Path(out) if out is not None else self.root / "report"
         if folder.exists() and not folder.is_dir():
             raise AutoFLError(f"-o {folder}: is a file; give a folder for report.html and its PNG figures")
@@ -301,6 +317,7 @@ def studies_dir(dir: str | Path | None = None) -> Path:
     """The studies folder: `dir`, else $AUTOFL_HOME, else ./autofl_studies."""
     from autofl.tuning.study import studies_dir as resolve
 
+    args_.check_args(args_.DirArgs, "studies_dir", dir=dir)
     return resolve(str(dir) if dir is not None else None)
 
 
@@ -308,13 +325,24 @@ def list_studies(dir: str | Path | None = None) -> list[str]:
     """The names of the studies in the studies folder."""
     from autofl.tuning.study import existing_studies
 
+    args_.check_args(args_.DirArgs, "list_studies", dir=dir)
     return existing_studies(studies_dir(dir))
+
+
+def skipped_study_folders(dir: str | Path | None = None) -> list[str]:
+    """Folders in the studies folder that hold a study's files under a name no study may have
+    (a copy made as `cp -r qs1 "qs1 backup"`): `list_studies` leaves them out."""
+    from autofl.tuning.study import study_folders
+
+    args_.check_args(args_.DirArgs, "skipped_study_folders", dir=dir)
+    return study_folders(studies_dir(dir))[1]
 
 
 def load_study(name: str, dir: str | Path | None = None) -> Study:
     """An existing study by name; AutoFLError listing the existing ones if there is none."""
     from autofl.tuning.study import open_study
 
+    args_.check_args(args_.LoadStudyArgs, "load_study", name=name, dir=dir)
     return Study(open_study(studies_dir(dir), name))
 
 
@@ -343,6 +371,8 @@ def search(space: dict[str, Any] | SearchSpace | str | Path | None = None, *, na
     from autofl.tuning.preflight import check_home, check_new_study, probe_address
     from autofl.tuning.storage import is_sqlite, probe_storage
 
+    args_.check_args(args_.SearchArgs, "search", name=name, trials=trials, dir=dir, address=address, resume=resume,
+                     join=join, storage_path=storage_path, verbose=verbose, on_start=on_start)
     if trials is not None and trials < 1:
         raise AutoFLError(f"trials: {trials}; allowed: 1 or more")
     if resume and join:

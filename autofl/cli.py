@@ -128,7 +128,7 @@ def _print_status(study) -> None:
     from autofl.tuning.storage import mask_url
 
     rows = study.trials()  # each row's state as shown: INTERRUPTED for what a stopped driver left
-    space = study.space
+    space = study.stored_space  # a view: no experiment built, so no torch
     table = Table("trial", "state", "round", " / ".join(space.metrics), "node", "params", "note",
                   title=f"study {study.name}")
     for r in rows:
@@ -167,6 +167,14 @@ def cmd_studies(args: argparse.Namespace) -> int:
 
     home = api.studies_dir(args.dir)
     names = api.list_studies(home)
+    skipped = api.skipped_study_folders(home)
+    if skipped:  # one line; the valid studies are still listed
+        from autofl.tuning.study import STUDY_NAME_RULE
+
+        err_console.print(f"autofl: skipped {len(skipped)} folder{'s' if len(skipped) > 1 else ''} in {home} whose "
+                          f"name is not a study name: {', '.join(clean(repr(n)) for n in skipped)}; rename "
+                          f"{'them' if len(skipped) > 1 else 'it'} ({STUDY_NAME_RULE}) to use "
+                          f"{'them' if len(skipped) > 1 else 'it'}", highlight=False, soft_wrap=True)
     if not names:
         console.print(f"no studies in {home}")
         return 0

@@ -65,3 +65,7 @@ def format_validation_error(err: ValidationError, root: type[BaseModel], prefix:
     more = len(err.errors()) - 1
     tail = f" [+{more} more error{'s' if more > 1 else ''}]" if more else ""
     return f"{key}: {msg}{got_text}{tail}"
+
+
+class ArgumentError(AutoFLError):
+    """A Python API argument of the wrong type or out of range (autofl/api_args.py)."""

@@ -10,8 +10,8 @@ Built-ins are found by importing their declaring modules; plugins by the entry-p
 
 Every lookup loads the built-ins, then the plugins, once per process, so a Ray worker that builds
 an experiment sees the same entries as the driver. A plugin that fails to import, or whose name
-collides with an entry already registered, is skipped with one line naming its distribution and
-the cause (`plugin_problems()`; printed once on stderr); the built-ins keep working.
+collides with an entry already registered, or exits at import (`sys.exit()`), is skipped with one
+line naming its distribution and the cause (`plugin_problems()`; printed once on stderr); the built-ins keep working.
 """
 
 from __future__ import annotations
@@ -208,7 +208,12 @@ def load_plugins() -> None:
                     raise ValueError(f"the entry point is named {ep.name!r} but the {registry.kind} is named "
                                      f"{declared!r}")
                 registry.add(value, source=dist)
-            except Exception as err:  # noqa: BLE001 - any failure of a plugin skips that plugin only
-                line = f"{where} skipped: {type(err).__name__}: {' '.join(str(err).split())[:300]}"
+            except KeyboardInterrupt:  # the user's Ctrl-C while a plugin imports stops the command
+                raise
+            except BaseException as err:  # noqa: BLE001 - any failure of a plugin skips that plugin only,
+                # SystemExit included: a plugin module calling sys.exit() at import must not end the command
+                detail = (f"the plugin's module exited at import (code {err.code})" if isinstance(err, SystemExit)
+                          else str(err))
+                line = f"{where} skipped: {type(err).__name__}: {' '.join(detail.split())[:300]}"
                 _problems.append(line)
                 print(f"autofl: {line}", file=sys.stderr)

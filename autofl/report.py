@@ -57,7 +57,48 @@ def _figure(name: str, title: str, draw: Callable[[], Any]) -> Figure:
             plt.close("all")
             return Figure(name, title, None, f"not drawn: {err}")
         fig = out if hasattr(out, "savefig") else (out.flat[0] if hasattr(out, "flat") else out).get_figure()
+        readable(fig)
         return Figure(name, title, _png(fig))
+
+
+# where a colour map is lighter than this (mean of R, G, B), a point or line on white is hard to see
+NEAR_WHITE = 0.85
+VISIBLE_FROM = 0.3  # the share of a sequential map cut off at its white end ("Blues" starts at #f7fbff)
+
+
+def readable(fig) -> None:
+    """Make Optuna's matplotlib figures readable as autofl draws them (text.parse_math off, so that
+    user text stays text): a log axis gets plain tick labels (`0.01`, `1e-05`) instead of mathtext
+    (`$\\mathdefault{10^{-2}}$`, shown raw and overlapping), and a colour map that starts or ends
+    at white (Optuna's "Blues") starts at a visible blue, so that no trial is drawn white on white."""
+    from matplotlib.ticker import LogFormatter
+
+    for ax in fig.axes:
+        for axis, scale in ((ax.xaxis, ax.get_xscale()), (ax.yaxis, ax.get_yscale())):
+            if scale == "log":
+                major, minor = axis.get_major_formatter(), axis.get_minor_formatter()
+                axis.set_major_formatter(LogFormatter(labelOnlyBase=getattr(major, "labelOnlyBase", True)))
+                axis.set_minor_formatter(LogFormatter(labelOnlyBase=getattr(minor, "labelOnlyBase", False),
+                                                      minor_thresholds=getattr(minor, "minor_thresholds", None)))
+        for mappable in ax.collections:
+            cmap = mappable.get_cmap() if hasattr(mappable, "get_cmap") else None
+            if cmap is not None and mappable.get_array() is not None:
+                mappable.set_cmap(visible_cmap(cmap))  # its colour bar follows
+
+
+def visible_cmap(cmap):
+    """`cmap` without its near-white end (unchanged if neither end is near white)."""
+    import numpy as np
+    from matplotlib.colors import ListedColormap
+
+    def light(x: float) -> bool:
+        return float(np.mean(cmap(x)[:3])) > NEAR_WHITE
+
+    if light(0.0) and not light(1.0):
+        return ListedColormap(cmap(np.linspace(VISIBLE_FROM, 1.0, 256)), name=f"{cmap.name}_visible")
+    if light(1.0) and not light(0.0):
+        return ListedColormap(cmap(np.linspace(0.0, 1.0 - VISIBLE_FROM, 256)), name=f"{cmap.name}_visible")
+    return cmap
 
 
 def trial_compute(space, trials: list) -> dict[int, float]:

@@ -75,6 +75,9 @@ def run_training(
     and swaps it in at the end: an interrupted run leaves the earlier one whole, never a mix."""
     check_out_dir(out, overwrite)
     check_device(exp.runtime.device)
+    from autofl.device import run_threads
+
+    torch.set_num_threads(run_threads(exp.runtime.threads))  # the CPUs it is given, not every core
     # loads the data first: a missing dataset fails before anything is written
     sim = Simulation(exp, get_method_class(exp.method.name))
     sim.clients_done = on_clients

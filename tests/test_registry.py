@@ -205,3 +205,34 @@ def test_readmes_method_plugin_trains_the_same_under_both_executors(readme_metho
     with pytest.raises(ConfigError, match=r"method.mu: Input should be less than or equal to 100"):
         load_experiment(None, ["method.name=prox_head", "method.mu=1000"])
     check_equivalent("prox_head", "mlp", "float64")
+
+
+EXITING_PLUGIN = {
+    "exitplug/__init__.py": "",
+    "exitplug/quits.py": "import sys\nsys.exit(0)\n",
+    "exitplug/raises_base.py": "raise GeneratorExit('odd')\n",
+    "autofl_exit_plugin-0.1.dist-info/METADATA": "Metadata-Version: 2.1\nName: autofl-exit-plugin\nVersion: 0.1\n",
+    "autofl_exit_plugin-0.1.dist-info/entry_points.txt": '''
+        [autofl.methods]
+        quits = exitplug.quits:Quits
+        odd = exitplug.raises_base:Odd
+    ''',
+}
+
+
+def test_a_plugin_that_exits_at_import_is_one_line_and_the_command_still_runs(tmp_path):
+    """Issue 42: `sys.exit(0)` in a plugin's module made every autofl command exit 0 silently."""
+    site = tmp_path / "site"
+    for rel, text in EXITING_PLUGIN.items():
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_text(textwrap.dedent(text).lstrip())
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(site)])}
+    listed = _autofl(env, "list", "methods")
+    assert listed.returncode == 0, listed.stderr
+    assert "fedavg" in listed.stdout  # the command ran on
+    problems = [line for line in listed.stderr.splitlines() if line.strip()]
+    assert len(problems) == 2, listed.stderr
+    assert any("plugin 'quits' (autofl.methods) from distribution autofl-exit-plugin skipped: SystemExit: "
+               "the plugin's module exited at import (code 0)" in p for p in problems), problems
+    assert any("plugin 'odd' (autofl.methods) from distribution autofl-exit-plugin skipped: GeneratorExit: odd"
+               in p for p in problems), problems

@@ -119,3 +119,38 @@ def test_headless_chromium_renders_the_report(tmp_path):
         band = image.crop((0, top, 1200, top + 1000))
         low, high = band.getextrema()
         assert low < 80 and high > 200, (top, low, high)
+
+
+def test_log_axes_have_plain_tick_labels_and_no_trial_is_drawn_white(tmp_path, monkeypatch):
+    """Issue 42: the slice and parallel-coordinates figures printed raw `$\\mathdefault{10^{-1}}$`
+    labels on the log-scale fl.lr and coloured the lowest trial white (Optuna's "Blues" starts at white)."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from autofl import report
+    from autofl.tuning.study import Study
+
+    drawn = {}
+
+    def keep(fig):  # the figure as the report saves it, drawn so that its tick labels are set
+        fig.canvas.draw()
+        labels = [t.get_text() for ax in fig.axes for axis in (ax.xaxis, ax.yaxis)
+                  for t in axis.get_ticklabels(which="both") if t.get_visible()]
+        colours = [c.get_facecolors() for ax in fig.axes for c in ax.collections]
+        colours += [c.get_edgecolors() for ax in fig.axes for c in ax.collections if c.get_array() is not None]
+        drawn[len(drawn)] = (fig.axes[0].get_title(), labels, colours)
+        plt.close(fig)
+        return b"png"
+
+    monkeypatch.setattr(report, "_png", keep)
+    report.build_report(Study(_study(tmp_path / "home")), tmp_path / "out")
+    figures = {title: (labels, colours) for title, labels, colours in drawn.values()}
+    slices = [v for t, v in figures.items() if "Slice" in t]
+    parallel = figures["Parallel Coordinate Plot"]
+    assert slices, list(figures)
+    for labels, colours in [*slices, parallel]:
+        assert labels and not any("mathdefault" in text or "$" in text for text in labels), labels
+    assert any(text in ("0.01", "0.1", "1") for text in parallel[0]), parallel[0]
+    for labels, colours in [*slices, parallel]:
+        rgb = np.concatenate([c[:, :3] for c in colours if len(c)])
+        assert (rgb.mean(axis=1) < 0.85).all(), "a trial drawn (near) white on white"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Iterable, TypeVar
 
-from autofl.engine.metrics import METRIC_KEYS
+from autofl.engine.metric_keys import METRIC_KEYS
 
 T = TypeVar("T")
 

@@ -201,32 +201,45 @@ def _merge(tree: dict[str, Any], overlay: dict[str, Any]) -> None:
             tree[key] = value
 
 
-def _check_keys(space: SearchSpace, method: str | None, params: dict[str, ParamSpec], where: str) -> None:
-    """Build the experiment with each param's example value: unknown keys and bad methods fail here."""
+def _named_param(message: str, paths: dict[str, str]) -> str | None:
+    """The searched key a build error is about: the one whose config key starts the message's path
+    (`fl.learning_rate: unknown key` is about the param fl.learning_rate), else None."""
+    head = message.split(":", 1)[0].strip()
+    named = [key for key in paths if head == _config_key(key) or head.startswith(_config_key(key) + ".")]
+    return max(named, key=len) if named else None
+
+
+def _config_key(key: str) -> str:
+    return key.split(CONDITIONAL_SEP, 1)[-1]
+
+
+def _check_keys(space: SearchSpace, method: str | None, params: dict[str, ParamSpec], paths: dict[str, str],
+                where: str) -> None:
+    """Build the experiment with each param's example value: unknown keys and bad methods fail here.
+    `paths[key]` is where the space file declares `key` (params.<key> or conditional.<method>.<key>):
+    an error is reported under the param it is about, not under the one being checked when it came."""
     values = {k: p.example() for k, p in params.items()}
+
+    def build(point: dict[str, Any], key: str, what: str) -> None:
+        try:
+            build_experiment(space.config(point))
+        except ConfigError as err:
+            culprit = _named_param(str(err), paths)
+            if culprit is not None and culprit != key:  # another param's value broke it: name that one
+                raise ConfigError(f"{paths[culprit]}: {err}") from None
+            raise ConfigError(f"{paths.get(key, f'{where}.{key}')}: {what.format(err=err)}") from None
+
     if method is not None:
         values["method.name"] = method
-        try:
-            build_experiment(space.config(values))
-        except ConfigError as err:
-            raise ConfigError(f"{where}.method.name: choice {method!r} is invalid ({err})") from None
+        build(values, "method.name", f"choice {method!r} is invalid ({{err}})")
     for key, spec in params.items():
-        try:
-            build_experiment(space.config({**values, key: spec.example()}))
-        except ConfigError as err:
-            raise ConfigError(f"{where}.{key}: {err}") from None
+        build({**values, key: spec.example()}, key, "{err}")
         if spec.type != "categorical":  # both ends of the range must make a valid config
             high = int(spec.high) if spec.type == "int" else spec.high  # type: ignore[arg-type]
-            try:
-                build_experiment(space.config({**values, key: high}))
-            except ConfigError as err:
-                raise ConfigError(f"{where}.{key}: high={high!r} is invalid ({err})") from None
+            build({**values, key: high}, key, f"high={high!r} is invalid ({{err}})")
             continue
         for choice in spec.choices or []:  # every choice (e.g. each method name) must make a valid config
-            try:
-                build_experiment(space.config({**values, key: choice}))
-            except ConfigError as err:
-                raise ConfigError(f"{where}.{key}: choice {choice!r} is invalid ({err})") from None
+            build({**values, key: choice}, key, f"choice {choice!r} is invalid ({{err}})")
 
 
 def validate_space(space: SearchSpace) -> None:
@@ -234,19 +247,27 @@ def validate_space(space: SearchSpace) -> None:
         base = space.base_experiment()
     except ConfigError as err:
         raise ConfigError(f"base.{err}") from None
+    rounds = base.fl.rounds  # the schedulers' max_t: a trial's rounds
+    if space.scheduler.kind != "none" and space.scheduler.grace_period > rounds:
+        raise ConfigError(f"scheduler.grace_period: {space.scheduler.grace_period} is more than the {rounds} rounds "
+                          f"a trial runs (base fl.rounds), so no trial would ever be stopped; allowed: 1..{rounds}, "
+                          f"or scheduler: {{kind: none}} to run every trial to the end")
     searched = "method.name" in space.params
     choices = (space.params["method.name"].choices or []) if searched else [base.method.name]
     methods = [str(m) for m in choices]  # the methods this study runs
     if searched:
         shared = {k: v for k, v in space.params.items() if k != "method.name"}
         for method in choices:
-            _check_keys(space, method, {**shared, **space.conditional.get(str(method), {})}, "params")
+            own = space.conditional.get(str(method), {})
+            paths = {"method.name": "params.method.name", **{k: f"params.{k}" for k in shared},
+                     **{k: f"conditional.{method}.{k}" for k in own}}
+            _check_keys(space, method, {**shared, **own}, paths, "params")
         unknown = set(space.conditional) - set(methods)
         if unknown:
             raise ConfigError(f"conditional.{sorted(unknown)[0]}: not among method.name choices; allowed: "
                               f"{', '.join(methods)}")
     else:
-        _check_keys(space, None, space.params, "params")
+        _check_keys(space, None, space.params, {k: f"params.{k}" for k in space.params}, "params")
     for method, overlay in space.method_base.items():
         if method not in methods:
             raise ConfigError(f"method_base.{method}: not a method this study runs; allowed: {', '.join(methods)}")
@@ -282,6 +303,16 @@ def parse_space(raw: dict[str, Any], where: str | Path) -> SearchSpace:
     except ConfigError as err:
         raise ConfigError(f"{where}: {err}") from None
     return space
+
+
+def parse_stored_space(raw: dict[str, Any], where: str | Path) -> SearchSpace:
+    """A study's own space file, checked as a SearchSpace (keys, types, sampler and scheduler)
+    without building its experiments (`validate_space`, done when the study was made and again
+    before any work): what read-only views need."""
+    try:
+        return SearchSpace.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(f"{where}: {format_validation_error(err, SearchSpace)}") from None
 
 
 def _lookup(tree: dict[str, Any], key: str) -> Any:

@@ -16,7 +16,7 @@ import yaml
 from autofl.config import read_yaml
 from autofl.errors import AutoFLError, ConfigError, StorageError
 from autofl.files import write_atomic
-from autofl.tuning.space import SearchSpace, load_space, parse_space
+from autofl.tuning.space import SearchSpace, load_space, parse_space, parse_stored_space
 from autofl.tuning.strategy_spec import SAMPLER_OPTIONS, SamplerSpec
 
 HOME_ENV = "AUTOFL_HOME"
@@ -51,7 +51,14 @@ def created_default_sampler() -> dict[str, Any]:
 
 
 def studies_dir(explicit: str | None = None) -> Path:
-    return Path(explicit or os.environ.get(HOME_ENV) or "autofl_studies").expanduser().resolve()
+    """The studies folder: `explicit` (--dir), else $AUTOFL_HOME, else ./autofl_studies; a path
+    that is there but no folder is a ConfigError naming where it came from (a file given as the
+    studies folder holds no studies, and saying "no studies" would hide the mistake)."""
+    source = "--dir" if explicit else HOME_ENV if os.environ.get(HOME_ENV) else "the default studies folder"
+    home = Path(explicit or os.environ.get(HOME_ENV) or "autofl_studies").expanduser().resolve()
+    if home.exists() and not home.is_dir():
+        raise ConfigError(f"{source} {home}: is not a folder; allowed: a folder that holds studies (or none yet)")
+    return home
 
 
 @dataclass
@@ -61,6 +68,7 @@ class Study:
     # and validating it builds an experiment per searched bound (storage_url, tune_root and
     # load_optuna all need it)
     _space: SearchSpace | None = field(default=None, init=False, repr=False, compare=False)
+    _stored: SearchSpace | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def name(self) -> str:
@@ -71,10 +79,23 @@ class Study:
         return self.root / SPACE_FILE
 
     def space(self) -> SearchSpace:
+        """The study's space, fully validated (every searched bound built into an experiment, which
+        loads the method, model and dataset registries, and with them torch): before work starts."""
         if self._space is None:
             tree = with_created_default_sampler(read_yaml(self.space_file), self.meta(), self.root / META_FILE)
             self._space = parse_space(tree, self.space_file)
         return self._space
+
+    def stored_space(self) -> SearchSpace:
+        """The study's space as its own copy holds it (validated in full when the study was made),
+        read without building experiments: what read-only views (status, studies, the storage's
+        place) use, so that they start without torch."""
+        if self._space is not None:
+            return self._space
+        if self._stored is None:
+            tree = with_created_default_sampler(read_yaml(self.space_file), self.meta(), self.root / META_FILE)
+            self._stored = parse_stored_space(tree, self.space_file)
+        return self._stored
 
     def meta(self) -> dict[str, Any]:
         path = self.root / META_FILE
@@ -95,13 +116,13 @@ class Study:
     def storage_url(self) -> str:
         """The study's storage, without password: the space's `storage`, else the `AUTOFL_STORAGE`
         URL recorded when the study was created, else a SQLite file in the study folder."""
-        return self.space().storage or self.meta().get("storage") or sqlite_url(self.root)
+        return self.stored_space().storage or self.meta().get("storage") or sqlite_url(self.root)
 
     def tune_root(self) -> str:
         """Where Tune keeps this study's experiments (trial checkpoints included): `<study>/tune`, or
         `<storage_path>/<study>` when the space or `--storage-path` names a folder every Ray node
         reaches (a shared folder, or a pyarrow URI such as s3://bucket/prefix)."""
-        base = self.space().storage_path or self.meta().get("storage_path")
+        base = self.stored_space().storage_path or self.meta().get("storage_path")
         return f"{base.rstrip('/')}/{self.name}" if base else str(self.root / TUNE_DIR)
 
     def load_optuna(self):
@@ -120,7 +141,7 @@ class Study:
         """The study's name inside its storage: the folder's name, except in a study folder copied
         under a new name (as README advises to take ownership), whose own SQLite file still holds
         the one study under its old name (issue 18)."""
-        if self.space().storage or self.meta().get("storage"):
+        if self.stored_space().storage or self.meta().get("storage"):
             return self.name
         import optuna
 
@@ -133,11 +154,17 @@ class Study:
 STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 
 
+STUDY_NAME_RULE = "1-100 letters, digits, '_', '.', '-', starting with a letter or digit (no '/', no '..')"
+
+
+def is_study_name(name: str) -> bool:
+    return bool(STUDY_NAME.fullmatch(name)) and ".." not in name
+
+
 def check_study_name(name: str, field: str) -> str:
     """A study name is one folder under the studies dir: no path separators, no `..`."""
-    if not STUDY_NAME.fullmatch(name) or ".." in name:
-        raise ConfigError(f"{field}: {name!r} is not a study name; allowed: 1-100 letters, digits, '_', '.', '-', "
-                          f"starting with a letter or digit (no '/', no '..')")
+    if not is_study_name(name):
+        raise ConfigError(f"{field}: {name!r} is not a study name; allowed: {STUDY_NAME_RULE}")
     return name
 
 
@@ -150,8 +177,19 @@ def check_owned(root: Path) -> None:
                            f"(cp -r) to take ownership")
 
 
+def study_folders(home: Path) -> tuple[list[str], list[str]]:
+    """The studies in `home` (folders holding a space.yaml, named as a study may be), and the
+    folders that hold one under a name no study may have (`cp -r qs1 "qs1 backup"`, `a..b`):
+    those are skipped, never opened, so one of them does not hide the others."""
+    if not home.is_dir():
+        return [], []
+    found = sorted(p.name for p in home.iterdir() if (p / SPACE_FILE).is_file())
+    valid = [n for n in found if is_study_name(n)]
+    return valid, [n for n in found if not is_study_name(n)]
+
+
 def existing_studies(home: Path) -> list[str]:
-    return sorted(p.name for p in home.iterdir() if (p / SPACE_FILE).is_file()) if home.is_dir() else []
+    return study_folders(home)[0]
 
 
 def open_study(home: Path, name: str) -> Study:
@@ -243,7 +281,7 @@ def pareto_trials(study: Study) -> list:
     """A multi-objective study's Pareto front (Optuna's best_trials), best first objective first."""
     ot = study.load_optuna()
     front = list(ot.best_trials) if ot is not None else []
-    space = study.space()
+    space = study.stored_space()
     from autofl.tuning.objectives import best_first
 
     return best_first(front, key=lambda t: t.values[0], mode=space.mode)
@@ -253,7 +291,7 @@ def best_trial(study: Study):
     ot = study.load_optuna()
     if ot is None:
         raise AutoFLError(f"study {study.name!r} has no trials yet")
-    best = best_of(ot.get_trials(deepcopy=False), study.space().mode)
+    best = best_of(ot.get_trials(deepcopy=False), study.stored_space().mode)
     if best is None:
         raise AutoFLError(f"study {study.name!r} has no completed trial yet; see autofl status {study.name}")
     return best
@@ -304,10 +342,6 @@ def export_pareto(study: Study) -> dict[str, Any]:
 def trial_config(study: Study, params: dict[str, Any], number: int | None, value: float | None,
                  attrs: dict[str, Any]) -> dict[str, Any]:
     """The runnable config of one set of searched values, with where it came from as metadata."""
-    import optuna
-    import ray
-    import torch
-
     import autofl
     from autofl.config import experiment_to_dict
     from autofl.tuning.objectives import TEST_METRICS
@@ -329,10 +363,20 @@ def trial_config(study: Study, params: dict[str, Any], number: int | None, value
         "objective_round": attrs.get("round"),
         "test_metrics_reported_not_optimized": {k: attrs[k] for k in TEST_METRICS if k in attrs},
         "seed": exp.seed,
-        "versions": {"autofl": autofl.__version__, "torch": str(torch.__version__), "ray": ray.__version__,
-                     "optuna": optuna.__version__},
+        "versions": {"autofl": autofl.__version__,
+                     **{name: _installed_version(name) for name in ("torch", "ray", "optuna")}},
     }
     return config
+
+
+def _installed_version(name: str) -> str:
+    """A package's installed version from its metadata (importing torch or Ray to ask took seconds)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "not installed"
 
 
 def _trial_attrs(study: Study, number: int | None) -> dict[str, Any]:

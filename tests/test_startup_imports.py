@@ -1,0 +1,55 @@
+"""Read-only commands start without the libraries they do not need (issue 42: every one imported
+torch, 3.5 s on a quiet 2-core machine): each runs in a fresh interpreter and reports which heavy
+modules it loaded. Asserts on modules, not on seconds."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.test_hostile_input import study_with_trials
+
+REPO = Path(__file__).resolve().parents[1]
+HEAVY = ("torch", "ray", "optuna")
+PROBE = ("import contextlib, io, json, sys\n"
+         "from autofl.cli import main\n"
+         "with contextlib.redirect_stdout(io.StringIO()):\n"
+         "    try:\n"
+         "        code = main(sys.argv[1:])\n"
+         "    except SystemExit as exit_:\n"
+         "        code = exit_.code\n"
+         f"print(json.dumps([code, [m for m in {HEAVY!r} if m in sys.modules]]))\n")
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    root = tmp_path_factory.mktemp("startup")
+    study_with_trials(root, "qs", ["a", "b"])
+    return root / "home"
+
+
+def loaded(*args) -> tuple[int, set[str]]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", PROBE, *map(str, args)], capture_output=True, text=True, env=env,
+                          timeout=300)
+    code, modules = json.loads(proc.stdout.strip().splitlines()[-1])
+    return code, set(modules)
+
+
+@pytest.mark.parametrize("command, needs", [
+    (("--help",), set()),
+    (("search", "--help"), set()),
+    (("studies",), {"optuna"}),  # the trials are read from Optuna's storage
+    (("status", "qs"), {"optuna"}),
+    (("best-config", "export", "qs"), {"optuna", "torch"}),  # the config is completed by its method's class
+])
+def test_read_only_commands_load_no_library_they_do_not_need(home, command, needs):
+    args = [*command, "--dir", home] if "--help" not in command else list(command)
+    code, modules = loaded(*args)
+    assert code == 0
+    assert modules <= needs, f"autofl {' '.join(command)} imported {sorted(modules - needs)}"
