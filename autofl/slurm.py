@@ -42,6 +42,7 @@ MEMORY = re.compile(r"[0-9]+[KMGT]?")
 TIME_FORMATS = ("MINUTES, MINUTES:SECONDS, HOURS:MINUTES:SECONDS, DAYS-HOURS, DAYS-HOURS:MINUTES "
                 "or DAYS-HOURS:MINUTES:SECONDS")
 SUBMIT_TIMEOUT_S = 60
+CLI_FLAGS = {"signal_before_s": "--signal-before"}  # where `autofl slurm` spells an option otherwise than --a-b
 BASE_PORT, PORT_SPAN = 20000, 20000  # the Ray head's port: BASE_PORT + job id mod PORT_SPAN (and that + 2)
 
 
@@ -158,7 +159,8 @@ def parse_options(options: SlurmOptions | dict[str, Any] | None, flags: bool = F
         line = format_validation_error(err, SlurmOptions)
         if flags:
             for name in SlurmOptions.model_fields:
-                line = re.sub(rf"(?<![\w-]){name}(?=:| )", "--" + name.replace("_", "-"), line)
+                flag = CLI_FLAGS.get(name, "--" + name.replace("_", "-"))
+                line = re.sub(rf"^{name}(?=:)", flag, line)  # the key the line starts with
         raise ConfigError(line) from None
 
 
