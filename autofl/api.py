@@ -335,7 +335,7 @@ def search(space: dict[str, Any] | SearchSpace | str | Path | None = None, *, na
     New study: `space` (a dict, a SearchSpace or a YAML path), named `name` or the space's `study`,
     created in `dir` (default $AUTOFL_HOME or ./autofl_studies), `trials` overriding the space's.
     `resume=True`: continue the study `name` (no space: it keeps its own): finish its interrupted run,
-    then add `trials` more if given. `join=True`: one more driver on a running PostgreSQL study.
+    then add `trials` more if given. `join=True`: one more driver on a running PostgreSQL or journal study.
     `on_start(study, logs_folder)` is called once Ray is up, before the first trial. Ctrl-C raises
     StudyInterrupted (the study resumes with `resume=True`)."""
     from autofl.tuning import study as store
@@ -384,7 +384,7 @@ def search(space: dict[str, Any] | SearchSpace | str | Path | None = None, *, na
             from autofl.errors import StorageError
 
             raise StorageError(f"--join {folder.name}: the study is on SQLite, which takes one driver; create it "
-                               f"with PostgreSQL storage (space `storage:` or AUTOFL_STORAGE) to run several")
+                               f"with PostgreSQL or journal storage (space `storage:` or AUTOFL_STORAGE) to run several")
     else:
         lock.acquire(sqlite=sqlite)
     try:

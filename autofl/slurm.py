@@ -232,8 +232,8 @@ def render_script(study_root: Path, options: SlurmOptions) -> str:
         '    srun --nodes=1 --ntasks=1 -w "${nodes[$i]}" $RAY start --address="$address" "${ray_options[@]}" &',
         "    ray_steps+=($!)",
         "done",
-        '"$PYTHON" -m autofl.slurm wait-ray "$address" "${#nodes[@]}" 300 || echo "autofl slurm: not every node '
-        'joined Ray; the study runs on those that did"',
+        *(['"$PYTHON" -m autofl.slurm wait-ray "$address" "${#nodes[@]}" 300 || echo "autofl slurm: not every node '
+           'joined Ray; the study runs on those that did"'] if options.nodes > 1 else []),
         "",
         "# the study: created at submission, so the first run and every requeued run resume it",
         f'"$PYTHON" -m autofl.cli search --resume {q(name)} --dir "$AUTOFL_HOME" --address "$address" &',
