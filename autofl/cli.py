@@ -384,8 +384,8 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--space", help="search-space YAML (new study)")
     search.add_argument("--name", help="study name (default: the space's `study`)")
     search.add_argument("--resume", metavar="NAME", help="continue an interrupted study")
-    search.add_argument("--join", metavar="NAME", help="add a driver to a running study on PostgreSQL or journal storage "
-                        "(its own Tune experiment; the study's trial budget is shared)")
+    search.add_argument("--join", metavar="NAME", help="add a driver to a running study on PostgreSQL or journal "
+                        "storage (its own Tune experiment; the study's trial budget is shared)")
     search.add_argument("--trials", type=_at_least(1, "trials", 100_000), help="trials to run (new study: overrides the space; "
                         "with --resume: add this many to the study)")
     _ray_options(search)

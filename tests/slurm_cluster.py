@@ -137,11 +137,13 @@ class SlurmProcesses:
         conf = self.folder / "slurm.conf"
         if self.procs and conf.exists():  # a test that failed midway: its jobs end before the daemons do
             cluster = SlurmCluster(self.folder, conf)
-            jobs = cluster.run("squeue", "-h", "-o", "%i", check=False).stdout.split()
-            if jobs:
-                cluster.run("scancel", *jobs, check=False)
+            def jobs() -> list[str]:
+                return cluster.run("squeue", "-h", "-o", "%i", check=False).stdout.split()
+
+            if jobs():
+                cluster.run("scancel", *jobs(), check=False)
                 deadline = time.monotonic() + 60
-                while time.monotonic() < deadline and cluster.run("squeue", "-h", "-o", "%i", check=False).stdout.split():
+                while time.monotonic() < deadline and jobs():
                     time.sleep(0.5)
         for proc in reversed(self.procs):
             if proc.poll() is None:
