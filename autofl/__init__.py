@@ -2,8 +2,8 @@
 
 The stable interface is what this module exports (`autofl.__all__`):
 
-- running: `train`, `search`, `load_study`, `list_studies`, `Study`, `RunResult`, `load_config`
-  (autofl/api.py, the same code paths as the `autofl` command);
+- running: `train`, `search`, `submit_slurm`, `load_study`, `list_studies`, `Study`, `RunResult`,
+  `load_config` (autofl/api.py, the same code paths as the `autofl` command);
 - writing a method: `Method`, `MethodParams` (autofl/methods/base.py) and the step language a
   method declares its local training in: `Stage`, `Update`, `ClientStart` (autofl/engine/plan.py);
 - models: `SplitModel` (encoder -> projector -> head, autofl/models/parts.py) and a model's
@@ -27,6 +27,7 @@ __version__ = "0.1.0"
 _EXPORTS: dict[str, str] = {
     "train": "autofl.api",
     "search": "autofl.api",
+    "submit_slurm": "autofl.api",
     "load_study": "autofl.api",
     "list_studies": "autofl.api",
     "load_config": "autofl.api",
@@ -54,7 +55,7 @@ _EXPORTS: dict[str, str] = {
 __all__ = ["__version__", *_EXPORTS]
 
 if TYPE_CHECKING:
-    from autofl.api import RunResult, Study, list_studies, load_config, load_study, search, train
+    from autofl.api import RunResult, Study, list_studies, load_config, load_study, search, submit_slurm, train
     from autofl.engine.plan import ClientStart, Stage, Update
     from autofl.errors import ArgumentError, AutoFLError, ConfigError, DataError, RunDiverged, StorageError
     from autofl.methods.base import Method, MethodParams

@@ -363,7 +363,7 @@ def search(space: dict[str, Any] | SearchSpace | str | Path | None = None, *, na
     New study: `space` (a dict, a SearchSpace or a YAML path), named `name` or the space's `study`,
     created in `dir` (default $AUTOFL_HOME or ./autofl_studies), `trials` overriding the space's.
     `resume=True`: continue the study `name` (no space: it keeps its own): finish its interrupted run,
-    then add `trials` more if given. `join=True`: one more driver on a running PostgreSQL study.
+    then add `trials` more if given. `join=True`: one more driver on a running PostgreSQL or journal study.
     `on_start(study, logs_folder)` is called once Ray is up, before the first trial. Ctrl-C raises
     StudyInterrupted (the study resumes with `resume=True`)."""
     from autofl.tuning import study as store
@@ -414,7 +414,7 @@ def search(space: dict[str, Any] | SearchSpace | str | Path | None = None, *, na
             from autofl.errors import StorageError
 
             raise StorageError(f"--join {folder.name}: the study is on SQLite, which takes one driver; create it "
-                               f"with PostgreSQL storage (space `storage:` or AUTOFL_STORAGE) to run several")
+                               f"with PostgreSQL or journal storage (space `storage:` or AUTOFL_STORAGE) to run several")
     else:
         lock.acquire(sqlite=sqlite)
     try:
@@ -448,3 +448,93 @@ def _run_study(folder: Any, trials: int | None, address: str | None, resume: boo
         # KeyboardInterrupt here. The trials are in the study's storage either way and --resume
         # finishes the run (CI saw a bare "interrupted" from a Ctrl-C just after the last trial).
         raise StudyInterrupted.of(folder.name) from None
+
+
+# ----- SLURM ---------------------------------------------------------------------------------------
+
+def submit_slurm(space: dict[str, Any] | SearchSpace | str | Path | None = None, *, name: str | None = None,
+          resume: bool = False, trials: int | None = None, dir: str | Path | None = None,
+          options: Any = None, dry_run: bool = False) -> Any:
+    """Run a study as a SLURM batch job, as `autofl slurm` does: a Ray cluster on the job's nodes
+    (a head on the first, a worker on each other), the study driven on it, Ray stopped at the end;
+    near the time limit the study is saved and the job requeued to resume it (autofl/slurm.py).
+
+    New study: `space` (named `name` or the space's `study`, `trials` overriding the space's) is
+    created in `dir` now, on a journal file in its folder unless the space or AUTOFL_STORAGE names
+    a storage. `resume=True`: submit a job that resumes the existing study `name`. `options`: a
+    `autofl.slurm.SlurmOptions` or its dict (nodes, cpus_per_node, gpus_per_node, time, ...).
+    `dry_run=True` creates and submits nothing. Returns an `autofl.slurm.Submission` (the script,
+    where it is written, the job id)."""
+    import os
+    import shutil
+
+    from autofl import slurm as jobs
+    from autofl.files import write_atomic
+    from autofl.tuning import study as store
+    from autofl.tuning.preflight import check_home, check_new_study
+    from autofl.tuning.space import parse_space
+    from autofl.tuning.storage import STORAGE_ENV
+
+    opts = jobs.parse_options(options)
+    if trials is not None and trials < 1:
+        raise AutoFLError(f"trials: {trials}; allowed: 1 or more")
+    home = studies_dir(dir)
+    if resume:
+        if space is not None:
+            raise AutoFLError(f"--space: applies to a new study; --resume {name} continues the study with its own "
+                              f"space")
+        if trials is not None:
+            raise AutoFLError("--trials: applies to a new study here (every requeued run would add them again); "
+                              "add trials with autofl search --resume NAME --trials N, then submit --resume NAME")
+        if name is None:
+            raise AutoFLError("slurm: resume=True needs the study's name")
+        folder = store.open_study(home, name)
+        store.check_owned(folder.root)
+        parsed, text = folder.space(), None
+    else:
+        if space is None:
+            raise AutoFLError("slurm: give --space FILE for a new study or --resume NAME to continue one")
+        if name is not None and not name.strip():
+            raise AutoFLError("--name: empty; give a study name, or leave --name out for the space's `study`")
+        parsed, text = search_space(space)
+        name = store.check_study_name(name or parsed.study, "--name" if name else "study")
+        if (home / name / store.SPACE_FILE).exists():
+            raise AutoFLError(f"study {name!r} already exists in {home}; submit it with --resume {name}, or pick "
+                              f"another --name")
+        data = parsed.base_experiment().data
+        if data.dataset != "digits":  # a missing dataset fails now, not on the cluster
+            from autofl.data.datasets import load_raw_dataset
+
+            load_raw_dataset(data)
+        check_new_study(parsed, None)
+        check_home(home)
+    jobs.check_fits(opts, float(parsed.resources.cpu), float(parsed.resources.gpu))
+    root = home / name
+    script = jobs.render_script(root, opts)
+    path = root / jobs.SLURM_DIR / jobs.SCRIPT_FILE
+    if dry_run:
+        return jobs.Submission(name, script, path, None)
+    jobs.sbatch_command()  # no SLURM here: one line before anything is made
+    created = not root.exists()
+    if not resume:
+        tree = yaml.safe_load(text)
+        changed = {}
+        if parsed.storage is None and not os.environ.get(STORAGE_ENV):
+            changed["storage"] = jobs.DEFAULT_JOURNAL  # SQLite is not safe on a shared filesystem
+        if trials is not None:
+            changed["trials"] = trials
+        if changed:
+            tree = {**tree, **changed}
+            text = f"# written by autofl slurm ({', '.join(changed)} set)\n" + yaml.safe_dump(tree, sort_keys=False)
+            parsed = parse_space(tree, "space")
+        store.create_study(home, None, parsed, name, space_text=text)
+    try:
+        path.parent.mkdir(exist_ok=True)
+        write_atomic(path, script)
+        path.chmod(0o755)
+        job = jobs.submit_script(path)
+    except BaseException:
+        if created:  # a failed submission leaves no half-made study
+            shutil.rmtree(root, ignore_errors=True)
+        raise
+    return jobs.Submission(name, script, path, job)

@@ -338,6 +338,30 @@ def _ray_options(parser: argparse.ArgumentParser) -> None:
                         help="also show Ray's and Tune's own log lines (always kept in the study's logs/ folder)")
 
 
+_SLURM_FLAGS = ("nodes", "cpus_per_node", "gpus_per_node", "time", "signal_before_s", "partition", "account", "qos",
+                "mem", "job_name", "sbatch", "setup", "python")
+
+
+def cmd_slurm(args: argparse.Namespace) -> int:
+    from autofl import api
+    from autofl.slurm import parse_options
+
+    if args.resume and args.name is not None:
+        raise AutoFLError(f"--name: applies to a new study; --resume {args.resume} continues the study with its "
+                          f"own name")
+    given = {k: getattr(args, k) for k in _SLURM_FLAGS if getattr(args, k) not in (None, [])}
+    options = parse_options(given, flags=True)
+    job = api.submit_slurm(args.space, name=args.resume or args.name, resume=bool(args.resume), trials=args.trials,
+                           dir=args.dir, options=options, dry_run=args.dry_run)
+    if args.dry_run:
+        sys.stdout.write(job.script)
+        return 0
+    console.print(f"autofl slurm: submitted job {job.job_id} for study {job.study} ({job.script_path}); its output: "
+                  f"{job.script_path.parent}/slurm-{job.job_id}.out; follow it with: autofl status {job.study}",
+                  soft_wrap=True)
+    return 0
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     from autofl.listing import listing
 
@@ -368,8 +392,8 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--space", help="search-space YAML (new study)")
     search.add_argument("--name", help="study name (default: the space's `study`)")
     search.add_argument("--resume", metavar="NAME", help="continue an interrupted study")
-    search.add_argument("--join", metavar="NAME", help="add a driver to a running study on PostgreSQL storage "
-                        "(its own Tune experiment; the study's trial budget is shared)")
+    search.add_argument("--join", metavar="NAME", help="add a driver to a running study on PostgreSQL or journal "
+                        "storage (its own Tune experiment; the study's trial budget is shared)")
     search.add_argument("--trials", type=_at_least(1, "trials", 100_000), help="trials to run (new study: overrides the space; "
                         "with --resume: add this many to the study)")
     _ray_options(search)
@@ -422,6 +446,36 @@ def build_parser() -> argparse.ArgumentParser:
     _reeval_options(reeval)
     reeval.add_argument("--dir", help=dir_help)
     reeval.set_defaults(func=cmd_reeval)
+
+    slurm = sub.add_parser("slurm", help="run a study as a SLURM batch job: Ray on the job's nodes, the study on a "
+                                         "journal in its folder, requeued to resume at the time limit")
+    slurm.add_argument("--space", help="search-space YAML (new study: created now)")
+    slurm.add_argument("--name", help="study name (default: the space's `study`)")
+    slurm.add_argument("--resume", metavar="NAME", help="submit a job that continues an existing study")
+    slurm.add_argument("--trials", type=_at_least(1, "trials", 100_000), help="new study: trials (overrides the space)")
+    slurm.add_argument("--dir", help=dir_help + "; on a filesystem every node reaches")
+    slurm.add_argument("--nodes", type=_at_least(1, "nodes"), help="nodes (default 1): a Ray head on the first, a "
+                       "worker on each other")
+    slurm.add_argument("--cpus-per-node", dest="cpus_per_node", type=_at_least(1, "CPUs"),
+                       help="CPUs per node for Ray (default 4)")
+    slurm.add_argument("--gpus-per-node", dest="gpus_per_node", type=_at_least(0, "GPUs"),
+                       help="GPUs per node for Ray (default 0); a trial takes the space's resources.gpu")
+    slurm.add_argument("--time", help="time limit, e.g. 04:00:00 or 1-00:00:00 (default 01:00:00)")
+    slurm.add_argument("--signal-before", dest="signal_before_s", type=_at_least(30, "seconds"), metavar="SECONDS",
+                       help="SLURM sends USR1 this long before the time limit: the study is saved and the job "
+                            "requeued (default 300)")
+    slurm.add_argument("--partition")
+    slurm.add_argument("--account")
+    slurm.add_argument("--qos")
+    slurm.add_argument("--mem", help="memory per node, e.g. 64G")
+    slurm.add_argument("--job-name", dest="job_name", help="default: autofl-<study>")
+    slurm.add_argument("--sbatch", action="append", default=[], metavar="OPTION",
+                       help="another sbatch option, e.g. --sbatch=--constraint=a100 (repeatable)")
+    slurm.add_argument("--setup", action="append", default=[], metavar="LINE",
+                       help="a shell line run first in the job, e.g. --setup 'module load cuda' (repeatable)")
+    slurm.add_argument("--python", help="the Python with autofl installed, as the nodes see it (default: this one)")
+    slurm.add_argument("--dry-run", action="store_true", help="print the batch script; create and submit nothing")
+    slurm.set_defaults(func=cmd_slurm)
 
     listed = sub.add_parser("list", help="show the registered methods, models and datasets (built-in and plugins) "
                                          "with their parameters")

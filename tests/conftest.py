@@ -68,13 +68,23 @@ def spy_whole_steps(monkeypatch, cls) -> list[tuple[int, int, object]]:
     return calls
 
 
-def new_ledger(tmp_path: Path):
-    """A study ledger on a fresh single-objective (maximize) study in tmp_path/s."""
+STORAGE_KINDS = ("sqlite", "journal")  # the storages every storage-generic test runs on (PostgreSQL: test_postgres)
+
+
+def storage_line(kind: str) -> str:
+    """The space file's `storage:` line for a storage kind: none (SQLite in the study folder) or a
+    journal file in the study folder."""
+    return "storage: journal://optuna.log\n" if kind == "journal" else ""
+
+
+def new_ledger(tmp_path: Path, storage: str = "sqlite"):
+    """A study ledger on a fresh single-objective (maximize) study in tmp_path/s, on `storage`
+    (one of STORAGE_KINDS)."""
     from autofl.tuning.ledger import Ledger
 
     root = tmp_path / "s"
     root.mkdir()
-    (root / "space.yaml").write_text("study: s\n")
+    (root / "space.yaml").write_text("study: s\n" + storage_line(storage))
     ledger = Ledger(root)
     ledger.study(create_directions=["maximize"])
     return ledger

@@ -10,7 +10,12 @@ import optuna
 import pytest
 
 from autofl.tuning.ledger import INTERRUPTED, Ledger, outcome, shown_state
-from conftest import new_ledger
+from conftest import STORAGE_KINDS, new_ledger
+
+
+@pytest.fixture(params=STORAGE_KINDS)
+def storage(request) -> str:
+    return request.param
 
 
 
@@ -46,8 +51,8 @@ def test_shown_state_marks_what_a_killed_driver_left_interrupted():
     assert shown_state("COMPLETE", {}, live_driver=False) == "COMPLETE"
 
 
-def test_a_trial_is_closed_once_and_mapped_both_ways(tmp_path):
-    ledger = new_ledger(tmp_path)
+def test_a_trial_is_closed_once_and_mapped_both_ways(tmp_path, storage):
+    ledger = new_ledger(tmp_path, storage)
     number, params = _ask(ledger, "t1")
     assert set(params) == {"x"} and ledger.number_of("t1") == number and ledger.state_of("t1") == "RUNNING"
     assert ledger.report(number, 0.5, 1) and ledger.report(number, 0.6, 2)
@@ -61,8 +66,8 @@ def test_a_trial_is_closed_once_and_mapped_both_ways(tmp_path):
     assert b"optuna.db" not in pickle.dumps(ledger)
 
 
-def test_budget_cut_orphans_and_the_run_budget(tmp_path):
-    ledger = new_ledger(tmp_path)
+def test_budget_cut_orphans_and_the_run_budget(tmp_path, storage):
+    ledger = new_ledger(tmp_path, storage)
     trained, _ = _ask(ledger, "trained")
     ledger.report(trained, 0.4, 1)
     never, _ = _ask(ledger, "never")
@@ -76,10 +81,10 @@ def test_budget_cut_orphans_and_the_run_budget(tmp_path):
     assert _ask(ledger, "b", known={"trained", "never", "a"}, budget=2) is None
 
 
-def test_tunes_last_results_complete_what_a_budget_cut_left_open(tmp_path):
+def test_tunes_last_results_complete_what_a_budget_cut_left_open(tmp_path, storage):
     """Tune stops the live trials when a budget stopper fires, without telling the searcher; the
     last result it held of each is recorded, and closes the trial as the outcome rule says."""
-    ledger = new_ledger(tmp_path)
+    ledger = new_ledger(tmp_path, storage)
     full, _ = _ask(ledger, "full")
     ledger.report(full, 0.5, 3)  # round 4, its last, was still held by Tune
     cut, _ = _ask(ledger, "cut")

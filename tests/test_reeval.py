@@ -17,7 +17,9 @@ import pytest
 import yaml
 
 from autofl.tuning import reeval
+from autofl.tuning.storage import open_storage
 from autofl.tuning.study import Study
+from conftest import STORAGE_KINDS
 from test_search_e2e import AUTOFL, run, space_file
 
 
@@ -123,9 +125,13 @@ def _unpruned_space(tmp_path: Path, study: str, trials: int, rounds: int) -> Pat
 
 
 @pytest.mark.slow
-def test_reeval_is_stored_reused_by_export_and_shown_by_status(tmp_path):
+@pytest.mark.parametrize("storage", STORAGE_KINDS)
+def test_reeval_is_stored_reused_by_export_and_shown_by_status(tmp_path, storage):
     home = tmp_path / "home"
     space = _unpruned_space(tmp_path, "rv", trials=3, rounds=3)
+    if storage == "journal":  # a journal file in the study folder
+        tree = yaml.safe_load(space.read_text())
+        space.write_text(yaml.safe_dump({**tree, "storage": "journal://optuna.log"}))
     proc = run(["search", "--space", space, "--dir", home])
     assert proc.returncode == 0, proc.stderr[-3000:]
     proc = run(["reeval", "rv", "--seeds", 2, "--top", 1, "--dir", home])
@@ -135,7 +141,7 @@ def test_reeval_is_stored_reused_by_export_and_shown_by_status(tmp_path):
     assert [p.stem for p in records][:2] == ["default-seed1000", "default-seed1001"] and len(records) == 4
     stamps = {p: p.stat().st_mtime_ns for p in records}
     summary = json.loads((home / "rv" / "reeval" / "summary.json").read_text())
-    ot = optuna.load_study(study_name="rv", storage=f"sqlite:///{home / 'rv' / 'optuna.db'}")
+    ot = optuna.load_study(study_name="rv", storage=open_storage(Study(home / "rv").storage_url()))
     assert ot.user_attrs["reeval"]["best"] == summary["best"] and len(summary["rows"]) == 2
     for row in summary["rows"]:
         assert row["seeds"] == [1000, 1001] and row["personal_test_acc"]["n"] == 2

@@ -17,6 +17,9 @@ import yaml
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 
 from autofl.cli import main
+from autofl.tuning.storage import open_storage
+from autofl.tuning.study import Study
+from conftest import STORAGE_KINDS, storage_line
 from autofl.report import asha_milestones
 from autofl.tuning.space import SearchSpace
 from autofl.tuning.reeval import reevaluate  # noqa: F401  (the module whose summary format the page reads)
@@ -24,15 +27,16 @@ from autofl.tuning.reeval import reevaluate  # noqa: F401  (the module whose sum
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def _study(home: Path) -> Path:
+def _study(home: Path, storage: str = "sqlite") -> Path:
+    """The study `rep` in `home`, on `storage` (conftest.STORAGE_KINDS: SQLite, a journal file)."""
     root = home / "rep"
     root.mkdir(parents=True)
     (root / "space.yaml").write_text(yaml.safe_dump({
         "study": "rep", "base": {"fl": {"rounds": 8}, "data": {"num_clients": 10}},
         "params": {"fl.lr": {"type": "float", "low": 0.001, "high": 1.0, "log": True},
                    "method.name": {"type": "categorical", "choices": ["fedavg", "fedprox"]}},
-        "scheduler": {"kind": "asha", "grace_period": 2, "reduction_factor": 2}}))
-    ot = optuna.create_study(study_name="rep", storage=f"sqlite:///{root / 'optuna.db'}", direction="maximize")
+        "scheduler": {"kind": "asha", "grace_period": 2, "reduction_factor": 2}}) + storage_line(storage))
+    ot = optuna.create_study(study_name="rep", storage=open_storage(Study(root).storage_url()), direction="maximize")
     dists = {"fl.lr": FloatDistribution(0.001, 1.0, log=True),
              "method.name": CategoricalDistribution(["fedavg", "fedprox"])}
     for i in range(8):
@@ -65,9 +69,10 @@ def test_asha_rungs_follow_grace_period_and_reduction_factor():
     assert asha_milestones(space.model_copy(update={"scheduler": space.scheduler.model_copy(update={"kind": "none"})})) == []
 
 
-def test_report_is_one_offline_page_with_every_figure_as_png(tmp_path):
+@pytest.mark.parametrize("storage", STORAGE_KINDS)
+def test_report_is_one_offline_page_with_every_figure_as_png(tmp_path, storage):
     home = tmp_path / "home"
-    root = _study(home)
+    root = _study(home, storage)
     out = tmp_path / "out"
     assert main(["report", "rep", "--dir", str(home), "-o", str(out)]) == 0
     page = (out / "report.html").read_text()

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from autofl.tuning.storage import open_storage
-from conftest import read_metrics
+from conftest import STORAGE_KINDS, read_metrics
 
 pytestmark = pytest.mark.slow
 AUTOFL = [sys.executable, "-m", "autofl.cli"]
@@ -41,7 +41,8 @@ def run(args, **kw):
 
 def trials_of(home: Path, name: str):
     # through autofl's open_storage: a read that starts while the driver creates the tables retries as it does
-    storage = open_storage(f"sqlite:///{home / name / 'optuna.db'}")
+    journal = home / name / "optuna.log"  # the study is on a journal file in its folder
+    storage = open_storage(f"journal://{journal}" if journal.exists() else f"sqlite:///{home / name / 'optuna.db'}")
     return optuna.load_study(study_name=name, storage=storage).get_trials()
 
 
@@ -90,17 +91,19 @@ def test_quickstart_sized_study_prunes_and_exports_a_reproducible_config(tmp_pat
     assert "e2e" in listing.stdout
 
 
-def test_killed_driver_resumes_without_losing_or_rerunning_trials(tmp_path):
+@pytest.mark.parametrize("storage", STORAGE_KINDS)
+def test_killed_driver_resumes_without_losing_or_rerunning_trials(tmp_path, storage):
     home = tmp_path / "home"
     # 160 rounds: the paper default (trial 0, never pruned) still trains when the second trial finishes. At 8
     # rounds all 6 had finished by the time a 2 s poll saw two (2026-11-26): the kill hit a driver shutting down
     space = space_file(tmp_path, "killme", trials=6, rounds=160)
+    env = {**os.environ, "AUTOFL_STORAGE": "journal://optuna.log"} if storage == "journal" else None
     stderr = tmp_path / "driver.stderr"
     with stderr.open("w") as err:
         driver = subprocess.Popen([*AUTOFL, "search", "--space", str(space), "--dir", str(home)],
-                                  stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+                                  stdout=subprocess.DEVNULL, stderr=err, start_new_session=True, env=env)
     deadline = time.time() + 600
-    db = home / "killme" / "optuna.db"
+    db = home / "killme" / ("optuna.log" if storage == "journal" else "optuna.db")
     before = []
     while time.time() < deadline and driver.poll() is None:
         time.sleep(0.5)
@@ -120,7 +123,7 @@ def test_killed_driver_resumes_without_losing_or_rerunning_trials(tmp_path):
                        if t.state.is_finished()}
     assert finished_before and len(finished_before) < 6, finished_before  # killed mid-study
 
-    proc = run(["search", "--resume", "killme", "--dir", home])
+    proc = run(["search", "--resume", "killme", "--dir", home])  # the study recorded its storage
     assert proc.returncode == 0, proc.stderr[-3000:]
     after = trials_of(home, "killme")
     assert all(t.state.is_finished() for t in after), [t.state.name for t in after]
@@ -246,3 +249,42 @@ def test_storage_path_puts_tune_experiments_in_a_shared_place_and_resume_finds_t
     assert len(trials_of(home, "elsewhere")) == 3 and (shared / "elsewhere" / "run-2").is_dir()
     refused = run(["search", "--resume", "elsewhere", "--dir", home, "--storage-path", str(shared)])
     assert refused.returncode == 2 and "--storage-path" in refused.stderr
+
+
+def test_two_drivers_share_one_journal_study_and_its_budget(tmp_path):
+    """A journal file takes several drivers, as PostgreSQL does (test_postgres.py): a --join driver
+    runs its own Tune experiment on the study, and together they run exactly its 6 trials."""
+    home = tmp_path / "home"
+    spec = space_file(tmp_path, "jjoin", trials=6, rounds=120)
+    tree = yaml.safe_load(spec.read_text())
+    # one trial at a time per driver and none pruned: the first driver alone needs six full trials, far
+    # longer than the second takes to start
+    spec.write_text(yaml.safe_dump({**tree, "storage": "journal://optuna.log", "scheduler": {"kind": "none"},
+                                    "resources": {"cpu": 1, "max_concurrent": 1}}))
+    logs = [tmp_path / "first.log", tmp_path / "joined.log"]
+
+    def started() -> int:
+        if not (home / "jjoin" / "optuna.log").exists():
+            return 0
+        try:
+            return len(trials_of(home, "jjoin"))
+        except KeyError:  # not created yet
+            return 0
+
+    with open(logs[0], "w") as first_log, open(logs[1], "w") as joined_log:
+        first = subprocess.Popen([*AUTOFL, "search", "--space", str(spec), "--dir", str(home)],
+                                 stdout=first_log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 600
+        while time.time() < deadline and first.poll() is None and started() < 1:
+            time.sleep(1)
+        joined = subprocess.Popen([*AUTOFL, "search", "--join", "jjoin", "--dir", str(home)],
+                                  stdout=joined_log, stderr=subprocess.STDOUT)
+        assert first.wait(timeout=900) == 0, logs[0].read_text()[-3000:]
+        assert joined.wait(timeout=900) == 0, logs[1].read_text()[-3000:]
+    trials = trials_of(home, "jjoin")
+    assert len(trials) == 6 and all(t.state.is_finished() for t in trials), [t.state.name for t in trials]
+    assert len({t.user_attrs["tune_trial_id"] for t in trials}) == 6
+    runs = [t.user_attrs["tune_run"] for t in trials]
+    assert "run-1" in runs and any(r.startswith("join-") for r in runs), runs
+    status = run(["status", "jjoin", "--dir", home])
+    assert status.returncode == 0 and f"journal://{home / 'jjoin' / 'optuna.log'}" in status.stdout

@@ -4,7 +4,7 @@
 `<study>/driver.lock`; the kernel releases it when the driver exits or is killed, so a crashed
 driver never leaves a stale lock. A second main driver is refused at start: on SQLite because one
 file cannot take two drivers' writes, and on any storage because two drivers restoring the same
-Tune experiment would train its trials twice. `--join` drivers (PostgreSQL only) do not take it:
+Tune experiment would train its trials twice. `--join` drivers (PostgreSQL, a journal) do not take it:
 they run their own Tune experiment on the same Optuna study.
 """
 
@@ -59,7 +59,7 @@ class DriverLock:
             handle.close()
             name = self.path.parent.name
             instead = (f"SQLite takes one driver per study: wait for it to end (or stop it), or create the study "
-                       f"on PostgreSQL storage and add drivers with --join {name}" if sqlite else
+                       f"on PostgreSQL or journal storage and add drivers with --join {name}" if sqlite else
                        f"wait for it to end, or add a driver with --join {name}")
             raise StorageError(f"study {name!r} has a running driver ({self.holder()}); {instead}") from None
         handle.seek(0)

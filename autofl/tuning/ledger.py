@@ -83,7 +83,8 @@ class Ledger:
     def __init__(self, study_root: str | Path):
         self.root = str(study_root)
         self._study: Any = None  # optuna.Study, opened at first use in each process
-        self._storage: Any = None  # the RDBStorage it was opened on
+        self._storage: Any = None  # the Optuna storage it was opened on
+        self._url = ""  # and that storage's URL
         self._sampler: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -112,7 +113,8 @@ class Ledger:
 
         folder = self.folder()
         if self._storage is None:
-            self._storage = open_storage(folder.storage_url())
+            self._url = folder.storage_url()
+            self._storage = open_storage(self._url)
         storage = self._storage
         name = folder.optuna_name(storage)  # a copied study folder keeps its trials' old name
         try:
@@ -206,9 +208,16 @@ class Ledger:
     @contextmanager
     def suggest_lock(self) -> Iterator[None]:
         """On PostgreSQL, a session advisory lock per study around count-then-create, so that
-        drivers joined to one study never create more trials than it requested. SQLite has one driver."""
+        drivers joined to one study never create more trials than it requested (on a journal, a
+        lock file next to it). SQLite has one driver."""
         if not self.shared():
             yield
+            return
+        from autofl.tuning.storage import is_journal, journal_lock
+
+        if is_journal(self._url):
+            with journal_lock(self._url):
+                yield
             return
         from sqlalchemy import text
 
@@ -224,10 +233,11 @@ class Ledger:
                 conn.commit()
 
     def shared(self) -> bool:
-        """Whether several drivers may share this storage (PostgreSQL)."""
+        """Whether several drivers may share this storage (PostgreSQL, a journal)."""
+        from autofl.tuning.storage import is_shared
+
         self.study()
-        engine = getattr(self._storage, "engine", None)
-        return engine is not None and engine.dialect.name == "postgresql"
+        return is_shared(self._storage)
 
     def ask(self, run_name: str, tune_trial_id: str, known: set[str], budget: int, sampler: Any,
             define: Callable[[Any], dict[str, Any] | None],

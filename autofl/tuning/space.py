@@ -103,7 +103,9 @@ class SearchSpace(Strict):
     sampler: SamplerSpec = Field(default_factory=SamplerSpec)
     scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
-    storage: str | None = Field(None, description="SQLAlchemy URL; default: sqlite file in the study folder")
+    storage: str | None = Field(None, description="sqlite:////PATH.db, postgresql+psycopg://USER@HOST:PORT/DB, "
+                                 "journal:///PATH.log or journal://NAME.log (a file in the study folder, for a "
+                                 "shared filesystem); default: sqlite file in the study folder")
     storage_path: str | None = Field(None, description="where Tune keeps experiments and trial checkpoints "
                                      "(default: the study folder); on a multi-node cluster a folder or URI "
                                      "(s3://, gs://) every node reaches")

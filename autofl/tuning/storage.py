@@ -1,7 +1,11 @@
 """Optuna storages: one place that checks, masks and opens their URLs.
 
-Two back-ends are supported: SQLite (the default, a file in the study folder; one driver at a time)
-and PostgreSQL through psycopg 3 (`postgresql+psycopg://USER@HOST:PORT/DB`; several drivers). A
+Three back-ends are supported: SQLite (the default, a file in the study folder; one driver at a time),
+PostgreSQL through psycopg 3 (`postgresql+psycopg://USER@HOST:PORT/DB`; several drivers), and Optuna's
+JournalStorage on a file (`journal:///ABSOLUTE/PATH.log`, or `journal://NAME.log`: a file in the study
+folder; several drivers), made for a shared filesystem (NFS, Lustre) where SQLite's locks are not
+safe: its writes take Optuna's `JournalFileOpenLock` (a lock file created with O_EXCL, which NFSv3+
+makes atomic), and so does autofl's count-then-create of trials (`journal_lock`). A
 password never sits in a file that autofl writes or copies: a space's `storage:` must not hold one
 (libpq reads it from `PGPASSWORD` or `~/.pgpass`), and a URL given in `AUTOFL_STORAGE` may hold one,
 but the study records the URL without it and takes it from the environment again at connect time.
@@ -17,13 +21,16 @@ from __future__ import annotations
 import os
 import re
 import time
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 STORAGE_ENV = "AUTOFL_STORAGE"
 PG_CONNECT_TIMEOUT_S = 10
 SCHEMA_RACE_TRIES = 6  # attempts to open a new storage that other processes are creating at the same moment
 SCHEMA_RACE_PAUSE_S = 0.1  # the pause before the n-th retry is n times this
-ALLOWED = "sqlite:///PATH or postgresql+psycopg://USER@HOST:PORT/DB"
+ALLOWED = "sqlite:///PATH, postgresql+psycopg://USER@HOST:PORT/DB or journal:///PATH.log"
+JOURNAL = "journal:"
+JOURNAL_SUGGEST_LOCK = ".autofl-suggest"  # <journal>.autofl-suggest.lock: held around count-then-create
 _PASSWORD_IN_URL = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^:/@\s]*:)(?P<password>[^@\s]*)@")
 # libpq's other form: the password as a query parameter (`?password=...`, any case, percent-encoded
 # or not; `sslpassword` too), and keyword/value connection strings (`password=... host=...`)
@@ -59,6 +66,8 @@ def check_storage_url(url: str, where: str | None, allow_password: bool = False)
     from sqlalchemy.exc import ArgumentError
 
     prefix = f"{where}: " if where else ""
+    if is_journal(url):
+        return check_journal_url(url, prefix)
     try:
         parsed = make_url(url)
     except ArgumentError:
@@ -93,10 +102,48 @@ def check_storage_url(url: str, where: str | None, allow_password: bool = False)
     return url
 
 
+def is_journal(url: str) -> bool:
+    return url.startswith(JOURNAL)
+
+
+def journal_path(url: str) -> str:
+    """The file a journal URL names: `journal:///abs/x.log` -> `/abs/x.log`, `journal://x.log` and
+    `journal:x.log` -> `x.log` (relative: a file in the study folder)."""
+    path = url[len(JOURNAL):]
+    return path[2:] if path.startswith("//") else path
+
+
+def check_journal_url(url: str, prefix: str = "") -> str:
+    """A journal URL names an absolute file, or a bare file name in the study folder; its folder's
+    existence is checked when the storage is opened (a new study: before its folder is made)."""
+    path = journal_path(url)
+    allowed = "journal:///ABSOLUTE/PATH.log (three slashes) or journal://NAME.log (a file in the study folder)"
+    if not path or path.endswith("/") or any(c in path for c in "?#\0"):
+        raise ValueError(f"{prefix}{url!r} names no journal file; allowed: {allowed}")
+    if not os.path.isabs(path) and ("/" in path or path in (".", "..")):
+        raise ValueError(f"{prefix}{url!r} is a relative path with folders; allowed: {allowed}")
+    return url
+
+
+def bind_to_folder(url: str, root: str | os.PathLike[str]) -> str:
+    """`url` as the study in folder `root` opens it: a relative journal file lies in that folder
+    (a study folder copied elsewhere takes its journal with it); any other URL is unchanged."""
+    if is_journal(url) and not os.path.isabs(journal_path(url)):
+        return f"{JOURNAL}//{os.path.join(os.path.abspath(root), journal_path(url))}"
+    return url
+
+
+def in_study_folder(url: str) -> bool:
+    """Whether the storage belongs to one study folder (a relative journal), as its SQLite file does."""
+    return is_journal(url) and not os.path.isabs(journal_path(url))
+
+
 def without_password(url: str) -> str:
     """`url` with neither a user:pw@ password nor a password query parameter (what a study records)."""
     from sqlalchemy.engine import URL, make_url
 
+    if is_journal(url):
+        return url
     parsed = make_url(url)  # URL.set(password=None) keeps the password: build the URL again without it
     query = {k: v for k, v in parsed.query.items() if not is_secret_key(k)}
     return URL.create(parsed.drivername, username=parsed.username, host=parsed.host, port=parsed.port,
@@ -107,7 +154,7 @@ def connect_url(url: str) -> str:
     """The URL to connect with: `url` itself, or the `AUTOFL_STORAGE` URL it was recorded from
     (which may carry the password)."""
     env = os.environ.get(STORAGE_ENV)
-    if env and not url.startswith("sqlite") and without_password(env) == url:
+    if env and not url.startswith("sqlite") and not is_journal(url) and without_password(env) == url:
         return env
     return url
 
@@ -124,10 +171,13 @@ def _fast_sqlite(dbapi_connection: Any, _record: Any) -> None:
 
 
 def open_storage(url: str):
-    """An Optuna RDBStorage for `url` (SQLite or PostgreSQL); a storage that cannot be opened (a
-    server that refuses, no password in the environment, a corrupt file) raises StorageError with
-    one masked line."""
+    """An Optuna storage for `url`: an RDBStorage (SQLite or PostgreSQL) or a JournalStorage (a
+    journal file); a storage that cannot be opened (a server that refuses, no password in the
+    environment, a corrupt file, a journal whose folder is missing) raises StorageError with one
+    masked line."""
     try:
+        if is_journal(url):
+            return _open_journal(url)
         return _open_rdb_once_created(url)
     except Exception as err:  # noqa: BLE001 - any driver error becomes one line
         from autofl.errors import StorageError
@@ -182,6 +232,72 @@ def _open_rdb(url: str):
     return storage
 
 
+# journal file -> ((pid, inode), its JournalStorage): one handle per file and process
+_JOURNALS: dict[str, tuple[tuple[int, int | None], Any]] = {}
+
+
+def _open_journal(url: str):
+    """One JournalStorage per journal file and process (each open replays the whole log; one handle
+    reads only what was appended since), its writes under a JournalFileOpenLock."""
+    import optuna
+    from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
+
+    from autofl.errors import StorageError
+
+    path = journal_path(url)
+    if not os.path.isabs(path):
+        raise StorageError(f"storage: {url}: a journal file relative to no study folder; allowed: "
+                           f"journal:///ABSOLUTE/PATH.log")
+    cached = _JOURNALS.get(path)
+    if cached is not None and cached[0] == (os.getpid(), _inode(path)):  # not a file made anew since
+        return cached[1]
+    folder = os.path.dirname(path) or "/"
+    if not os.path.isdir(folder):
+        raise StorageError(f"storage: {url}: folder {folder} does not exist; create it (on a filesystem every "
+                           f"node reaches) or fix the path")
+    if os.path.isdir(path):
+        raise StorageError(f"storage: {url}: is a folder; name the journal file, e.g. journal://{path}/optuna.log")
+    storage = optuna.storages.JournalStorage(JournalFileBackend(path, lock_obj=JournalFileOpenLock(path)))
+    _JOURNALS[path] = ((os.getpid(), _inode(path)), storage)
+    return storage
+
+
+def _inode(path: str) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except OSError:
+        return None
+
+
+@contextmanager
+def journal_lock(url: str) -> Iterator[None]:
+    """Held around a driver's count-then-create of trials on a journal shared by several drivers
+    (PostgreSQL's advisory lock does this there): Optuna's NFS-safe lock file, next to the journal."""
+    from optuna.storages.journal import JournalFileOpenLock
+
+    lock = JournalFileOpenLock(journal_path(url) + JOURNAL_SUGGEST_LOCK)
+    lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def is_shared(storage: Any) -> bool:
+    """Whether several drivers may share an opened storage (PostgreSQL, a journal)."""
+    import optuna
+
+    if isinstance(storage, optuna.storages.JournalStorage):
+        return True
+    engine = getattr(storage, "engine", None)
+    return engine is not None and engine.dialect.name == "postgresql"
+
+
 def probe_storage(url: str) -> None:
-    """Connect once (creating Optuna's tables if needed) or raise StorageError with one masked line."""
-    open_storage(url).engine.dispose()
+    """Connect once (creating Optuna's tables or the journal file if needed) or raise StorageError
+    with one masked line. A journal in the study folder is made with the folder: nothing to probe."""
+    if in_study_folder(url):
+        return
+    storage = open_storage(url)
+    if not is_journal(url):
+        storage.engine.dispose()

@@ -115,8 +115,13 @@ class Study:
 
     def storage_url(self) -> str:
         """The study's storage, without password: the space's `storage`, else the `AUTOFL_STORAGE`
-        URL recorded when the study was created, else a SQLite file in the study folder."""
-        return self.stored_space().storage or self.meta().get("storage") or sqlite_url(self.root)
+        URL recorded when the study was created, else a SQLite file in the study folder (a relative
+        journal file lies in the study folder too)."""
+        from autofl.tuning.storage import bind_to_folder
+
+        return bind_to_folder(
+            self.stored_space().storage or self.meta().get("storage") or sqlite_url(self.root), self.root
+        )
 
     def tune_root(self) -> str:
         """Where Tune keeps this study's experiments (trial checkpoints included): `<study>/tune`, or
@@ -140,8 +145,11 @@ class Study:
     def optuna_name(self, storage: Any = None) -> str:
         """The study's name inside its storage: the folder's name, except in a study folder copied
         under a new name (as README advises to take ownership), whose own SQLite file still holds
-        the one study under its old name (issue 18)."""
-        if self.stored_space().storage or self.meta().get("storage"):
+        the one study under its old name (issue 18), as a journal in the folder does."""
+        from autofl.tuning.storage import in_study_folder
+
+        chosen = self.stored_space().storage or self.meta().get("storage")
+        if chosen and not in_study_folder(chosen):
             return self.name
         import optuna
 
