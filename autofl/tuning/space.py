@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from autofl.config import Experiment, Strict, read_yaml, set_dotted
+from autofl.config import Experiment, Strict, read_yaml, set_dotted, with_absolute_data_path
 from autofl.experiment import build_experiment
 from autofl.errors import ConfigError, format_validation_error
 from autofl.tuning.strategy_spec import SAMPLER_OPTIONS, SCHEDULER_OPTIONS, SamplerSpec, SchedulerSpec, only_own_options
@@ -143,6 +143,11 @@ class SearchSpace(Strict):
                               "lost node) restarts from its last checkpoint up to this many times")
     seed: int = Field(0, ge=0, le=2**32 - 1, description="the sampler's seed")
     start_from_base: bool = Field(True, description="first trial = the base config's values (the paper default)")
+
+    @field_validator("base")
+    @classmethod
+    def _absolute_data_path(cls, base: dict[str, Any]) -> dict[str, Any]:
+        return with_absolute_data_path(base)  # the trials' workers run in other folders
 
     @field_validator("storage")
     @classmethod
