@@ -264,8 +264,11 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     out = Path(args.output) if args.output else None
     if out is not None:  # checked before any work
-        if out.is_dir():
+        from autofl.files import check_output_file
+
+        if out.is_dir() and not out.is_symlink():
             raise AutoFLError(f"-o {out}: is a folder; give a file name, e.g. {out / 'best.yaml'}")
+        check_output_file(out, "-o")  # never over a link, FIFO or device, --overwrite or not
         if out.exists() and not args.overwrite:
             raise AutoFLError(f"-o {out}: file exists; choose another name or pass --overwrite")
         if not out.parent.is_dir():

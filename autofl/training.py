@@ -29,8 +29,13 @@ RUN_FILES = (METRICS_FILE, CONFIG_FILE, STATE_FILE)  # what a run's folder holds
 def check_out_dir(out: Path, overwrite: bool) -> None:
     """Everything about `--out` that can fail, checked before any work: not a file, not under a
     file, writable, and not an earlier run's folder unless --overwrite."""
+    if out.is_symlink():
+        raise AutoFLError(f"--out {out}: is a symbolic link; autofl writes a run only into a real folder, never "
+                          f"through a link; give the folder itself")
     if out.exists() and not out.is_dir():
-        raise AutoFLError(f"--out {out}: is a file; give a folder")
+        from autofl.files import not_a_regular_file
+
+        raise AutoFLError(f"--out {out}: is {not_a_regular_file(out) or 'a file'}; give a folder")
     existing = out
     while not existing.exists():
         existing = existing.parent
