@@ -461,6 +461,12 @@ def _dispatch(args: argparse.Namespace) -> int:
     try:
         return int(args.func(args) or 0)
     except OSError as err:
+        if err.filename is not None and err.errno in (errno.ENOSPC, errno.EROFS, errno.EDQUOT):  # a named file
+            from autofl.files import write_failed
+
+            err_console.print(f"autofl: error: {clean(str(write_failed(err.filename, err)))}", highlight=False,
+                              soft_wrap=True)
+            return 2
         if err.errno in (errno.EPIPE, errno.ENOSPC, errno.EBADF):
             return _stdout_lost(err)
         raise

@@ -7,6 +7,7 @@ as root would have replaced the machine's /dev/null)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
@@ -61,10 +62,32 @@ def write_atomic(path: Path, data: str | bytes) -> None:
     path = Path(path)
     check_output_file(path)
     tmp = path.with_name(path.name + ".tmp")
-    fd = _create_exclusive(tmp)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data.encode() if isinstance(data, str) else data)
-    os.replace(tmp, path)
+    try:
+        fd = _create_exclusive(tmp)
+    except OSError as err:
+        raise write_failed(path, err) from None
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data.encode() if isinstance(data, str) else data)
+            handle.flush()
+            os.fsync(handle.fileno())  # a full disk shows here, not after the rename
+        os.replace(tmp, path)
+    except OSError as err:  # disk full, read-only, no permission: the temp file goes, `path` is as it was
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise write_failed(path, err) from None
+
+
+def write_failed(path: Path, err: OSError) -> OutputError:
+    """One line for a write that failed: the path and the cause (issue 42: a full disk was reported
+    as a closed output pipe, and left its temp file)."""
+    causes = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exhausted",
+              errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied",
+              errno.EPERM: "permission denied"}
+    cause = causes.get(err.errno or 0) or err.strerror or type(err).__name__
+    return OutputError(f"{path}: cannot be written: {cause}; nothing was written there")
 
 
 def open_no_follow(path: Path, mode: str = "r") -> int:

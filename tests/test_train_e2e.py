@@ -1,3 +1,4 @@
+import pytest
 import torch
 import yaml
 
@@ -131,3 +132,63 @@ def test_overwrite_refuses_a_folder_that_is_not_a_run(run_cli, tmp_path, capsys)
     (out / "notes.txt").write_text("keep me")
     assert run_cli("train", "--out", out, "--overwrite", "--set", "fl.rounds=1") == 2
     assert "also holds notes.txt" in capsys.readouterr().err and (out / "notes.txt").read_text() == "keep me"
+
+
+# ---- issue 42: a write that fails (a full disk) is one line naming the file, and leaves no temp file ----
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 24 KiB tmpfs (room for config.yaml and metrics.jsonl, not final_state.pt) mounted for the test (root only), unmounted at its end."""
+    import subprocess
+
+    mount = tmp_path / "small"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24k", "tmpfs", str(mount)], capture_output=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({made.stderr.decode().strip()[:80]})")
+    yield mount
+    if subprocess.run(["umount", str(mount)], capture_output=True).returncode != 0:  # a file still open there
+        subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+def test_a_full_disk_at_the_final_state_is_one_line_and_leaves_nothing(run_cli, full_disk, capsys):
+    out = full_disk / "run"
+    code = run_cli("train", "--out", out, "--set", "fl.rounds=1", "--set", "data.num_clients=2")
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, (code, err)
+    assert f"{out / 'final_state.pt'}: cannot be written: the disk is full" in err, err
+    assert list(full_disk.iterdir()) == []  # no run folder, no final_state.pt.tmp
+
+
+def test_a_failed_config_write_names_the_file_and_leaves_no_temp_file(run_cli, tmp_path, capsys, monkeypatch):
+    import errno
+    import os
+
+    def no_space(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", no_space)
+    out = tmp_path / "run"
+    code = run_cli("train", "--out", out, "--set", "fl.rounds=1", "--set", "data.num_clients=2")
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, (code, err)
+    assert f"{out / 'config.yaml'}: cannot be written: the disk is full" in err and "send it to" not in err, err
+    assert not out.exists()
+
+
+def test_the_shared_writer_keeps_the_old_file_when_a_write_fails(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    from autofl.errors import OutputError
+    from autofl.files import write_atomic
+
+    path = tmp_path / "best.yaml"
+    path.write_text("old: 1\n")
+
+    def read_only(fd):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(os, "fsync", read_only)
+    with pytest.raises(OutputError, match="best.yaml: cannot be written: the file system is read-only"):
+        write_atomic(path, "new: 2\n")
+    assert path.read_text() == "old: 1\n" and sorted(p.name for p in tmp_path.iterdir()) == ["best.yaml"]
