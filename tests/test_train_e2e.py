@@ -192,3 +192,25 @@ def test_the_shared_writer_keeps_the_old_file_when_a_write_fails(tmp_path, monke
     with pytest.raises(OutputError, match="best.yaml: cannot be written: the file system is read-only"):
         write_atomic(path, "new: 2\n")
     assert path.read_text() == "old: 1\n" and sorted(p.name for p in tmp_path.iterdir()) == ["best.yaml"]
+
+
+# ---- issue 42: a split part that gives no client a sample is one line before any work ----
+def test_a_validation_split_no_client_gets_is_one_line_and_writes_nothing(run_cli, tmp_path, capsys):
+    out = tmp_path / "run"
+    code = run_cli("train", "--out", out, "--set", "data.split.train=0.799", "--set", "data.split.val=0.001",
+                   "--set", "data.split.test=0.2")
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, (code, err)
+    assert "data.split.val: 0.001 gives no client a validation sample" in err and "allowed: at least" in err, err
+    assert not out.exists()
+
+
+def test_a_search_with_such_a_split_makes_no_study(run_cli, tmp_path, capsys):
+    space = tmp_path / "space.yaml"
+    space.write_text(yaml.safe_dump({"study": "nosplit", "trials": 2, "base": {
+        "fl": {"rounds": 2}, "data": {"split": {"train": 0.799, "val": 0.001, "test": 0.2}}},
+        "params": {"fl.lr": {"type": "float", "low": 0.01, "high": 0.1}}}))
+    code = run_cli("search", "--space", space, "--dir", tmp_path / "home")
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "data.split.val: 0.001 gives no client" in err, (code, err)
+    assert not (tmp_path / "home" / "nosplit").exists()
