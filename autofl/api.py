@@ -397,11 +397,13 @@ def search(space: dict[str, Any] | SearchSpace | str | Path | None = None, *, na
         if space is None:
             raise AutoFLError("search: give --space FILE for a new study or --resume NAME to continue one")
         parsed, text = search_space(space)
-        data = parsed.base_experiment().data
-        if data.dataset != "digits":  # a missing or corrupt dataset fails before the study exists (loaded once:
-            from autofl.data.datasets import load_raw_dataset  # the trials share this load); digits has no files
+        base = parsed.base_experiment()
+        # a missing or corrupt dataset, or a split that gives no client a validation sample, fails
+        # before the study exists (loaded once: the trials share this load)
+        from autofl.data.datasets import load_raw_dataset
+        from autofl.data.federated import build_federated
 
-            load_raw_dataset(data)
+        build_federated(load_raw_dataset(base.data), base.data, base.data_seed())
         storage_path = check_new_study(parsed, storage_path)
         check_home(home)
         folder = store.create_study(home, None, parsed, name, storage_path=storage_path, space_text=text)

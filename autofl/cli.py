@@ -272,8 +272,11 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     out = Path(args.output) if args.output else None
     if out is not None:  # checked before any work
-        if out.is_dir():
+        from autofl.files import check_output_file
+
+        if out.is_dir() and not out.is_symlink():
             raise AutoFLError(f"-o {out}: is a folder; give a file name, e.g. {out / 'best.yaml'}")
+        check_output_file(out, "-o")  # never over a link, FIFO or device, --overwrite or not
         if out.exists() and not args.overwrite:
             raise AutoFLError(f"-o {out}: file exists; choose another name or pass --overwrite")
         if not out.parent.is_dir():
@@ -520,6 +523,12 @@ def _dispatch(args: argparse.Namespace) -> int:
     try:
         return int(args.func(args) or 0)
     except OSError as err:
+        if err.filename is not None and err.errno in (errno.ENOSPC, errno.EROFS, errno.EDQUOT):  # a named file
+            from autofl.files import write_failed
+
+            err_console.print(f"autofl: error: {clean(str(write_failed(err.filename, err)))}", highlight=False,
+                              soft_wrap=True)
+            return 2
         if err.errno in (errno.EPIPE, errno.ENOSPC, errno.EBADF):
             return _stdout_lost(err)
         raise

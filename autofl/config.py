@@ -69,6 +69,20 @@ def _registered(registry_name: str, name: str) -> str:
     return name
 
 
+def absolute_path(path: str) -> str:
+    """`path` (~ expanded) as an absolute path from this process's folder: a trial's worker runs
+    in another folder, so a relative `data.path` is fixed where the config is read (issue 42)."""
+    return os.path.abspath(os.path.expanduser(path)) if path else path
+
+
+def with_absolute_data_path(tree: Any) -> Any:
+    """A config mapping (a space's `base`) with a relative `data.path` made absolute (see absolute_path)."""
+    data = tree.get("data") if isinstance(tree, dict) else None
+    if not (isinstance(data, dict) and isinstance(data.get("path"), str) and data["path"]):
+        return tree
+    return {**tree, "data": {**data, "path": absolute_path(data["path"])}}
+
+
 class DataConfig(Strict):
     dataset: str = Field("digits", description="a registered dataset (autofl list datasets)")
     root: str | None = Field(None, description=f"dataset folder; default ${DATA_ROOT_ENV} or ./data")
@@ -86,6 +100,11 @@ class DataConfig(Strict):
     @classmethod
     def _known_dataset(cls, name: str) -> str:
         return _registered("datasets", name)
+
+    @field_validator("path")
+    @classmethod
+    def _absolute_path(cls, path: str | None) -> str | None:
+        return None if path is None else absolute_path(path)
 
     def resolved_root(self) -> Path:
         return Path(self.root or os.environ.get(DATA_ROOT_ENV) or "data").expanduser()

@@ -21,6 +21,11 @@ class DataError(AutoFLError):
     """A dataset that cannot be found or loaded."""
 
 
+class OutputError(AutoFLError):
+    """An output path that may not or cannot be written (a link, FIFO or device there; a full or
+    read-only disk)."""
+
+
 class RunDiverged(AutoFLError):
     """Training produced a non-finite loss: not bad input, so exit code 1."""
 

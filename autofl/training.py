@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -17,8 +18,8 @@ from autofl.config import Experiment, experiment_to_dict
 from autofl.engine.simulation import Simulation
 from autofl.engine.state import plain_tree
 from autofl.methods.registry import get_method_class
-from autofl.errors import AutoFLError, RunDiverged
-from autofl.files import write_atomic
+from autofl.errors import AutoFLError, OutputError, RunDiverged
+from autofl.files import write_atomic, write_failed
 
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.yaml"
@@ -29,8 +30,13 @@ RUN_FILES = (METRICS_FILE, CONFIG_FILE, STATE_FILE)  # what a run's folder holds
 def check_out_dir(out: Path, overwrite: bool) -> None:
     """Everything about `--out` that can fail, checked before any work: not a file, not under a
     file, writable, and not an earlier run's folder unless --overwrite."""
+    if out.is_symlink():
+        raise AutoFLError(f"--out {out}: is a symbolic link; autofl writes a run only into a real folder, never "
+                          f"through a link; give the folder itself")
     if out.exists() and not out.is_dir():
-        raise AutoFLError(f"--out {out}: is a file; give a folder")
+        from autofl.files import not_a_regular_file
+
+        raise AutoFLError(f"--out {out}: is {not_a_regular_file(out) or 'a file'}; give a folder")
     existing = out
     while not existing.exists():
         existing = existing.parent
@@ -89,11 +95,17 @@ def run_training(
         announce(f"--overwrite: the run is written to {work} and replaces {out} when it ends")
     if replacing:
         _remove_stale_work(out)
-    work.mkdir(parents=True, exist_ok=True)  # check_out_dir above already refused what must not be written
+    made = not work.exists()
+    try:
+        work.mkdir(parents=True, exist_ok=True)  # check_out_dir above already refused what must not be written
+    except OSError as err:
+        raise write_failed(work, err) from None
     try:
         history = _train_into(sim, exp, work, on_round)
     except BaseException as err:  # an interrupted or failed --overwrite leaves no hidden half-run folder
         if replacing and not isinstance(err, RunDiverged):  # (a diverged run's message points at its rounds)
+            shutil.rmtree(work, ignore_errors=True)
+        elif made and isinstance(err, OutputError):  # a failed write (a full disk): no half-made run folder
             shutil.rmtree(work, ignore_errors=True)
         raise
     if replacing:
@@ -119,20 +131,28 @@ def _train_into(sim: Simulation, exp: Experiment, work: Path,
                 on_round: Callable[[dict[str, float], float], None] | None) -> list[dict[str, float]]:
     write_atomic(work / CONFIG_FILE, yaml.safe_dump(experiment_to_dict(exp), sort_keys=False))
     history: list[dict[str, float]] = []
-    with open(work / METRICS_FILE, "w") as fh:
+    metrics_path = work / METRICS_FILE
+    try:
+        fh = open(metrics_path, "x")
+    except OSError as err:
+        raise write_failed(metrics_path, err) from None
+    with fh:
         start = time.perf_counter()
         for metrics in sim.run():
-            fh.write(json.dumps(metrics) + "\n")
-            fh.flush()
+            try:
+                fh.write(json.dumps(metrics) + "\n")
+                fh.flush()
+            except OSError as err:
+                raise write_failed(metrics_path, err) from None
             history.append(metrics)
             if not math.isfinite(metrics["train_loss"]):
                 raise RunDiverged(f"training diverged at round {metrics['round']}: train_loss is "
                                   f"{metrics['train_loss']} (try a lower fl.lr); rounds so far are in {work / METRICS_FILE}")
             if on_round is not None:
                 on_round(metrics, time.perf_counter() - start)
-    tmp = work / (STATE_FILE + ".tmp")
-    torch.save(plain_tree(sim.state_dict()), tmp)  # loadable with weights_only=True, without autofl
-    os.replace(tmp, work / STATE_FILE)
+    buffer = io.BytesIO()  # saved in memory, then written by the one writer (a full disk: one line)
+    torch.save(plain_tree(sim.state_dict()), buffer)  # loadable with weights_only=True, without autofl
+    write_atomic(work / STATE_FILE, buffer.getvalue())
     return history
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import socket
 import time
 from pathlib import Path
@@ -280,7 +281,7 @@ def test_a_relative_storage_path_is_recorded_absolute(tmp_path, capsys, no_ray, 
 # ----- (6) no writes through links planted in a study folder ----------------------------------------
 
 def test_the_atomic_writer_and_the_lock_never_write_through_a_planted_link(tmp_path):
-    from autofl.errors import StorageError
+    from autofl.errors import OutputError, StorageError
     from autofl.files import write_atomic
     from autofl.tuning.driver_lock import DriverLock
 
@@ -291,9 +292,10 @@ def test_the_atomic_writer_and_the_lock_never_write_through_a_planted_link(tmp_p
     (study / "study.json.tmp").symlink_to(victim)  # the atomic writer's temp name
     write_atomic(study / "study.json", '{"runs": []}')
     assert victim.read_text() == "precious" and (study / "study.json").read_text() == '{"runs": []}'
-    (study / "report.html").symlink_to(victim)  # the target name itself: the link is replaced
-    write_atomic(study / "report.html", "<html>")
-    assert victim.read_text() == "precious" and not (study / "report.html").is_symlink()
+    (study / "report.html").symlink_to(victim)  # the target name itself: refused (issue 42), link and target kept
+    with pytest.raises(OutputError, match="report.html: is a symbolic link"):
+        write_atomic(study / "report.html", "<html>")
+    assert victim.read_text() == "precious" and (study / "report.html").is_symlink()
     (study / "driver.lock").symlink_to(victim)
     lock = DriverLock(study)
     assert lock.is_held() is False
@@ -551,8 +553,10 @@ def test_a_new_study_never_writes_through_links_planted_in_its_folder(tmp_path, 
     (folder / "space.yaml").symlink_to(tmp_path / "dangling.yaml")  # a dangling link: not a study yet
     (folder / "logs" / "driver.log").symlink_to(victim)
     code, out, err = cli(capsys, "search", "--space", fine_space(tmp_path, name="planted"), "--dir", tmp_path / "home")
-    assert code == 0, err
+    # issue 42: a file autofl writes is never written over a link either: one line, nothing written
+    assert_one_line(code, err, "planted/space.yaml: is a symbolic link")
     assert victim.read_text() == "precious" and not (tmp_path / "dangling.yaml").exists()
+    assert sorted(p.name for p in folder.iterdir()) == ["logs", "space.yaml"]
     import logging
 
     from autofl.tuning.logs import route_driver_logs
@@ -580,3 +584,58 @@ def test_reeval_of_a_study_whose_resources_no_node_has_is_one_line(tmp_path, cap
     monkeypatch.setattr(preflight, "node_resources", lambda: [{"CPU": 2.0, "memory": 4e9}])
     code, out, err = cli(capsys, "reeval", "gpuless", "--seeds", "2", "--dir", tmp_path / "home")
     assert_one_line(code, err, "resources.gpu: a trial asks for 1 GPU")
+
+
+# ----- issue 42: outputs only as regular files, never through or over a link, FIFO or device ---------
+
+def _special(tmp_path: Path, kind: str) -> Path:
+    path = tmp_path / f"out-{kind}.yaml"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "symlink":
+        (tmp_path / "victim.yaml").write_text("precious")
+        path.symlink_to(tmp_path / "victim.yaml")
+    elif kind == "dangling":
+        path.symlink_to(tmp_path / "nowhere.yaml")
+    else:  # a copy of /dev/null's node, as the issue's reproduction made
+        try:
+            os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        except PermissionError:
+            pytest.skip("mknod needs root")
+    return path
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink", "dangling", "device"])
+def test_the_shared_writer_never_writes_over_a_special_file(tmp_path, kind):
+    from autofl.errors import OutputError
+    from autofl.files import write_atomic
+
+    path = _special(tmp_path, kind)
+    before = os.lstat(path)
+    with pytest.raises(OutputError, match=r"out-\w+.yaml: is a (FIFO|symbolic link|device); autofl writes its output"):
+        write_atomic(path, "x: 1\n")
+    after = os.lstat(path)
+    assert (after.st_ino, after.st_mode, after.st_rdev) == (before.st_ino, before.st_mode, before.st_rdev)
+    assert not (tmp_path / "nowhere.yaml").exists() and [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+    if kind == "symlink":
+        assert (tmp_path / "victim.yaml").read_text() == "precious"
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink", "device"])
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_export_refuses_a_special_output_before_any_work(tmp_path, capsys, kind, overwrite):
+    path = _special(tmp_path, kind)
+    before = os.lstat(path)
+    code, out, err = cli(capsys, "best-config", "export", "nosuch", "--dir", tmp_path / "home", "-o", path,
+                         *(["--overwrite"] if overwrite else []))
+    assert_one_line(code, err, f"-o {path}: is a ")
+    assert "pass --overwrite" not in err and os.lstat(path).st_ino == before.st_ino
+
+
+def test_train_refuses_an_out_folder_that_is_a_link(tmp_path, capsys):
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    code, out, err = cli(capsys, "train", "--out", tmp_path / "link", "--set", "fl.rounds=1")
+    assert_one_line(code, err, f"--out {tmp_path / 'link'}: is a symbolic link")
+    assert list(real.iterdir()) == []

@@ -126,3 +126,121 @@ def test_not_an_npz_and_config_mistakes(tmp_path):
                                "data.num_clients=7"])
     with pytest.raises(ConfigError, match="data.partition.kind: natural needs a dataset with client ids"):
         load_experiment(None, ["data.partition.kind=natural"])  # digits has no clients of its own
+
+
+# ---- issue 42: sizes checked from the zip entry and the .npy header before reading; labels by range ----
+def _npy_header(shape, dtype="<f4") -> bytes:
+    """A version 1.0 .npy header declaring `shape` (the data that follows is up to the caller)."""
+    import io
+
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": dtype, "fortran_order": False, "shape": shape})
+    return buf.getvalue()
+
+
+def _zip_with(path, entries: dict[str, bytes]) -> None:
+    import zipfile
+
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        for name, data in entries.items():
+            archive.writestr(name, data)
+
+
+def _load(path):
+    return load_experiment(None, ["data.dataset=npz", f"data.path={path}"])
+
+
+def test_a_zip_bomb_is_refused_from_its_entry_sizes_before_reading(tmp_path, monkeypatch):
+    import zipfile
+
+    import autofl.data.npz as npz
+
+    monkeypatch.setattr(npz, "MAX_NPZ_BYTES", 64 << 20)  # the 4 GiB limit, scaled down to keep the test fast
+    bomb = tmp_path / "bomb.npz"
+    rows = (96 << 20) // (4 * 16)  # 96 MiB of zeros: about 100 KB compressed
+    with zipfile.ZipFile(bomb, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        with archive.open("x.npy", "w") as entry:
+            entry.write(_npy_header((rows, 16)))
+            block = bytes(1 << 22)
+            for _ in range((rows * 64) // len(block)):
+                entry.write(block)
+        archive.writestr("y.npy", _npy_header((rows,), "<i8"))
+    assert bomb.stat().st_size < 1 << 20
+    with pytest.raises(DataError, match=r"data.path: .*bomb.npz: its arrays unpack to 96 MiB; allowed: at most 64 MiB"):
+        _load(bomb)
+
+
+def test_a_huge_declared_shape_is_refused_before_allocating(tmp_path):
+    path = tmp_path / "huge.npz"
+    _zip_with(path, {"x.npy": _npy_header((10**12, 20)), "y.npy": _npy_header((10**12,), "<i8")})
+    with pytest.raises(DataError) as info:
+        _load(path)
+    text = str(info.value)
+    assert "array x declares shape (1000000000000, 20) of float32 (7.45e+04 GiB); allowed: at most 4 GiB" in text, text
+
+
+def test_a_short_entry_is_corrupt_not_a_read_past_its_end(tmp_path):
+    path = tmp_path / "short.npz"
+    _zip_with(path, {"x.npy": _npy_header((1000, 20)) + bytes(80), "y.npy": _npy_header((0,), "<i8")})
+    with pytest.raises(DataError, match=r"array x declares shape \(1000, 20\) of float32 \(78.1 KiB\) but its entry "
+                                        r"holds .*; the file is truncated or corrupt"):
+        _load(path)
+
+
+def test_uint64_labels_past_int64_are_refused_not_wrapped(tmp_path):
+    arrays = _arrays()
+    arrays["y"] = arrays["y"].astype(np.uint64)
+    arrays["y"][3] = 2**63 + 5
+    path = tmp_path / "u64.npz"
+    np.savez(path, **arrays)
+    with pytest.raises(DataError, match=r"array y holds label 9223372036854775813; allowed 0..99999"):
+        _load(path)
+
+
+def test_a_bad_header_says_the_header_not_pickles(tmp_path):
+    path = tmp_path / "header.npz"
+    good = _npy_header((3,), "<i8")
+    broken = good.replace(b"'descr': '<i8'", b"'descr': 'zz9'")
+    _zip_with(path, {"x.npy": broken + bytes(24), "y.npy": good + bytes(24)})
+    with pytest.raises(DataError) as info:
+        _load(path)
+    text = str(info.value)
+    assert "array x is not a valid .npy array (its header:" in text and "pickle" not in text, text
+
+
+@pytest.mark.parametrize("kind", ["folder", "fifo", "device"])
+def test_special_files_say_what_they_are(tmp_path, kind):
+    import os
+
+    path = tmp_path / "data.npz"
+    if kind == "folder":
+        path.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(path)
+    else:
+        try:
+            os.mknod(path, 0o600 | __import__("stat").S_IFCHR, os.makedev(1, 3))  # a copy of /dev/null's node
+        except PermissionError:
+            pytest.skip("mknod needs root")
+    with pytest.raises(DataError) as info:
+        _load(path)
+    text = str(info.value)
+    expected = {"folder": "is a folder, not an .npz file", "fifo": "is a FIFO, not a regular file",
+                "device": "is a device, not a regular file"}[kind]
+    assert expected in text and "no such file" not in text, text
+
+
+def test_a_relative_data_path_is_made_absolute_where_the_config_is_read(tmp_path, monkeypatch):
+    from autofl.tuning.space import parse_space
+
+    np.savez(tmp_path / "rel.npz", **_arrays())
+    monkeypatch.chdir(tmp_path)
+    exp = _load("rel.npz")
+    assert exp.data.path == str(tmp_path / "rel.npz")
+    space = parse_space({"study": "rel", "base": {"data": {"dataset": "npz", "path": "rel.npz"}, "fl": {"rounds": 2}},
+                         "params": {"fl.lr": {"type": "float", "low": 0.01, "high": 0.1}}}, "space")
+    assert space.base["data"]["path"] == str(tmp_path / "rel.npz")  # what the trials' workers are given
+    monkeypatch.chdir("/")  # a worker's folder: the trial's config still names the file
+    from autofl.experiment import build_experiment
+
+    assert build_experiment(space.config({"fl.lr": 0.05})).data.path == str(tmp_path / "rel.npz")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import optuna
 import pytest
@@ -195,3 +196,64 @@ def test_a_later_run_of_a_study_draws_other_configs_than_its_first(tmp_path):
 
     assert draws("run-1") == draws(None) and draws("run-2") == draws("run-2")
     assert not set(draws("run-1")) & set(draws("run-2"))
+
+
+# ---- issue 42: a space's size is counted, never listed, and bounded before any study exists ----
+TINY_STEP = {"type": "float", "low": 0.0, "high": 0.5, "step": 1e-12}
+WIDE_INT = {"type": "int", "low": 1, "high": 20_000}
+WIDE_GRID = {"fl.batch_size": WIDE_INT, "fl.eval_every": WIDE_INT, "fl.rounds": WIDE_INT}
+
+
+@pytest.mark.parametrize("kind", ["random", "tpe", "gp", "cmaes", "qmc", "grid"])
+def test_a_tiny_float_step_is_refused_by_name_under_every_sampler(tmp_path, kind):
+    with pytest.raises(ConfigError) as info:
+        load_space(_write(tmp_path, sampler={"kind": kind}, params={"fl.momentum": TINY_STEP}))
+    text = str(info.value)
+    assert "params.fl.momentum: 500000000001 values from low=0 to high=0.5 in steps of 1e-12; allowed: at most " \
+           "1000000 values per param" in text and "\n" not in text, text
+
+
+def test_a_wide_grid_is_refused_by_its_size_naming_the_limit(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        load_space(_write(tmp_path, sampler={"kind": "grid"}, params=WIDE_GRID))
+    assert "sampler.kind: grid over 8000000000000 configs (fl.batch_size alone takes 20000 values); allowed: at most 100000 " \
+           "configs" in str(info.value)
+
+
+def test_grid_sizes_are_counted_not_listed():
+    from autofl.tuning.space import ParamSpec, grid_count, value_count
+
+    huge = ParamSpec.model_construct(type="int", low=0, high=10**15, step=None, log=False, choices=None)
+    assert value_count(huge) == grid_count(huge) == 10**15 + 1  # instant: a listed range would not fit in memory
+    floats = ParamSpec(type="float", low=0.01, high=0.05, step=0.01)
+    assert value_count(floats) == 5 and ParamSpec(type="float", low=0.0, high=1.0, step=0.6).model_dump()
+    assert value_count(ParamSpec(type="float", low=0.0, high=1.0, step=0.6)) == 2  # 0, 0.6: never past high
+    assert value_count(ParamSpec(type="float", low=0.0, high=0.3, step=0.1)) == 4  # 0.3/0.1 = 2.9999999999999996
+
+
+LIMITED_PARSE = """
+import sys, yaml
+sys.path.insert(0, sys.argv[2])
+from bounded_memory import cap_address_space
+from autofl.errors import ConfigError
+from autofl.tuning.space import parse_space
+parse_space({"study": "warm", "base": {"fl": {"rounds": 4}}}, "warm-up")  # its lazy imports, before the cap
+cap_address_space(1 << 30)  # 1 GiB more: a listed space of 10**12 values (or a 10**12-config grid) does not fit
+try:
+    parse_space(yaml.safe_load(sys.argv[1]), "space.yaml")
+except ConfigError as err:
+    print(err)
+    sys.exit(2)
+"""
+
+
+@pytest.mark.parametrize("sampler,params", [
+    ("random", {"fl.momentum": TINY_STEP}),
+    ("grid", {"fl.momentum": TINY_STEP}),
+    ("grid", WIDE_GRID),
+])
+def test_a_huge_space_is_refused_within_a_memory_limit(tmp_path, sampler, params):
+    space = {"study": "st", "base": {"fl": {"rounds": 4}}, "sampler": {"kind": sampler}, "params": params}
+    proc = subprocess.run([sys.executable, "-c", LIMITED_PARSE, yaml.safe_dump(space), str(Path(__file__).parent)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "allowed: at most" in proc.stdout, (proc.returncode, proc.stderr[-2000:])

@@ -1,3 +1,4 @@
+import pytest
 import torch
 import yaml
 
@@ -131,3 +132,85 @@ def test_overwrite_refuses_a_folder_that_is_not_a_run(run_cli, tmp_path, capsys)
     (out / "notes.txt").write_text("keep me")
     assert run_cli("train", "--out", out, "--overwrite", "--set", "fl.rounds=1") == 2
     assert "also holds notes.txt" in capsys.readouterr().err and (out / "notes.txt").read_text() == "keep me"
+
+
+# ---- issue 42: a write that fails (a full disk) is one line naming the file, and leaves no temp file ----
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 24 KiB tmpfs (room for config.yaml and metrics.jsonl, not final_state.pt) mounted for the test (root only), unmounted at its end."""
+    import subprocess
+
+    mount = tmp_path / "small"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24k", "tmpfs", str(mount)], capture_output=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({made.stderr.decode().strip()[:80]})")
+    yield mount
+    if subprocess.run(["umount", str(mount)], capture_output=True).returncode != 0:  # a file still open there
+        subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+def test_a_full_disk_at_the_final_state_is_one_line_and_leaves_nothing(run_cli, full_disk, capsys):
+    out = full_disk / "run"
+    code = run_cli("train", "--out", out, "--set", "fl.rounds=1", "--set", "data.num_clients=2")
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, (code, err)
+    assert f"{out / 'final_state.pt'}: cannot be written: the disk is full" in err, err
+    assert list(full_disk.iterdir()) == []  # no run folder, no final_state.pt.tmp
+
+
+def test_a_failed_config_write_names_the_file_and_leaves_no_temp_file(run_cli, tmp_path, capsys, monkeypatch):
+    import errno
+    import os
+
+    def no_space(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", no_space)
+    out = tmp_path / "run"
+    code = run_cli("train", "--out", out, "--set", "fl.rounds=1", "--set", "data.num_clients=2")
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, (code, err)
+    assert f"{out / 'config.yaml'}: cannot be written: the disk is full" in err and "send it to" not in err, err
+    assert not out.exists()
+
+
+def test_the_shared_writer_keeps_the_old_file_when_a_write_fails(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    from autofl.errors import OutputError
+    from autofl.files import write_atomic
+
+    path = tmp_path / "best.yaml"
+    path.write_text("old: 1\n")
+
+    def read_only(fd):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(os, "fsync", read_only)
+    with pytest.raises(OutputError, match="best.yaml: cannot be written: the file system is read-only"):
+        write_atomic(path, "new: 2\n")
+    assert path.read_text() == "old: 1\n" and sorted(p.name for p in tmp_path.iterdir()) == ["best.yaml"]
+
+
+# ---- issue 42: a split part that gives no client a sample is one line before any work ----
+def test_a_validation_split_no_client_gets_is_one_line_and_writes_nothing(run_cli, tmp_path, capsys):
+    out = tmp_path / "run"
+    code = run_cli("train", "--out", out, "--set", "data.split.train=0.799", "--set", "data.split.val=0.001",
+                   "--set", "data.split.test=0.2")
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, (code, err)
+    assert "data.split.val: 0.001 gives no client a validation sample" in err and "allowed: at least" in err, err
+    assert not out.exists()
+
+
+def test_a_search_with_such_a_split_makes_no_study(run_cli, tmp_path, capsys):
+    space = tmp_path / "space.yaml"
+    space.write_text(yaml.safe_dump({"study": "nosplit", "trials": 2, "base": {
+        "fl": {"rounds": 2}, "data": {"split": {"train": 0.799, "val": 0.001, "test": 0.2}}},
+        "params": {"fl.lr": {"type": "float", "low": 0.01, "high": 0.1}}}))
+    code = run_cli("search", "--space", space, "--dir", tmp_path / "home")
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "data.split.val: 0.001 gives no client" in err, (code, err)
+    assert not (tmp_path / "home" / "nosplit").exists()

@@ -75,6 +75,19 @@ def natural_parts(raw: RawDataset, cfg: DataConfig) -> list[np.ndarray]:
     return [np.flatnonzero(ids_np == k) for k in range(cfg.num_clients)]
 
 
+def check_split_reaches_a_client(cfg: DataConfig, sizes: list[int], clients: list[ClientSplit]) -> None:
+    """ConfigError naming `data.split.<part>` when a part asked for (> 0) gives no client a sample
+    (issue 42: val 0.001 on digits ended in a Ray traceback and a half-made study)."""
+    largest = max(sizes, default=0)
+    for part, what in (("train", "training"), ("val", "validation"), ("test", "test")):
+        fraction = getattr(cfg.split, part)
+        if fraction > 0 and not any(len(getattr(c, part)) for c in clients):
+            need = f"; allowed: at least {1 / largest:.2g} (one sample of the largest client)" if largest else ""
+            off = ", or 0 for none" if part != "train" else ""
+            raise ConfigError(f"data.split.{part}: {fraction:g} gives no client a {what} sample (the largest of the "
+                              f"{len(sizes)} clients holds {largest} samples){need}{off}")
+
+
 def build_federated(raw: RawDataset, cfg: DataConfig, seed: int) -> FederatedData:
     """Partition and split exactly as spec §1; `seed` fixes both."""
     rng = np.random.default_rng([seed, int(SeedPurpose.PARTITION)])
@@ -89,6 +102,7 @@ def build_federated(raw: RawDataset, cfg: DataConfig, seed: int) -> FederatedDat
         parts = partition_indices(y.numpy(), cfg.num_clients, cfg.partition, cfg.min_size, rng)
     fractions = (cfg.split.train, cfg.split.val, cfg.split.test)
     clients = [split_client(p, fractions, rng) for p in parts]
+    check_split_reaches_a_client(cfg, [len(p) for p in parts], clients)
     if cfg.pool == "train+test":
         union = torch.cat([c.test for c in clients])
         test_x, test_y = x[union], y[union]

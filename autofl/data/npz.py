@@ -12,6 +12,8 @@ Any problem with the file is one line naming the file and the array.
 
 from __future__ import annotations
 
+import math
+import stat
 import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,37 +29,96 @@ if TYPE_CHECKING:
 
 ARRAYS = ("x", "y", "client", "x_test", "y_test", "client_test")
 MAX_CLASSES = 100_000  # a head wider than this is a labelling mistake, not a dataset
+# the most bytes an archive's arrays may unpack to (and x as float32 may take), checked before reading
+MAX_NPZ_BYTES = 4 << 30
 _LAYOUT = "x, y [, client] [, x_test, y_test [, client_test]]"
 
 
 def _read(path: Path) -> dict[str, np.ndarray]:
+    """The archive's arrays, each checked from its zip entry and its .npy header (shape, dtype,
+    declared sizes) before a byte of it is read (issue 42: a 4 MB file that inflates to 11.7 GB, a
+    header declaring 10**12 rows)."""
     where = f"data.path: {path}"
-    if not path.is_file():
-        raise DataError(f"{where}: no such file (expected an .npz with {_LAYOUT})")
+    _check_regular_file(path, where)
     try:
-        loaded = np.load(path, allow_pickle=False)
-        if not isinstance(loaded, np.lib.npyio.NpzFile):
-            raise DataError(f"{where}: is a single .npy array, not an .npz archive with {_LAYOUT}")
-        with loaded as npz:
-            arrays: dict[str, np.ndarray] = {}
-            for name in ARRAYS:
-                if name in npz.files:
-                    try:
-                        arrays[name] = npz[name]
-                    except ValueError as err:
-                        if "pickle" in str(err).lower() or "object" in str(err).lower():
-                            raise DataError(f"{where}: array {name} holds pickled Python objects, which autofl does "
-                                            f"not load; store numbers (e.g. float32 x, int64 y)") from None
-                        raise DataError(f"{where}: array {name} cannot be read ({_one_line(err)})") from None
-            return arrays
-    except DataError:
-        raise
-    except ValueError as err:  # not a zip and not an .npy: numpy refuses to unpickle it
-        if "pickle" in str(err).lower():
-            raise DataError(f"{where}: is a pickle, not an .npz archive; autofl loads no pickled data") from None
-        raise DataError(f"{where}: is not an .npz archive ({_one_line(err)})") from None
-    except (OSError, EOFError, zipfile.BadZipFile) as err:
+        with zipfile.ZipFile(path) as archive:
+            entries = {info.filename: info for info in archive.infolist()}
+            found = {name: entries[f"{name}.npy"] for name in ARRAYS if f"{name}.npy" in entries}
+            if not found and not entries:
+                raise DataError(f"{where}: is an empty .npz archive; expected {_LAYOUT}")
+            total = sum(info.file_size for info in found.values())
+            if total > MAX_NPZ_BYTES:
+                raise DataError(f"{where}: its arrays unpack to {_size(total)}; allowed: at most "
+                                f"{_size(MAX_NPZ_BYTES)} (autofl.data.npz.MAX_NPZ_BYTES)")
+            return {name: _read_entry(archive, info, f"{where}: array {name}") for name, info in found.items()}
+    except zipfile.BadZipFile as err:
+        raise DataError(f"{where}: {_not_a_zip(path, err)}") from None
+    except (OSError, EOFError, RuntimeError, NotImplementedError) as err:
         raise DataError(f"{where}: cannot be read as an .npz archive ({type(err).__name__}: {_one_line(err)})") from None
+
+
+def _not_a_zip(path: Path, err: Exception) -> str:
+    """What a file that is no zip archive is, by its first bytes."""
+    with open(path, "rb") as handle:
+        head = handle.read(6)
+    if head == b"\x93NUMPY":
+        return f"is a single .npy array, not an .npz archive with {_LAYOUT}"
+    if head[:1] == b"\x80":
+        return "is a pickle, not an .npz archive; autofl loads no pickled data"
+    return f"is not an .npz archive (a zip of .npy arrays: {_one_line(err)}); expected {_LAYOUT}"
+
+
+def _check_regular_file(path: Path, where: str) -> None:
+    """`path` names a regular file (a link to one is followed), else one line saying what it is."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise DataError(f"{where}: no such file (expected an .npz with {_LAYOUT})") from None
+    except OSError as err:
+        raise DataError(f"{where}: cannot be opened ({err.strerror or _one_line(err)})") from None
+    if stat.S_ISDIR(mode):
+        raise DataError(f"{where}: is a folder, not an .npz file")
+    if not stat.S_ISREG(mode):
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+        raise DataError(f"{where}: is {kind}, not a regular file; give the .npz file itself")
+
+
+def _read_entry(archive: zipfile.ZipFile, info: zipfile.ZipInfo, where: str) -> np.ndarray:
+    """One .npy entry: its header read and checked first, then its data (at most what it declares)."""
+    with archive.open(info) as entry:
+        try:
+            version = np.lib.format.read_magic(entry)
+            if version == (1, 0):
+                shape, _, dtype = np.lib.format.read_array_header_1_0(entry)
+            else:
+                shape, _, dtype = np.lib.format.read_array_header_2_0(entry)
+        except (ValueError, TypeError, SyntaxError, EOFError) as err:
+            raise DataError(f"{where} is not a valid .npy array (its header: {_one_line(err)})") from None
+    if any(d < 0 for d in shape):
+        raise DataError(f"{where} is not a valid .npy array (its header declares shape {shape})")
+    if dtype.hasobject:
+        raise DataError(f"{where} holds pickled Python objects (dtype {dtype}), which autofl does not load; "
+                        f"store numbers (e.g. float32 x, int64 y)")
+    count = math.prod(shape)
+    declared = count * dtype.itemsize
+    if declared > MAX_NPZ_BYTES or count * 4 > MAX_NPZ_BYTES:  # x becomes float32 as well
+        raise DataError(f"{where} declares shape {shape} of {dtype} ({_size(max(declared, count * 4))}); allowed: "
+                        f"at most {_size(MAX_NPZ_BYTES)} (autofl.data.npz.MAX_NPZ_BYTES)")
+    if declared > info.file_size:
+        raise DataError(f"{where} declares shape {shape} of {dtype} ({_size(declared)}) but its entry holds "
+                        f"{_size(info.file_size)}; the file is truncated or corrupt")
+    with archive.open(info) as entry:
+        try:
+            return np.lib.format.read_array(entry, allow_pickle=False)
+        except (ValueError, EOFError) as err:
+            raise DataError(f"{where} cannot be read ({_one_line(err)})") from None
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n} bytes"
 
 
 def _one_line(err: BaseException) -> str:
@@ -71,6 +132,11 @@ def _check_integers(where: str, name: str, a: np.ndarray, n: int, what: str) -> 
         raise DataError(f"{where}: array {name} has dtype {a.dtype}; expected integers ({what}s)")
     if n and a.min() < 0:
         raise DataError(f"{where}: array {name} holds {a.min()}; {what}s must be >= 0")
+    if n and what == "label" and a.max() >= MAX_CLASSES:  # in its own dtype: uint64 >= 2**63 would wrap in int64
+        raise DataError(f"{where}: array {name} holds label {a.max()}; allowed 0..{MAX_CLASSES - 1} (classes are "
+                        f"0 .. the largest label, so relabel them 0..C-1)")
+    if n and a.max() > np.iinfo(np.int64).max:
+        raise DataError(f"{where}: array {name} holds {a.max()}; {what}s must fit in int64")
 
 
 def _samples(where: str, name: str, a: np.ndarray) -> torch.Tensor:

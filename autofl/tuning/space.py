@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from autofl.config import Experiment, Strict, read_yaml, set_dotted
+from autofl.config import Experiment, Strict, read_yaml, set_dotted, with_absolute_data_path
 from autofl.experiment import build_experiment
 from autofl.errors import ConfigError, format_validation_error
 from autofl.tuning.strategy_spec import SAMPLER_OPTIONS, SCHEDULER_OPTIONS, SamplerSpec, SchedulerSpec, only_own_options
@@ -15,6 +16,30 @@ from autofl.tuning.strategy_spec import SAMPLER_OPTIONS, SCHEDULER_OPTIONS, Samp
 from autofl.tuning.objectives import VALIDATION_OBJECTIVES, default_mode
 
 CONDITIONAL_SEP = ":"  # optuna name of a conditional param: "<method>:<config key>"
+# issue 42: sizes are counted, never listed, and bounded before any study exists. Optuna's GPSampler
+# lists every value of a stepped param (8 bytes each) and its GridSampler every config of the grid
+MAX_PARAM_VALUES = 1_000_000
+# a study runs at most 100_000 trials (SearchSpace.trials), so a larger grid could never be visited
+MAX_GRID_CONFIGS = 100_000
+
+
+def value_count(spec: "ParamSpec") -> int | None:
+    """How many values a stepped or int param takes, computed (never listed); None for a
+    continuous float, or for a categorical (its choices are already a list)."""
+    if spec.type == "categorical" or (spec.type == "float" and spec.step is None):
+        return None
+    low, high = spec.low, spec.high
+    if spec.type == "int":
+        return (int(high) - int(low)) // int(spec.step or 1) + 1  # type: ignore[arg-type]
+    ratio = (high - low) / spec.step  # type: ignore[operator]
+    if not math.isfinite(ratio):
+        return MAX_PARAM_VALUES * MAX_GRID_CONFIGS + 1  # more than any limit
+    # low + i*step for i = 0..n with the last <= high (1e-9: a ratio like 2.9999999999 is 3)
+    return math.floor(ratio + 1e-9) + 1
+
+
+def _count_text(count: int) -> str:
+    return str(count) if count < 10**15 else f"{count:.3g}"
 
 
 class ParamSpec(Strict):
@@ -43,6 +68,11 @@ class ParamSpec(Strict):
             raise ValueError("int bounds must be whole numbers")
         if self.type == "int" and self.step is not None and self.step != int(self.step):  # issue 18
             raise ValueError(f"an int step must be a whole number (got step={self.step:g})")
+        count = value_count(self)
+        if count is not None and count > MAX_PARAM_VALUES:  # issue 42: a sampler (gp) lists every value
+            how = "a larger step" + (", or no step (a continuous range)" if self.type == "float" else "")
+            raise ValueError(f"{_count_text(count)} values from low={self.low:g} to high={self.high:g} in steps of "
+                             f"{self.step or 1:g}; allowed: at most {MAX_PARAM_VALUES} values per param ({how})")
         return self
 
     def contains(self, value: Any) -> bool:
@@ -115,6 +145,11 @@ class SearchSpace(Strict):
                               "lost node) restarts from its last checkpoint up to this many times")
     seed: int = Field(0, ge=0, le=2**32 - 1, description="the sampler's seed")
     start_from_base: bool = Field(True, description="first trial = the base config's values (the paper default)")
+
+    @field_validator("base")
+    @classmethod
+    def _absolute_data_path(cls, base: dict[str, Any]) -> dict[str, Any]:
+        return with_absolute_data_path(base)  # the trials' workers run in other folders
 
     @field_validator("storage")
     @classmethod
@@ -396,21 +431,30 @@ def all_params(space: SearchSpace) -> dict[str, ParamSpec]:
 
 
 def grid_values(spec: ParamSpec) -> list[Any] | None:
-    """The values a grid takes for `spec`, or None for a continuous range."""
+    """The values a grid takes for `spec`, or None for a continuous range (only for a grid that
+    check_strategy accepted: at most MAX_GRID_CONFIGS configs)."""
     if spec.type == "categorical":
         return list(spec.choices or [])
+    count = value_count(spec)
+    if count is None:
+        return None
     if spec.type == "int":
         return list(range(int(spec.low), int(spec.high) + 1, int(spec.step or 1)))  # type: ignore[arg-type]
-    if spec.step is None:
-        return None
-    count = int(round((spec.high - spec.low) / spec.step))  # type: ignore[operator]
-    return [round(spec.low + i * spec.step, 12) for i in range(count + 1)]  # type: ignore[operator]
+    return [round(spec.low + i * spec.step, 12) for i in range(count)]  # type: ignore[operator]
+
+
+def grid_count(spec: ParamSpec) -> int:
+    """The values a grid takes for `spec` (0 for a continuous range), counted, not listed."""
+    if spec.type == "categorical":
+        return len(spec.choices or [])
+    return value_count(spec) or 0
 
 
 def grid_size(space: SearchSpace) -> int:
+    """The configs of the space's grid (0 if a param is continuous): a product of counts."""
     size = 1
     for spec in all_params(space).values():
-        size *= len(grid_values(spec) or [])
+        size *= grid_count(spec)
     return size
 
 
@@ -430,9 +474,15 @@ def check_strategy(space: SearchSpace) -> None:
             if grid_values(spec) is None:
                 raise ValueError(f"sampler.kind: grid needs discrete params, but {name} is a continuous float; "
                                  f"give it step: or choices:, or use kind tpe, random, gp, cmaes or qmc")
-        if space.trials > grid_size(space):
-            raise ValueError(f"trials: {space.trials} is more than the grid's {grid_size(space)} configs; allowed: "
-                             f"1..{grid_size(space)} with sampler kind grid")
+        size = grid_size(space)
+        if size > MAX_GRID_CONFIGS:
+            widest = max(params, key=lambda name: grid_count(params[name]))
+            raise ValueError(f"sampler.kind: grid over {_count_text(size)} configs ({widest} alone takes "
+                             f"{grid_count(params[widest])} values); allowed: at most {MAX_GRID_CONFIGS} configs "
+                             f"(larger steps or fewer choices, or kind random, tpe, gp, cmaes or qmc)")
+        if space.trials > size:
+            raise ValueError(f"trials: {space.trials} is more than the grid's {size} configs; allowed: "
+                             f"1..{size} with sampler kind grid")
     if kind == "cmaes":
         if space.multi_objective:
             raise ValueError("sampler.kind: cmaes optimizes one objective; a multi-objective study takes kind tpe, "

@@ -239,6 +239,10 @@ def create_study(home: Path, space_path: Path | None, space: SearchSpace, name: 
     if (root / SPACE_FILE).exists():
         raise AutoFLError(f"study {name!r} already exists in {home}; continue it with --resume {name}, "
                           f"add trials with --resume {name} --trials N, or pick another --name")
+    from autofl.files import check_output_file
+
+    for own in (SPACE_FILE, META_FILE):  # a link, FIFO or device planted there: refused before anything is written
+        check_output_file(root / own)
     storage = new_study_storage(space)
     if storage is not None:
         probe_storage(storage)
