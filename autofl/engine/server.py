@@ -80,8 +80,10 @@ class MethodHooks(Protocol):
     """What the engine calls on a method (autofl.methods.base.Method implements it; the engine
     receives the class from the composition root and never imports the methods)."""
 
+    name: str
     State: type[ServerState]
     copies: tuple[str, ...]
+    scratch_copies: tuple[str, ...]
     has_global_model: bool
     personal_is_global: bool
 

@@ -94,8 +94,22 @@ class Method:
     # whether the method's own loss terms act on the encoder's features (contrastive, prototype):
     # then the encoder must keep a trainable layer, or those terms are constants
     trains_encoder_features: ClassVar[bool] = False
-    personal_is_global: ClassVar[bool] = True  # personal model = global model
-    copies: ClassVar[tuple[str, ...]] = ()  # named model copies the local step reads (ws.glob, ws.prev ...)
+    personal_is_global: ClassVar[bool] = True  # personal model = global model (False when private_models)
+    # private models: copies of the model's layout held inside the model as `model.<name>` (a personal
+    # model, e.g. Ditto's v), each client's own: never uploaded, a client starts each round from its own
+    # trained copy (the received global model's weights before its first participation), and the
+    # engine keeps it after training. Trained as `model.<name>.`, read in `predict` as `model.<name>`.
+    private_models: ClassVar[tuple[str, ...]] = ()
+    # workspace copies the local step reads (ws.glob, ws.prev ...), filled by `client_start` each round;
+    # frozen unless an update trains them, and dropped after the round: an update may train one only
+    # if it is also listed in `scratch_copies` (trained and dropped on purpose, as FedSiam-DA's f')
+    copies: ClassVar[tuple[str, ...]] = ()
+    scratch_copies: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.private_models:  # a client's own model: its personal predictions are not the global model's
+            cls.personal_is_global = False
 
     def __init__(self, params: MethodParams, exp: "Experiment", input_shape: tuple[int, ...], num_classes: int):
         self.params = params
@@ -143,7 +157,20 @@ class Method:
 
     # ----- model -----------------------------------------------------------------------------
     def build_model(self) -> SplitModel:
-        return build_model(self.exp.model, self.input_shape, self.num_classes, self.projector_out_dim)
+        """The model of the configured arch, with a copy of it for each of `private_models` (each
+        starts where the model starts)."""
+        model = build_model(self.exp.model, self.input_shape, self.num_classes, self.projector_out_dim)
+        if self.private_models:
+            import copy
+
+            template = copy.deepcopy(model)
+            for name in self.private_models:
+                model.add_module(name, copy.deepcopy(template))
+        return model
+
+    def private_prefixes(self) -> tuple[str, ...]:
+        """State-dict key prefixes of the private models (`personal.` for Ditto's v)."""
+        return tuple(f"{name}." for name in self.private_models)
 
     def spare(self, name: str, like: torch.nn.Module) -> SplitModel:
         """A second model instance of the same layout, built once and reused by loading states."""
@@ -154,8 +181,10 @@ class Method:
         return self._spares[name]
 
     def shared_keys(self, model: SplitModel) -> list[str]:
-        """State-dict keys the server aggregates; the rest stay on the client."""
-        return list(model.state_dict())
+        """State-dict keys the server aggregates; the rest stay on the client (default: all but the
+        private models')."""
+        private = self.private_prefixes()
+        return [k for k in model.state_dict() if not (private and k.startswith(private))]
 
     # ----- server ----------------------------------------------------------------------------
     def init_server(self, ctx: ServerContext) -> ServerUpdate:
@@ -171,8 +200,15 @@ class Method:
 
     # ----- client ----------------------------------------------------------------------------
     def start_state(self, global_state: StateDict, client_state: dict[str, Any]) -> StateDict:
-        """The client's starting weights: the global model, overlaid with its private parameters."""
-        return {**global_state, **client_state.get("private", {})}
+        """The client's starting weights: the global model, overlaid with its private parameters; a
+        private model the client has not trained yet starts as the received global model."""
+        own = client_state.get("private", {})
+        fresh: StateDict = {}
+        private = self.private_prefixes()
+        for prefix in private:
+            if not any(k.startswith(prefix) for k in own):
+                fresh.update({prefix + k: v for k, v in global_state.items() if not k.startswith(private)})
+        return {**global_state, **fresh, **own}
 
     def client_start(self, global_state: StateDict, client_state: dict[str, Any], server: ServerState) -> ClientStart:
         """The trained model's start plus any copies in `copies` (override to fill them)."""
