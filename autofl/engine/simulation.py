@@ -21,7 +21,7 @@ from autofl.data.datasets import RawDataset, load_raw_dataset
 from autofl.data.federated import FederatedData, build_federated
 from autofl.device import resolve_device
 from autofl.engine.executor import ClientJob, RoundPlan, Workspace, batch_cuts
-from autofl.engine.executor_choice import make_executor
+from autofl.accel.choice import make_executor
 from autofl.engine.metrics import evaluate
 from autofl.engine.plan import TrainedClient, Upload, check_trained_copies
 from autofl.engine.server import MethodClass, MethodHooks, ServerContext, ServerState, ServerUpdate

@@ -6,25 +6,23 @@ FedAvg: everything shared, plain cross-entropy SGD, size-weighted averaging, per
 
 A method never writes a training loop. It *declares* its local step (`local_stages`): a list of
 stages, each a number of epochs over the client's batches, and per batch one or more `Update`s,
-each naming the tensors it trains and its loss. An executor (`autofl.engine.sequential` or
-`autofl.engine.vectorized`) runs that declaration, one client at a time or all sampled clients
-stacked into one batched model. The loss is written once, against modules:
+each naming the tensors it trains and its loss. The engine's reference executor
+(`autofl.engine.sequential`) runs that declaration one client at a time; faster executors
+(`autofl.accel`) run the same declaration and are held equal to it by tests. The loss is written
+once, against modules, per client (batch means; a per-client flag such as `flags["has_prev"] * term`
+rather than a Python branch on a tensor's value; no in-place writes to parameters):
 
     def loss(ws, x, y, flags):          # ws.model, plus the copies the method asked for (ws.glob ...)
         return F.cross_entropy(ws.model(x), y)
 
-Under the vectorized executor the same function runs inside `torch.func.vmap`, so it must stay
-per-client: batch means, no Python branching on tensor values (use a per-client flag instead,
-e.g. `flags["has_prev"] * term`), no in-place writes to parameters.
+A proximal term is written `ws.proximal(params, anchor)` (sum ||w - anchor||^2), which declares it to
+the executor. What the fast executors need beyond this is theirs to check (the engine page of the
+docs says how they run a loss).
 
-On a GPU (`runtime.compile`) the vectorized executor replays each step as a CUDA graph and keeps
-its graphs from one round to the next (autofl.engine.graph_arena). A loss reads the round's values
-through `ws`, `flags`, or what `local_stages` closes it over (a round's prototypes as a closure's
-tensors are fine: the executor copies each round's values in), or through attributes of the method
-(or items of a list or dict it closes over) that are replaced, not changed in place, when they change.
-It must not read a tensor that is replaced between rounds where the executor does not look: through a
-global, or nested deeper (an attribute of an attribute): a graph kept from an earlier round would read
-the tensor it was captured on (`autofl.engine.graph_arena.loss_holds`).
+What the client keeps is declared, not written: `private_models` names models of the model's layout
+held inside the model (`model.<name>`, e.g. a personal model), each client's own from round to round;
+`copies` names workspace copies filled by `client_start` each round and dropped after it (an update
+may train one only if `scratch_copies` lists it: a trained copy nothing keeps is an error).
 
 The server side is values in, values out (as Flower's Strategy and FedJAX's ServerState): a
 method never sees the simulation. Its server-side state is one frozen dataclass, a subclass of

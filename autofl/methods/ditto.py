@@ -21,7 +21,6 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from autofl.engine.state import StateDict
-from autofl.losses import proximal
 from autofl.methods.base import ClientStart, Method, MethodParams, ServerState, Stage, Update
 from autofl.methods.registry import register
 from autofl.models.parts import SplitModel
@@ -56,7 +55,7 @@ class Ditto(Method):
         def personal_loss(ws: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
             v = ws.model.personal
             anchor = {k: p.detach() for k, p in ws.glob.named_parameters() if not k.startswith(_PERSONAL)}
-            return F.cross_entropy(v(x), y) + lam / 2 * proximal(dict(v.named_parameters()), anchor)
+            return F.cross_entropy(v(x), y) + lam / 2 * ws.proximal(dict(v.named_parameters()), anchor)
 
         def global_loss(ws: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
             return F.cross_entropy(ws.model(x), y)
