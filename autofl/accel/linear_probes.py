@@ -14,12 +14,13 @@ A probed weight leaves the differentiated tensors altogether.
 
 Proximal terms declared to the executor (`Workspace.proximal`: FedProx's, Ditto's personal model's)
 are probed the same way: the workspace routes them through its `term_probe`, which `LinearProbes.of`
-sets to its `term`; on a probed weight in a probed step, `term` returns `||W.detach() - anchor||^2 + probe`, `probe` a zero
-scalar whose gradient c is the loss's weight on the term, and the step applies the term's gradient
-2c (W - anchor) itself, as one `lerp_` towards the anchor (`proximal_sgd_`) before the products.
-Leaving it to autograd while probing the linear calls would add a pass over the weight (the
-proximal gradient's update, then the product, then inductor's copy back: FedProx's fedfcd-t1 rounds
-were 28% slower that way); applied by the step, FedProx's round is 19-28% faster than unprobed.
+sets to its `term`; on a probed weight in a probed step, `term` returns `||W.detach() - anchor||^2 +
+probe`, `probe` a zero scalar whose gradient c is the loss's weight on the term, and the step
+applies the term's gradient 2c (W - anchor) itself, as one `lerp_` towards the anchor
+(`proximal_sgd_`) before the products. Leaving it to autograd while probing the linear calls would
+add a pass over the weight (the proximal gradient's update, then the product, then inductor's copy
+back: FedProx's fedfcd-t1 rounds were 28% slower that way); applied by the step, FedProx's round is
+19-28% faster than unprobed.
 
 Only weights that the loss reads through linear calls and proximal terms alone are probed:
 `probe_plan` finds them, and their calls and terms, eagerly on one client before the step is

@@ -35,7 +35,8 @@ it whole in checkpoints, rebuilds it on restore, and hands it to the hooks that 
 
 `ServerContext` (autofl.engine.server) holds the round, the number of rounds, whether the round is
 evaluated, the global state (read-only), the method's current `state`, the federated data, a model
-to borrow as scratch, the device, and `ctx.generator(purpose)`, a seeded torch.Generator.
+to borrow as scratch, the device, and `ctx.generator("name")`, a torch.Generator seeded for the
+method's stream of draws of that name.
 `ServerUpdate(global_state=..., state=...)` returns new global-state entries and/or the new server
 state; nothing else the hook does is kept. The other hooks are:
 
@@ -66,12 +67,11 @@ from autofl.engine.server import ServerContext, ServerState, ServerUpdate
 from autofl.engine.state import StateDict, weighted_average
 from autofl.models.parts import SplitModel, build_model
 from autofl.registry import METHODS
-from autofl.seeding import SeedPurpose
 
 if TYPE_CHECKING:
     from autofl.config import Experiment
 
-__all__ = ["ClientStart", "LossFn", "Method", "MethodParams", "SeedPurpose", "ServerContext", "ServerState",
+__all__ = ["ClientStart", "LossFn", "Method", "MethodParams", "ServerContext", "ServerState",
            "ServerUpdate", "Stage", "StateDict", "TrainedClient", "Update", "Upload"]
 
 class MethodParams(Strict):
