@@ -87,7 +87,7 @@ def cmd_search(args: argparse.Namespace) -> int:
 
     def on_start(study: api.Study, logs: Path) -> None:
         from autofl.device import resolve_device
-        from autofl.engine.executor_choice import describe_executor
+        from autofl.accel.choice import describe_executor
         from autofl.methods.registry import get_method_class
 
         space = study.space

@@ -32,6 +32,11 @@ class RunDiverged(AutoFLError):
     exit_code = 1
 
 
+class MethodDefinitionError(AutoFLError):
+    """A method whose declarations contradict what it does (a method author's mistake, e.g. an
+    `Update` training a workspace copy that nothing keeps)."""
+
+
 class StorageError(AutoFLError):
     """A study storage that cannot be opened, or a driver that may not run on it now."""
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from autofl.engine.linear_probes import proximal_term
 
 
 def contrastive_pair(anchor: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor, tau: float) -> torch.Tensor:
@@ -51,10 +50,10 @@ def negative_cosine(p: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
 
 
 def proximal(params: dict[str, torch.Tensor], anchor: dict[str, torch.Tensor]) -> torch.Tensor:
-    """sum ||w - w_anchor||^2 over the named parameters. Each term goes through `proximal_term`, so the
-    compiled whole step can apply a probed weight's term itself (engine/linear_probes.py)."""
-    terms = (proximal_term(p, anchor[name], squared_distance) for name, p in params.items())
-    return sum(terms)  # type: ignore[return-value]
+    """sum ||w - w_anchor||^2 over the named parameters. In a loss, prefer `ws.proximal(params, anchor)`
+    (`autofl.engine.executor.Workspace.proximal`): the same value, declared to the executor, which may
+    then apply the term's step itself."""
+    return sum(squared_distance(p, anchor[name]) for name, p in params.items())  # type: ignore[return-value]
 
 
 def squared_distance(p: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:

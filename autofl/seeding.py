@@ -1,10 +1,12 @@
 """Seeds derived from (seed, round, client, purpose): every random draw is reproducible and restorable.
 
-Each stream of random draws has its own purpose, a constant of `SeedPurpose`, mixed into the seed
-so that two streams never share draws. The values are part of the results: changing one changes
-every run's numbers.
+Each stream of random draws has its own purpose, mixed into the seed so that two streams never
+share draws: the engine's are the constants of `SeedPurpose`; a method names its own streams by
+strings (`ServerContext.generator("global_head")`), which `named_stream` turns into seed parts that no
+numbered stream shares. The values are part of the results: changing one changes every run's numbers.
 """
 
+import hashlib
 from enum import IntEnum
 
 import numpy as np
@@ -17,9 +19,18 @@ class SeedPurpose(IntEnum):
     CLIENT_SAMPLING = 0x5A3  # which clients a round samples
     ROUND_TORCH = 0x7011  # torch's global generator at the start of a round (dropout, init of spares)
     CLIENT_BATCHES = 0xB47  # a client's batch order in a round
-    FEDFCD_GLOBAL_HEAD = 0xFCD  # FedFCD: the server's batch order when it trains the global head
-    FEDECCR_CALIBRATION = 0xCCF  # FedECCR: virtual features and batch order of the classifier correction
-    FEDGH_GLOBAL_HEAD = 0xF6E  # FedGH: the server's batch order when it trains the global head
+
+
+# the part that marks a stream named by a string (`named_stream`): two parts where numbered streams have one
+NAMED_STREAM = 0x5EED
+
+
+def named_stream(name: str) -> tuple[int, int]:
+    """The seed parts of the stream called `name`: a marker and the first 8 bytes of the name's SHA-256 (the
+    same on every machine and Python, unlike `hash`)."""
+    if not name:
+        raise ValueError("a seed stream's name must not be empty")
+    return NAMED_STREAM, int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big")
 
 
 def derived_seed(*parts: int) -> int:

@@ -4,7 +4,7 @@
                                [--scenario fedfcd-t1] [--rounds 6] [--device cpu|cuda] [--synthetic]
 
 Switches (all on by default in autofl; "off" is what the executor did before them):
-  probes     the probed linear-weight update (autofl/engine/linear_probes.py); off: every probe plan
+  probes     the probed linear-weight update (autofl/accel/linear_probes.py); off: every probe plan
              empty, autograd's weight gradients and the SGD update
   unstacked  received, not yet trained parameters read once, unstacked (vectorized._ChunkRun._enter_stage);
              off: every stacked tensor read as its stack
@@ -32,7 +32,7 @@ import time
 
 from bench_round import SCENARIOS, round_args, sync, synthetic_dataset
 
-from autofl.engine import compiled, vectorized
+from autofl.accel import compiled, vectorized
 from autofl.engine.simulation import Simulation
 from autofl.experiment import load_experiment
 from autofl.methods.registry import get_method_class

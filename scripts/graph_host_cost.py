@@ -2,7 +2,7 @@
 
     python scripts/graph_host_cost.py [--scenario fedfcd-t1] [--method fedavg,fedrep|all] [--rounds 9]
 
-On a GPU, a round whose whole steps replay as CUDA graphs (`runtime.compile`, engine/cuda_graphs.py) is
+On a GPU, a round whose whole steps replay as CUDA graphs (`runtime.compile`, accel/cuda_graphs.py) is
 bound by the host: the executor's Python around each replay, and the steps that still run eagerly (a
 `vmap(grad)` call is a few milliseconds of Python and kernel launches there). This script runs the
 vectorized executor's graph branches on CPU with graphs that cost nothing: a capture runs the step's
@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_round  # noqa: E402
 
-from autofl.engine import compiled, cuda_graphs  # noqa: E402
+from autofl.accel import compiled, cuda_graphs  # noqa: E402
 from autofl.engine.simulation import Simulation  # noqa: E402
 from autofl.experiment import load_experiment  # noqa: E402
 from autofl.methods.registry import get_method_class, method_names  # noqa: E402
@@ -88,7 +88,7 @@ def main() -> None:
         HostOnlyGraphs.made = []
         sim.run_round()
         calls[0] = 0
-        # the executor keeps a step's graphs across rounds (engine/graph_arena.py): count from here on
+        # the executor keeps a step's graphs across rounds (accel/graph_arena.py): count from here on
         replays, captures = (sum(g.replays for g in HostOnlyGraphs.made), sum(g.captures for g in HostOnlyGraphs.made))
         times = []
         for _ in range(args.rounds):

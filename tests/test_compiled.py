@@ -10,9 +10,9 @@ import torch
 
 from conftest import spy_whole_steps
 
-from autofl.engine import compiled
+from autofl.accel import compiled
 from autofl.engine.executor import Workspace, batch_cuts
-from autofl.engine.executor_choice import make_executor
+from autofl.accel.choice import make_executor
 from autofl.errors import ConfigError
 from autofl.experiment import load_experiment
 
@@ -147,7 +147,7 @@ def test_only_runs_of_whole_steps_of_the_same_clients_share_a_call():
     steps, the rest run alone."""
     from types import SimpleNamespace
 
-    from autofl.engine import vectorized
+    from autofl.accel import vectorized
 
     b = 8
     full4, full3 = [(0, 4, b)], [(0, 3, b)]
@@ -175,9 +175,9 @@ def test_a_compiled_step_does_not_recompile_across_rounds(method, extra, monkeyp
     second update with frozen BatchNorm statistics, its history flag a tensor; in float64, as in the
     executor-equivalence tests: its cosine losses through BatchNorm flip a validation sample in float32
     between any two summation orders, compiled per update or in one call alike). Their linear weights
-    are updated by the probed in-place product (engine/linear_probes.py), whose plan is found once, and
+    are updated by the probed in-place product (accel/linear_probes.py), whose plan is found once, and
     Ditto's v by its proximal term's in-place step too."""
-    from autofl.engine import linear_probes, vectorized
+    from autofl.accel import linear_probes, vectorized
     from autofl.engine.simulation import Simulation
     from autofl.methods.registry import get_method_class
 
@@ -218,11 +218,11 @@ def test_auto_stays_eager_on_cpu_without_a_cpp_compiler(monkeypatch, tmp_path):
 
 
 def test_the_whole_cpu_step_replays_across_learning_rates_and_falls_back_with_momentum(monkeypatch):
-    """On CPU the vectorized step of plain SGD compiles with its update (engine/compiled.batched_sgd_step):
+    """On CPU the vectorized step of plain SGD compiles with its update (accel/compiled.batched_sgd_step):
     a decaying learning rate and another trial's rate replay the same graph; with momentum the update
     stays torch's SGD.step outside the compiled gradients, so a search's momenta compile nothing more.
     Every run's metrics and global model are eager's."""
-    from autofl.engine import vectorized
+    from autofl.accel import vectorized
     from autofl.engine.simulation import Simulation
     from autofl.methods.registry import get_method_class
 
@@ -262,7 +262,7 @@ def test_the_whole_steps_batch_rows_keep_one_layout_when_sampled_clients_differ(
     number of lockstep steps; the batch rows the whole step reads must still arrive contiguous with
     the same strides (the compiled graph guards on them: one stride per step count was one recompile
     per distinct count). Under the "fail_on_recompile" stance the later rounds replay round 1's graph."""
-    from autofl.engine import vectorized
+    from autofl.accel import vectorized
     from autofl.engine.simulation import Simulation
     from autofl.methods.registry import get_method_class
 

@@ -1,4 +1,4 @@
-"""engine/cuda_graphs.py's bookkeeping, on CPU: when a step runs eagerly, is captured, replayed or falls
+"""accel/cuda_graphs.py's bookkeeping, on CPU: when a step runs eagerly, is captured, replayed or falls
 back, with torch's CUDA graph calls replaced by a recorder that behaves like a graph (capturing records
 the step's work and runs none of it; a replay runs what was recorded on the static rows buffer).
 The graphs themselves are compared with eager steps on a GPU by
@@ -12,7 +12,7 @@ from typing import Callable
 import pytest
 import torch
 
-from autofl.engine import cuda_graphs
+from autofl.accel import cuda_graphs
 
 
 class FakeStream:
@@ -176,11 +176,11 @@ def test_the_executors_graph_steps_train_what_its_eager_steps_do(method, arch, e
     and the shorter ones eagerly on their rows (`_ChunkRun._mixed_step`), and in a stage of 3 epochs or
     more, from the second epoch on, a graph of the eager step per pattern of batch sizes (in a shorter
     stage, for a pattern met the round before). Tensors, optimizers and graphs are kept from round to round
-    (engine/graph_arena.py; here 3 of 5 clients sampled a round). The run equals the eager one in float64
+    (accel/graph_arena.py; here 3 of 5 clients sampled a round). The run equals the eager one in float64
     on the uneven scenario, and graphs replayed.""" 
     from test_executor_equivalence import GRAPHED, assert_same_run, run
 
-    from autofl.engine import vectorized
+    from autofl.accel import vectorized
 
     mixed_steps, pattern_steps = [], []
     eager_patterns, graphed_unseen = set(), []  # patterns stepped without a graph of their own; graphed before that
@@ -225,7 +225,7 @@ def test_the_executors_graph_steps_train_what_its_eager_steps_do(method, arch, e
 @pytest.mark.parametrize("method", sorted(__import__("autofl.methods.registry", fromlist=["x"]).method_names()))
 def test_graphs_are_kept_across_rounds_and_a_round_like_the_last_replays_them_all(method, cpu_graphs, monkeypatch):
     """With every client sampled each round, a round's steps meet the tensors, optimizers and patterns
-    of the round before (engine/graph_arena.py): every method's run equals the eager one in float64 on
+    of the round before (accel/graph_arena.py): every method's run equals the eager one in float64 on
     the uneven scenario, and the third round runs no `vmap(grad)` outside a graph (no warm-up, and the
     patterns of shorter batches replay graphs of their own) and captures nothing: its losses are the
     last round's (a method's own `loss`, module-level losses, closures made again over the same
@@ -235,7 +235,8 @@ def test_graphs_are_kept_across_rounds_and_a_round_like_the_last_replays_them_al
     that round 2 met."""
     from test_executor_equivalence import GRAPHED, assert_same_run, run
 
-    from autofl.engine import compiled, simulation
+    from autofl.accel import compiled
+    from autofl.engine import simulation
 
     eager_calls: list[int] = []  # batched_grads calls outside a replay, per round
     captures: list[int] = []  # graphs captured, per round
@@ -294,7 +295,7 @@ def test_kept_graphs_with_chunks_of_clients_and_a_decaying_learning_rate(method,
     shorter batches, which it would replay once. Either way the run equals the eager one in float64."""
     from test_executor_equivalence import GRAPHED, assert_same_run, run
 
-    from autofl.engine import vectorized
+    from autofl.accel import vectorized
 
     patterns: list[object] = []
     graphed = vectorized._Step.graphed

@@ -161,9 +161,9 @@ def test_compiled_steps_equal_eager(method, executor, dtype, extra, monkeypatch)
         pytest.skip("inductor's whole steps run on CPU; on CUDA see test_cuda_graph_steps_equal_eager")
     from conftest import spy_whole_steps
 
-    from autofl.engine import vectorized
+    from autofl.accel import vectorized
 
-    from autofl.engine import linear_probes
+    from autofl.accel import linear_probes
 
     monkeypatch.setattr(linear_probes, "MIN_PROBED_WEIGHT", 0)  # the digits MLP's 64 x 100 weights are probed too
     whole_steps = spy_whole_steps(monkeypatch, vectorized._Step)
@@ -186,7 +186,7 @@ def test_compiled_steps_equal_eager(method, executor, dtype, extra, monkeypatch)
     two_updates = method in ("fedfcd", "fedsiam_da")
     assert bool(together_steps) == (extra == PLAIN_SGD and two_updates)
     assert not (two_updates and whole_steps)
-    # and the whole step updated linear weights by one in-place product each (engine/linear_probes.py)
+    # and the whole step updated linear weights by one in-place product each (accel/linear_probes.py)
     assert (extra == PLAIN_SGD) == any(linear_probes.LinearProbes.of(comp.workspace).plans.values())
 
 
@@ -205,11 +205,11 @@ GRAPHED = ("fl.batch_size=8", "data.min_size=24")
                                                  for m in ("fedavg", "fedrep", "fedsiam_da", "fedfcd")]])
 def test_cuda_graph_steps_equal_eager(method, arch, extra, monkeypatch):
     """On CUDA, runtime.compile replays the vectorized executor's whole steps (every active client on a
-    full batch) as CUDA graphs (engine/cuda_graphs.py), optimizer step included, momentum and weight
+    full batch) as CUDA graphs (accel/cuda_graphs.py), optimizer step included, momentum and weight
     decay too: every method's run equals the eager one in float64 on the uneven scenario (clients
     finishing at different steps, shorter last batches, BatchNorm models whose finished clients'
     statistics must stay), and graphs really replayed, none failing to capture. Graphs, and the tensors
-    and optimizers they read, are kept from round to round (engine/graph_arena.py): with 3 of 5 clients
+    and optimizers they read, are kept from round to round (accel/graph_arena.py): with 3 of 5 clients
     a round the whole step's graphs replay in later rounds, and with every client sampled
     (`fl.participation=1.0`) the patterns of shorter batches replay graphs of their own from round 2.
 
@@ -217,7 +217,7 @@ def test_cuda_graph_steps_equal_eager(method, arch, extra, monkeypatch):
     3 rounds 0.003 and 0.0065 apart in train loss. Suspected: convolution algorithms that are not
     bitwise reproducible, amplified by BatchNorm over the 1x1 maps of resnet18's last stage on 8x8
     digits with last batches of 2; hence cuDNN's deterministic algorithms here (not yet run on a GPU)."""
-    from autofl.engine import cuda_graphs
+    from autofl.accel import cuda_graphs
 
     monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
 
@@ -251,7 +251,7 @@ def test_small_steps_run_several_to_a_compiled_call_as_one_at_a_time(method, mon
         pytest.skip("inductor's whole steps run on CPU; on CUDA see test_cuda_graph_steps_equal_eager")
     from conftest import spy_whole_steps
 
-    from autofl.engine import compiled, linear_probes, vectorized
+    from autofl.accel import compiled, linear_probes, vectorized
 
     monkeypatch.setattr(compiled, "CALL_FLOPS", float("inf"))
     monkeypatch.setattr(compiled, "MAX_GRAPH_NODES", 10**6)
@@ -279,7 +279,8 @@ def test_a_received_weight_is_read_unstacked_until_a_stage_trains_it(compile_ste
     Both ways give the same run: against the vectorized executor with every weight read stacked, in
     float64, eager and with compiled whole steps. (The head stage declares the encoder as its `inputs`;
     with no layer counted per-sample its steps compute the encoder batch by batch, reading its weight.)"""
-    from autofl.engine import executor, vectorized
+    from autofl.accel import vectorized
+    from autofl.engine import executor
 
     monkeypatch.setattr(executor, "PER_SAMPLE_LAYERS", ())
 
@@ -315,7 +316,8 @@ def test_a_stages_inputs_are_computed_once_per_client_as_batch_by_batch(executor
     the vectorized one), in slices of rows (`INPUTS_SLICE`, made smaller than a client's rows here);
     the run equals one where every step computes them on its batch (no layer counted per-sample), in
     float64, under each executor, eager and with compiled whole steps."""
-    from autofl.engine import executor as executor_module, sequential, vectorized
+    from autofl.accel import vectorized
+    from autofl.engine import executor as executor_module, sequential
 
     ahead: list[bool] = []  # per stage with inputs (per client under the sequential executor): computed ahead
     if executor == "sequential":

@@ -1,4 +1,4 @@
-"""engine/graph_arena.py: what the vectorized executor keeps across rounds for its CUDA-graph steps, on
+"""accel/graph_arena.py: what the vectorized executor keeps across rounds for its CUDA-graph steps, on
 fixed tensors (the executor's use of it is checked end to end in tests/test_cuda_graphs.py)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import functools
 
 import torch
 
-from autofl.engine.graph_arena import RoundArena, loss_holds
+from autofl.accel.graph_arena import RoundArena, loss_holds
 
 
 def same(a: tuple, b: tuple) -> bool:

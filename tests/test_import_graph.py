@@ -21,15 +21,16 @@ def module_names() -> dict[str, Path]:
     return names
 
 
-def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
-    """The autofl modules `module` imports anywhere in its file."""
+def imports_of(module: str, path: Path, known: set[str], typing_too: bool = False) -> set[str]:
+    """The autofl modules `module` imports anywhere in its file (with `typing_too`, also those
+    imported for type checking only)."""
     package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
     found = set()
     tree = ast.parse(path.read_text())
     typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If) and _is_type_checking(block.test)
                    for stmt in block.body for n in ast.walk(stmt)}
     for node in ast.walk(tree):
-        if id(node) in typing_only:  # `if TYPE_CHECKING:` imports never run
+        if id(node) in typing_only and not typing_too:  # `if TYPE_CHECKING:` imports never run
             continue
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
@@ -54,9 +55,9 @@ def _is_type_checking(test: ast.expr) -> bool:
         (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def import_graph() -> dict[str, set[str]]:
+def import_graph(typing_too: bool = False) -> dict[str, set[str]]:
     names = module_names()
-    return {module: imports_of(module, path, set(names)) for module, path in names.items()}
+    return {module: imports_of(module, path, set(names), typing_too) for module, path in names.items()}
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -120,3 +121,26 @@ def test_every_autofl_import_names_a_module_that_exists():
                 missing += [f"{module}: import {a.name}" for a in node.names
                             if a.name.startswith("autofl") and a.name not in names]
     assert not missing, missing
+
+
+def test_the_engine_a_method_author_reads_imports_no_acceleration():
+    """autofl.engine (plan, server, simulation, the reference executor, metrics, state, the executor
+    seam) reaches autofl.accel through one edge: the simulation asks autofl.accel.choice for its
+    executor. Methods and their loss terms never import autofl.accel; autofl.accel builds on the
+    engine's seam, never on a method."""
+    graph = import_graph()
+    into_accel = sorted((m, t) for m, targets in graph.items() if m.startswith("autofl.engine")
+                        for t in targets if t.startswith("autofl.accel"))
+    assert into_accel == [("autofl.engine.simulation", "autofl.accel.choice")]
+    for module, targets in graph.items():
+        if module.startswith(("autofl.methods", "autofl.losses")):
+            assert not any(t.startswith("autofl.accel") for t in targets), module
+        if module.startswith("autofl.accel"):
+            assert not any(t.startswith("autofl.methods") for t in targets), module
+
+
+def test_the_engine_has_no_import_circle_even_for_type_checking():
+    graph = import_graph(typing_too=True)
+    inside = {m: {t for t in targets if t.startswith(("autofl.engine", "autofl.accel"))}
+              for m, targets in graph.items() if m.startswith(("autofl.engine", "autofl.accel"))}
+    assert cycles(inside) == []

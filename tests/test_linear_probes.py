@@ -1,4 +1,4 @@
-"""Linear weights updated by one in-place product in the compiled whole step (engine/linear_probes.py).
+"""Linear weights updated by one in-place product in the compiled whole step (accel/linear_probes.py).
 
 The whole step runs here without torch.compile (`compiled.compiled` returns the function itself), so
 the probing logic is checked in seconds: the executor with probes against the same executor without
@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autofl.engine import compiled, linear_probes, vectorized
-from autofl.engine.linear_probes import LinearProbes, ProbedWeight, linear_sgd_, proximal_sgd_
+from autofl.accel import compiled, linear_probes, vectorized
+from autofl.accel.linear_probes import LinearProbes, ProbedWeight, linear_sgd_, proximal_sgd_
 
 PLAIN_SGD = ("fl.momentum=0", "fl.weight_decay=0")
 
@@ -118,21 +118,27 @@ def test_a_probed_step_stopped_by_an_error_leaves_no_probe_set(monkeypatch):
     """An exception inside a probed step (here FedProx's proximal distance failing once the step runs,
     after probe_plan's two looks) propagates, and no probe stays set for a later loss in the process."""
     from autofl import losses
-    from autofl.engine.linear_probes import PROBED_LOSS
 
-    original, calls = losses.squared_distance, []
+    original, calls, made = losses.squared_distance, [], []
+    original_of = LinearProbes.of.__func__
+
+    def recorded_of(cls, ws):
+        probes = original_of(cls, ws)
+        made.append(probes)
+        return probes
 
     def failing_in_the_step(p, anchor):
-        if PROBED_LOSS.holder is not None:
+        if any(probes.running for probes in made):
             calls.append(1)
             if len(calls) > 8:  # probe_plan's two looks make 4 terms each
                 raise RuntimeError("stopped inside the step")
         return original(p, anchor)
 
+    monkeypatch.setattr(LinearProbes, "of", classmethod(recorded_of))
     monkeypatch.setattr(losses, "squared_distance", failing_in_the_step)
     with pytest.raises(RuntimeError, match="stopped inside the step"):
         _run("fedprox", probes=True)
-    assert PROBED_LOSS.holder is None
+    assert made and not any(probes.running for probes in made)
     assert len(calls) == 9
 
 

@@ -329,7 +329,8 @@ def test_fedproto_global_prototypes_are_this_rounds_uploads_and_no_weights_are_s
 def test_fedgh_clients_start_from_their_own_encoder_and_the_server_trained_head():
     from autofl.features import encoded_class_stats
     from autofl.methods.fedgh import train_global_head
-    from autofl.seeding import SeedPurpose, derived_seed
+    from autofl.methods.fedgh import GLOBAL_HEAD_STREAM
+    from autofl.seeding import derived_seed
 
     sim = sim_for("fedgh", "method.server_lr=0.05", "method.server_epochs=2", "runtime.executor=sequential")
     received = {k: v.clone() for k, v in sim.global_state.items()}
@@ -344,7 +345,7 @@ def test_fedgh_clients_start_from_their_own_encoder_and_the_server_trained_head(
     head = sim.method.build_model().head
     head.load_state_dict({k[len("head."):]: v for k, v in heads.items()})
     expected = train_global_head(head, stats, 0.05, 2, sim.exp.fl.batch_size,
-                                 torch.Generator().manual_seed(derived_seed(sim.exp.seed, 0, SeedPurpose.FEDGH_GLOBAL_HEAD)))
+                                 torch.Generator().manual_seed(derived_seed(sim.exp.seed, 0, GLOBAL_HEAD_STREAM)))
     for k, v in expected.items():
         torch.testing.assert_close(sim.global_state["head." + k], v)
     start = sim.method.client_start(sim.global_state, sim.client_states[1], sim.server_state).models["model"]

@@ -17,6 +17,7 @@ from typing import Any, Callable, Protocol
 import torch
 from torch import nn
 
+from autofl import losses
 from autofl.engine.plan import ClientStart, LossFn, Stage, Update
 from autofl.engine.state import StateDict
 
@@ -172,9 +173,7 @@ def _loss_on_module_outputs(name: str, loss: LossFn) -> LossFn:
             x = module(x)
         return loss(ws, x, y, flags)
 
-    # the compiled steps' cache key is the loss's definition (`compiled.step_key`): keep the method's
-    on_outputs.__module__ = getattr(loss, "__module__", None)
-    on_outputs.__qualname__ = f"{getattr(loss, '__qualname__', repr(loss))}[on {name}]"
+    on_outputs.computes_inputs_of = (name, loss)  # type: ignore[attr-defined]  # what it wraps, for executors
     return on_outputs
 
 
@@ -193,9 +192,23 @@ class Workspace(nn.Module):
         self._frozen_by_names: dict[Any, list[nn.Module]] = {}  # update.frozen_stats -> its BatchNorm modules
         # a compiled step's key -> one client's step size (the vectorized executor's steps per call)
         self.client_step_sizes: dict[Any, Any] = {}
+        # how `proximal` computes each term: None, plainly; an executor that applies proximal terms' steps
+        # itself sets a function (p, anchor, distance) -> term (autofl.accel.linear_probes.LinearProbes.term)
+        self.term_probe: Callable[..., torch.Tensor] | None = None
 
     def forward(self, x: torch.Tensor, y: torch.Tensor, flags: dict[str, torch.Tensor], loss: Any) -> torch.Tensor:
         return loss(self, x, y, flags)
+
+    def proximal(self, params: dict[str, torch.Tensor], anchor: dict[str, torch.Tensor]) -> torch.Tensor:
+        """sum ||w - w_anchor||^2 over the named parameters (`autofl.losses.proximal`'s value), a term the
+        loss declares to the executor: one that applies proximal steps itself (the compiled whole step,
+        autofl.accel.linear_probes) gets each term through `term_probe`."""
+        probe = self.term_probe
+        if probe is None:
+            terms = (losses.squared_distance(p, anchor[name]) for name, p in params.items())
+        else:
+            terms = (probe(p, anchor[name], losses.squared_distance) for name, p in params.items())
+        return sum(terms)  # type: ignore[return-value]
 
     def model_names(self) -> list[str]:
         return [name for name, _ in self.named_children()]

@@ -2,15 +2,30 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Mapping
+from typing import Any, Callable, Protocol
 
 import numpy as np
 import torch
 
 from autofl.engine.metric_keys import METRIC_KEYS  # noqa: F401  (a round's keys, named here as before)
+from autofl.data.federated import FederatedData
+from autofl.engine.server import MethodHooks, ServerState
+from autofl.engine.state import StateDict
+from autofl.models.parts import SplitModel
 
-if TYPE_CHECKING:
-    from autofl.engine.simulation import Simulation
+
+class Evaluated(Protocol):
+    """What `evaluate` reads of a run (autofl.engine.simulation.Simulation has it all): the method, a
+    model of its layout to load states into, the data, the global state, each client's own state and
+    the method's server state."""
+
+    method: MethodHooks
+    model: SplitModel
+    data: FederatedData
+    global_state: StateDict
+    client_states: Mapping[int, dict[str, Any]]
+    server_state: ServerState
 
 
 def eval_batch(device: torch.device) -> int:
@@ -40,7 +55,7 @@ def _per_client(name: str, correct: list[int], sizes: list[int]) -> dict[str, fl
 
 
 @torch.no_grad()
-def evaluate(sim: "Simulation") -> dict[str, float]:
+def evaluate(sim: Evaluated) -> dict[str, float]:
     method, model, data, server = sim.method, sim.model, sim.data, sim.server_state
     model.eval()
     val_correct, test_correct = [], []

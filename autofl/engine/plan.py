@@ -15,6 +15,7 @@ from typing import Any, Callable
 import torch
 
 from autofl.engine.state import StateDict
+from autofl.errors import MethodDefinitionError
 from autofl.models.parts import SplitModel
 
 # loss(ws, x, y, flags): ws is the workspace module (ws.model and the method's named copies),
@@ -60,6 +61,30 @@ class Stage:
     snapshot_after_epoch: dict[str, str] = field(default_factory=dict)
     flags_after_epoch: dict[str, float] = field(default_factory=dict)
     inputs: str | None = None
+
+
+def check_trained_copies(method: str, stages: list[Stage], copies: tuple[str, ...],
+                         scratch_copies: tuple[str, ...]) -> None:
+    """Raise one line when an update trains a workspace copy that nothing keeps: an executor returns
+    the trained `model` alone, so a trained copy's weights are dropped at the end of the round. A
+    copy may be trained only when the method declares it `scratch_copies` (rebuilt every round on
+    purpose, as FedSiam-DA's f'); a model the client keeps is a private model inside `model`
+    (`Method.private_models`), trained as `model.<name>.`. Every executor runs this plan, so the
+    check is made once, here, before any client trains."""
+    unknown = [c for c in scratch_copies if c not in copies]
+    if unknown:
+        raise MethodDefinitionError(f"method {method}: scratch_copies {unknown[0]!r} is not in copies {copies}; "
+                                    "a scratch copy must also be listed in copies")
+    for stage in stages:
+        for update in stage.updates:
+            for prefix in update.trains:
+                target = prefix.split(".", 1)[0]
+                if target != "model" and target not in scratch_copies:
+                    raise MethodDefinitionError(
+                        f"method {method}: an Update trains workspace copy {target!r} (trains {prefix!r}), which "
+                        f"nothing keeps, so its trained weights are dropped after every round; to keep it per "
+                        f"client declare private_models = ({target!r},) and train 'model.{target}.', or, if it is "
+                        f"rebuilt every round on purpose, declare scratch_copies = ({target!r},)")
 
 
 @dataclass

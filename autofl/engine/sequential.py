@@ -1,7 +1,8 @@
 """The sequential executor: one client after another, on the workspace's own modules.
 
 Each client's states are loaded into the workspace (`load_state_dict`, no copies of modules),
-each update steps its own `torch.optim.SGD` over the module parameters it trains.
+each update steps its own `torch.optim.SGD` over the module parameters it trains. This is the
+reference executor: the faster ones (autofl.accel) are held equal to it by the tests.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from typing import Callable
 
 import torch
 
-from autofl.engine import compiled
 from autofl.engine.executor import (ClientJob, ClientOutcome, RoundPlan, Workspace, batch_cuts, epoch_orders,
                                     losses_on_inputs, outputs_by_slices, stage_inputs, stage_models)
 from autofl.engine.plan import Stage, Update
@@ -20,9 +20,10 @@ from autofl.engine.state import clone_state
 class SequentialExecutor:
     name = "sequential"
 
-    def __init__(self, ws: Workspace, compile_steps: bool = False):
+    compile_steps = False  # its steps run eager (autofl.accel.compiled_sequential compiles them)
+
+    def __init__(self, ws: Workspace):
         self.ws = ws
-        self.compile_steps = compile_steps  # runtime.compile: forward + loss (+ its backward) run compiled
 
     def train(self, plan: RoundPlan, jobs: list[ClientJob], x: torch.Tensor, y: torch.Tensor) -> list[ClientOutcome]:
         outcomes = []
@@ -94,18 +95,6 @@ class SequentialExecutor:
         return outputs, where
 
     def _loss_fn(self, update: Update, where: tuple[int, int], batch_size: int) -> Callable[..., torch.Tensor]:
-        """loss(x, y, flags) of one update on the workspace: eager, or (runtime.compile) compiled for
-        full batches of `batch_size` (one static shape); a smaller last batch runs eager."""
+        """loss(x, y, flags) of one update (stage and update index `where`) on the workspace, eager."""
         ws = self.ws
-        if not self.compile_steps:
-            return lambda xb, yb, flags: update.loss(ws, xb, yb, flags)
-        step = compiled.compiled(compiled.client_loss, compiled.step_key(update.loss, *where),
-                                 next(ws.parameters()).device)
-
-        def run(xb: torch.Tensor, yb: torch.Tensor, flags: dict[str, torch.Tensor]) -> torch.Tensor:
-            if len(xb) != batch_size:
-                return update.loss(ws, xb, yb, flags)
-            compiled.before_call(xb.device)
-            return step(ws, update.loss, xb, yb, flags)
-
-        return run
+        return lambda xb, yb, flags: update.loss(ws, xb, yb, flags)

@@ -21,7 +21,7 @@ from autofl.data.federated import FederatedData
 from autofl.engine.plan import ClientStart, Stage, TrainedClient, Upload
 from autofl.engine.state import StateDict
 from autofl.models.parts import SplitModel
-from autofl.seeding import SeedPurpose, derived_seed
+from autofl.seeding import derived_seed, named_stream
 
 
 @dataclass(frozen=True)
@@ -60,11 +60,13 @@ class ServerContext:
     model: SplitModel
     device: torch.device
 
-    def generator(self, purpose: SeedPurpose | int, rnd: int | None = None) -> torch.Generator:
-        """A CPU `torch.Generator` seeded from (seed, `rnd` (default: `round`), `purpose`): the same
-        draws on every run and after a restore. `purpose` names the stream: a `SeedPurpose` for the
-        built-in methods, a plugin's own constant (distinct from SeedPurpose's values) otherwise."""
-        return torch.Generator().manual_seed(derived_seed(self.seed, self.round if rnd is None else rnd, purpose))
+    def generator(self, stream: str | int, rnd: int | None = None) -> torch.Generator:
+        """A CPU `torch.Generator` seeded from (seed, `rnd` (default: `round`), `stream`): the same draws
+        on every run and after a restore. `stream` names the method's stream of draws, a string
+        (`"global_head"`; `autofl.seeding.named_stream`), or a number a built-in kept so that its runs
+        reproduce (distinct from `SeedPurpose`'s values)."""
+        parts = named_stream(stream) if isinstance(stream, str) else (int(stream),)
+        return torch.Generator().manual_seed(derived_seed(self.seed, self.round if rnd is None else rnd, *parts))
 
 
 @dataclass(frozen=True)
@@ -80,8 +82,10 @@ class MethodHooks(Protocol):
     """What the engine calls on a method (autofl.methods.base.Method implements it; the engine
     receives the class from the composition root and never imports the methods)."""
 
+    name: str
     State: type[ServerState]
     copies: tuple[str, ...]
+    scratch_copies: tuple[str, ...]
     has_global_model: bool
     personal_is_global: bool
 

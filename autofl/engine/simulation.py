@@ -21,9 +21,9 @@ from autofl.data.datasets import RawDataset, load_raw_dataset
 from autofl.data.federated import FederatedData, build_federated
 from autofl.device import resolve_device
 from autofl.engine.executor import ClientJob, RoundPlan, Workspace, batch_cuts
-from autofl.engine.executor_choice import make_executor
+from autofl.accel.choice import make_executor
 from autofl.engine.metrics import evaluate
-from autofl.engine.plan import TrainedClient, Upload
+from autofl.engine.plan import TrainedClient, Upload, check_trained_copies
 from autofl.engine.server import MethodClass, MethodHooks, ServerContext, ServerState, ServerUpdate
 from autofl.engine.state import StateDict, clone_state, map_tree
 from autofl.seeding import SeedPurpose, derived_seed
@@ -79,7 +79,9 @@ class Simulation:
 
     def round_plan(self) -> RoundPlan:
         fl = self.exp.fl
-        return RoundPlan(self.method.local_stages(self.round, self.server_state), lr=fl.lr * fl.lr_decay**self.round,
+        stages = self.method.local_stages(self.round, self.server_state)
+        check_trained_copies(self.method.name, stages, self.method.copies, self.method.scratch_copies)
+        return RoundPlan(stages, lr=fl.lr * fl.lr_decay**self.round,
                          momentum=fl.momentum, weight_decay=fl.weight_decay, batch_size=fl.batch_size,
                          local_epochs=fl.local_epochs, clients_done=self.clients_done)
 

@@ -6,25 +6,23 @@ FedAvg: everything shared, plain cross-entropy SGD, size-weighted averaging, per
 
 A method never writes a training loop. It *declares* its local step (`local_stages`): a list of
 stages, each a number of epochs over the client's batches, and per batch one or more `Update`s,
-each naming the tensors it trains and its loss. An executor (`autofl.engine.sequential` or
-`autofl.engine.vectorized`) runs that declaration, one client at a time or all sampled clients
-stacked into one batched model. The loss is written once, against modules:
+each naming the tensors it trains and its loss. The engine's reference executor
+(`autofl.engine.sequential`) runs that declaration one client at a time; faster executors
+(`autofl.accel`) run the same declaration and are held equal to it by tests. The loss is written
+once, against modules, per client (batch means; a per-client flag such as `flags["has_prev"] * term`
+rather than a Python branch on a tensor's value; no in-place writes to parameters):
 
     def loss(ws, x, y, flags):          # ws.model, plus the copies the method asked for (ws.glob ...)
         return F.cross_entropy(ws.model(x), y)
 
-Under the vectorized executor the same function runs inside `torch.func.vmap`, so it must stay
-per-client: batch means, no Python branching on tensor values (use a per-client flag instead,
-e.g. `flags["has_prev"] * term`), no in-place writes to parameters.
+A proximal term is written `ws.proximal(params, anchor)` (sum ||w - anchor||^2), which declares it to
+the executor. What the fast executors need beyond this is theirs to check (the engine page of the
+docs says how they run a loss).
 
-On a GPU (`runtime.compile`) the vectorized executor replays each step as a CUDA graph and keeps
-its graphs from one round to the next (autofl.engine.graph_arena). A loss reads the round's values
-through `ws`, `flags`, or what `local_stages` closes it over (a round's prototypes as a closure's
-tensors are fine: the executor copies each round's values in), or through attributes of the method
-(or items of a list or dict it closes over) that are replaced, not changed in place, when they change.
-It must not read a tensor that is replaced between rounds where the executor does not look: through a
-global, or nested deeper (an attribute of an attribute): a graph kept from an earlier round would read
-the tensor it was captured on (`autofl.engine.graph_arena.loss_holds`).
+What the client keeps is declared, not written: `private_models` names models of the model's layout
+held inside the model (`model.<name>`, e.g. a personal model), each client's own from round to round;
+`copies` names workspace copies filled by `client_start` each round and dropped after it (an update
+may train one only if `scratch_copies` lists it: a trained copy nothing keeps is an error).
 
 The server side is values in, values out (as Flower's Strategy and FedJAX's ServerState): a
 method never sees the simulation. Its server-side state is one frozen dataclass, a subclass of
@@ -37,7 +35,8 @@ it whole in checkpoints, rebuilds it on restore, and hands it to the hooks that 
 
 `ServerContext` (autofl.engine.server) holds the round, the number of rounds, whether the round is
 evaluated, the global state (read-only), the method's current `state`, the federated data, a model
-to borrow as scratch, the device, and `ctx.generator(purpose)`, a seeded torch.Generator.
+to borrow as scratch, the device, and `ctx.generator("name")`, a torch.Generator seeded for the
+method's stream of draws of that name.
 `ServerUpdate(global_state=..., state=...)` returns new global-state entries and/or the new server
 state; nothing else the hook does is kept. The other hooks are:
 
@@ -68,12 +67,11 @@ from autofl.engine.server import ServerContext, ServerState, ServerUpdate
 from autofl.engine.state import StateDict, weighted_average
 from autofl.models.parts import SplitModel, build_model
 from autofl.registry import METHODS
-from autofl.seeding import SeedPurpose
 
 if TYPE_CHECKING:
     from autofl.config import Experiment
 
-__all__ = ["ClientStart", "LossFn", "Method", "MethodParams", "SeedPurpose", "ServerContext", "ServerState",
+__all__ = ["ClientStart", "LossFn", "Method", "MethodParams", "ServerContext", "ServerState",
            "ServerUpdate", "Stage", "StateDict", "TrainedClient", "Update", "Upload"]
 
 class MethodParams(Strict):
@@ -94,8 +92,22 @@ class Method:
     # whether the method's own loss terms act on the encoder's features (contrastive, prototype):
     # then the encoder must keep a trainable layer, or those terms are constants
     trains_encoder_features: ClassVar[bool] = False
-    personal_is_global: ClassVar[bool] = True  # personal model = global model
-    copies: ClassVar[tuple[str, ...]] = ()  # named model copies the local step reads (ws.glob, ws.prev ...)
+    personal_is_global: ClassVar[bool] = True  # personal model = global model (False when private_models)
+    # private models: copies of the model's layout held inside the model as `model.<name>` (a personal
+    # model, e.g. Ditto's v), each client's own: never uploaded, a client starts each round from its own
+    # trained copy (the received global model's weights before its first participation), and the
+    # engine keeps it after training. Trained as `model.<name>.`, read in `predict` as `model.<name>`.
+    private_models: ClassVar[tuple[str, ...]] = ()
+    # workspace copies the local step reads (ws.glob, ws.prev ...), filled by `client_start` each round;
+    # frozen unless an update trains them, and dropped after the round: an update may train one only
+    # if it is also listed in `scratch_copies` (trained and dropped on purpose, as FedSiam-DA's f')
+    copies: ClassVar[tuple[str, ...]] = ()
+    scratch_copies: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.private_models:  # a client's own model: its personal predictions are not the global model's
+            cls.personal_is_global = False
 
     def __init__(self, params: MethodParams, exp: "Experiment", input_shape: tuple[int, ...], num_classes: int):
         self.params = params
@@ -143,7 +155,20 @@ class Method:
 
     # ----- model -----------------------------------------------------------------------------
     def build_model(self) -> SplitModel:
-        return build_model(self.exp.model, self.input_shape, self.num_classes, self.projector_out_dim)
+        """The model of the configured arch, with a copy of it for each of `private_models` (each
+        starts where the model starts)."""
+        model = build_model(self.exp.model, self.input_shape, self.num_classes, self.projector_out_dim)
+        if self.private_models:
+            import copy
+
+            template = copy.deepcopy(model)
+            for name in self.private_models:
+                model.add_module(name, copy.deepcopy(template))
+        return model
+
+    def private_prefixes(self) -> tuple[str, ...]:
+        """State-dict key prefixes of the private models (`personal.` for Ditto's v)."""
+        return tuple(f"{name}." for name in self.private_models)
 
     def spare(self, name: str, like: torch.nn.Module) -> SplitModel:
         """A second model instance of the same layout, built once and reused by loading states."""
@@ -154,8 +179,10 @@ class Method:
         return self._spares[name]
 
     def shared_keys(self, model: SplitModel) -> list[str]:
-        """State-dict keys the server aggregates; the rest stay on the client."""
-        return list(model.state_dict())
+        """State-dict keys the server aggregates; the rest stay on the client (default: all but the
+        private models')."""
+        private = self.private_prefixes()
+        return [k for k in model.state_dict() if not (private and k.startswith(private))]
 
     # ----- server ----------------------------------------------------------------------------
     def init_server(self, ctx: ServerContext) -> ServerUpdate:
@@ -171,8 +198,15 @@ class Method:
 
     # ----- client ----------------------------------------------------------------------------
     def start_state(self, global_state: StateDict, client_state: dict[str, Any]) -> StateDict:
-        """The client's starting weights: the global model, overlaid with its private parameters."""
-        return {**global_state, **client_state.get("private", {})}
+        """The client's starting weights: the global model, overlaid with its private parameters; a
+        private model the client has not trained yet starts as the received global model."""
+        own = client_state.get("private", {})
+        fresh: StateDict = {}
+        private = self.private_prefixes()
+        for prefix in private:
+            if not any(k.startswith(prefix) for k in own):
+                fresh.update({prefix + k: v for k, v in global_state.items() if not k.startswith(private)})
+        return {**global_state, **fresh, **own}
 
     def client_start(self, global_state: StateDict, client_state: dict[str, Any], server: ServerState) -> ClientStart:
         """The trained model's start plus any copies in `copies` (override to fill them)."""

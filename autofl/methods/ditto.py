@@ -6,13 +6,14 @@ By default v takes as many steps as w, on the same batches: per batch, a step of
 (FLGo's Ditto, the FDCL paper's baseline). With `personal_epochs` set, v first trains alone for
 that many epochs, then w for fl.local_epochs (PFLlib's Ditto: `plocal_epochs`).
 
-The personal model is a second copy of the layout kept inside the client's model (`personal.*`),
-private to the client; `glob` is the received global model, frozen: the proximal anchor.
+The personal model is a private model (`private_models`): a second copy of the layout kept inside
+the client's model (`personal.*`), private to the client, starting as the received global model
+before the client's first participation; `glob` is the received global model, frozen: the proximal
+anchor.
 """
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
@@ -20,7 +21,6 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from autofl.engine.state import StateDict
-from autofl.losses import proximal
 from autofl.methods.base import ClientStart, Method, MethodParams, ServerState, Stage, Update
 from autofl.methods.registry import register
 from autofl.models.parts import SplitModel
@@ -40,24 +40,8 @@ class DittoParams(MethodParams):
 class Ditto(Method):
     name = "ditto"
     Params = DittoParams
-    personal_is_global = False
+    private_models = ("personal",)  # v: each client's own, starting as the received global model
     copies = ("glob",)  # the received global model: the personal model's proximal anchor
-
-    def build_model(self) -> SplitModel:
-        model = super().build_model()
-        model.personal = copy.deepcopy(model)  # v starts where w starts
-        return model
-
-    def shared_keys(self, model: SplitModel) -> list[str]:
-        return [k for k in model.state_dict() if not k.startswith(_PERSONAL)]
-
-    def start_state(self, global_state: StateDict, client_state: dict[str, Any]) -> StateDict:
-        """w = the received global model; v = the client's own, or **[choice]** before its first
-        participation the received global model (a never-sampled client is the global model)."""
-        own = client_state.get("private")
-        if own is not None:
-            return {**global_state, **own}
-        return {**global_state, **{_PERSONAL + k: v for k, v in global_state.items() if not k.startswith(_PERSONAL)}}
 
     def client_start(self, global_state: StateDict, client_state: dict[str, Any], server: ServerState) -> ClientStart:
         return ClientStart({"model": self.start_state(global_state, client_state), "glob": global_state})
@@ -71,7 +55,7 @@ class Ditto(Method):
         def personal_loss(ws: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
             v = ws.model.personal
             anchor = {k: p.detach() for k, p in ws.glob.named_parameters() if not k.startswith(_PERSONAL)}
-            return F.cross_entropy(v(x), y) + lam / 2 * proximal(dict(v.named_parameters()), anchor)
+            return F.cross_entropy(v(x), y) + lam / 2 * ws.proximal(dict(v.named_parameters()), anchor)
 
         def global_loss(ws: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
             return F.cross_entropy(ws.model(x), y)

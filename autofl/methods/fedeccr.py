@@ -14,7 +14,7 @@ from pydantic import Field
 from autofl.features import ClassStats, encoded_class_stats, train_head
 from autofl.losses import prototype_contrast
 from autofl.engine.state import StateDict, clone_state
-from autofl.methods.base import (Method, MethodParams, SeedPurpose, ServerContext, ServerState, ServerUpdate, Stage,
+from autofl.methods.base import (Method, MethodParams, ServerContext, ServerState, ServerUpdate, Stage,
                                  TrainedClient, Update, Upload)
 from autofl.methods.registry import register
 from autofl.models.parts import SplitModel
@@ -22,6 +22,11 @@ from autofl.models.parts import SplitModel
 CALIB_LR = 0.01
 CALIB_BATCH = 64
 CALIB_EPS = 1e-5
+
+
+# the seed stream of virtual features and batch order of the classifier correction: a number kept from before streams
+# were named by strings, so that runs reproduce (a new method names its streams: ctx.generator("..."))
+CALIBRATION_STREAM = 0xCCF
 
 
 class FedECCRParams(MethodParams):
@@ -145,7 +150,7 @@ class FedECCR(Method):
         merged = merge_class_stats([
             encoded_class_stats(model.encoder, d.x, d.y, split.train, d.num_classes, with_cov=True)
             for split in d.clients])
-        gen = ctx.generator(SeedPurpose.FEDECCR_CALIBRATION, ctx.completed)
+        gen = ctx.generator(CALIBRATION_STREAM, ctx.completed)
         feats, labels = sample_virtual_features(merged, self.params.M, gen)
         train_head(model.head, feats, labels, CALIB_LR, CALIB_BATCH, gen, epochs=self.params.calib_epochs,
                    momentum=self.params.calib_momentum)

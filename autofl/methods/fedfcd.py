@@ -15,10 +15,15 @@ from pydantic import Field
 from autofl.features import ClassStats, class_mean_pairs, encoded_class_stats, train_head, weighted_class_means
 from autofl.engine.state import StateDict
 from autofl.losses import prototype_distance
-from autofl.methods.base import (Method, MethodParams, SeedPurpose, ServerContext, ServerState, ServerUpdate, Stage,
+from autofl.methods.base import (Method, MethodParams, ServerContext, ServerState, ServerUpdate, Stage,
                                  TrainedClient, Update, Upload)
 from autofl.methods.registry import register
 from autofl.models.parts import SplitModel, build_head
+
+
+# the seed stream of the server's batch order when it trains the global head: a number kept from before streams
+# were named by strings, so that runs reproduce (a new method names its streams: ctx.generator("..."))
+GLOBAL_HEAD_STREAM = 0xFCD
 
 
 class FedFCDParams(MethodParams):
@@ -87,7 +92,7 @@ class FedFCD(Method):
         head.load_state_dict({k[len("global_head."):]: v for k, v in ctx.global_state.items()
                               if k.startswith("global_head.")})
         train_head(head, feats, labels, self.params.server_lr, self.exp.fl.batch_size,
-                   ctx.generator(SeedPurpose.FEDFCD_GLOBAL_HEAD))
+                   ctx.generator(GLOBAL_HEAD_STREAM))
         return ServerUpdate(global_state={"global_head." + k: v.detach().clone() for k, v in head.state_dict().items()},
                             state=FedFCDState(lfrs, gfr, has_gfr))
 

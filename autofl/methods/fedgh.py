@@ -15,12 +15,17 @@ from pydantic import Field
 
 from autofl.engine.state import StateDict
 from autofl.features import ClassStats, class_mean_pairs, encoded_class_stats, train_head
-from autofl.methods.base import (Method, MethodParams, SeedPurpose, ServerContext, ServerUpdate, TrainedClient,
+from autofl.methods.base import (Method, MethodParams, ServerContext, ServerUpdate, TrainedClient,
                                  Upload)
 from autofl.methods.registry import register
 from autofl.models.parts import SplitModel
 
 _HEAD = "head."
+
+
+# the seed stream of the server's batch order when it trains the global head: a number kept from before streams
+# were named by strings, so that runs reproduce (a new method names its streams: ctx.generator("..."))
+GLOBAL_HEAD_STREAM = 0xF6E
 
 
 class FedGHParams(MethodParams):
@@ -54,7 +59,7 @@ class FedGH(Method):
         head.load_state_dict({k[len(_HEAD):]: v for k, v in ctx.global_state.items() if k.startswith(_HEAD)})
         new = train_global_head(head, [u.payload["protos"] for u in uploads], self.params.server_lr,
                                 self.params.server_epochs, self.exp.fl.batch_size,
-                                ctx.generator(SeedPurpose.FEDGH_GLOBAL_HEAD))
+                                ctx.generator(GLOBAL_HEAD_STREAM))
         return ServerUpdate(global_state={_HEAD + k: v for k, v in new.items()})
 
     # ----- client ----------------------------------------------------------------------------

@@ -5,7 +5,6 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from autofl.engine.state import StateDict
-from autofl.losses import proximal
 from autofl.methods.base import ClientStart, Method, MethodParams, ServerState
 from autofl.methods.registry import register
 
@@ -25,4 +24,5 @@ class FedProx(Method):
 
     def loss(self, ws: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
         anchor = dict(ws.glob.named_parameters())
-        return F.cross_entropy(ws.model(x), y) + self.params.mu / 2 * proximal(dict(ws.model.named_parameters()), anchor)
+        ce = F.cross_entropy(ws.model(x), y)
+        return ce + self.params.mu / 2 * ws.proximal(dict(ws.model.named_parameters()), anchor)

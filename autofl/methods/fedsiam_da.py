@@ -51,7 +51,8 @@ class FedSiamDA(Method):
     min_projector_depth = 1
     projector_out_dim = EMBED_DIM
     personal_is_global = False
-    copies = ("siamese", "hist")  # f' (trained, discarded after the round); the frozen history model
+    copies = ("siamese", "hist")  # f'; the frozen history model
+    scratch_copies = ("siamese",)  # f' is trained and dropped after the round: it restarts from the global model
 
     def build_model(self) -> SplitModel:
         model = super().build_model()

@@ -15,7 +15,7 @@ What is compiled (the executors keep their own loops, optimizers and bookkeeping
   DualFed's stage 2 on the encoder's outputs) run several to a call, each on the tensors the one
   before it wrote (`batched_sgd_step_run`, `steps_per_call`). Other steps and optimizers compile
   the gradients only (`batched_grads`) and step `torch.optim.SGD` outside;
-- vectorized on CUDA: nothing is compiled; whole steps replay as CUDA graphs (engine/cuda_graphs.py);
+- vectorized on CUDA: nothing is compiled; whole steps replay as CUDA graphs (accel/cuda_graphs.py);
 - sequential: one client's forward and the method's loss (`client_loss`); AOTAutograd compiles its
   backward with it, so `loss.backward()` replays the compiled backward.
 
@@ -55,8 +55,8 @@ from torch.optim.sgd import sgd as sgd_update  # the functional SGD that torch.o
 from torch.func import functional_call, grad, vmap
 from torch.utils.flop_counter import FlopCounterMode
 
-from autofl.engine import cuda_graphs
-from autofl.engine.linear_probes import (ATTRIBUTE as PROBES_ATTRIBUTE, NO_PROBES, ProbePlan, client_zero_copies,
+from autofl.accel import cuda_graphs
+from autofl.accel.linear_probes import (ATTRIBUTE as PROBES_ATTRIBUTE, NO_PROBES, ProbePlan, client_zero_copies,
                                          linear_sgd_, proximal_sgd_)
 
 # lockstep steps (rounds x the longest client's batches a round) a vectorized trial must run before
@@ -309,7 +309,13 @@ def compiled(fn: Callable[..., Any], key: Hashable, device: torch.device,
 
 def step_key(loss: Callable[..., Any], stage: int, update: int) -> Hashable:
     """What identifies one update's step across rounds and trials: the loss's definition (not the
-    closure made this round) and its place in the method's declaration."""
+    closure made this round) and its place in the method's declaration. A loss that computes its stage's
+    `inputs` first (`executor.losses_on_inputs`) is keyed by the method's loss it wraps and the module."""
+    wrapped = getattr(loss, "computes_inputs_of", None)
+    if wrapped is not None:
+        name, inner = wrapped
+        module, qualname, _, _ = step_key(inner, stage, update)
+        return (module, f"{qualname}[on {name}]", stage, update)
     return (getattr(loss, "__module__", None), getattr(loss, "__qualname__", repr(loss)), stage, update)
 
 

@@ -41,7 +41,7 @@ any graph of the step. The executor copies the losses at once and sets the gradi
 `torch.cuda.CUDAGraph`'s own capture calls are used rather than the `torch.cuda.graph` context, which
 runs `gc.collect()` and empties the allocator's cache at every capture: a round whose loss is a closure
 made afresh captures again, and the collection alone would cost more than the round. The executor keeps
-a step's `StepGraphs`, and the tensors its graphs read, from one round to the next (engine/graph_arena.py),
+a step's `StepGraphs`, and the tensors its graphs read, from one round to the next (accel/graph_arena.py),
 so a round with the same loss replays the graphs of the rounds before.
 """
 

@@ -1,5 +1,6 @@
-"""Which executor runs a trial: runtime.executor (auto | sequential | vectorized) and
-runtime.compile resolved against the model and the device, with the line saying which and why."""
+"""Which executor runs a trial: runtime.executor (auto | sequential | vectorized) and runtime.compile
+resolved against the model and the device, with the line saying which and why. The simulation's
+one entry into autofl.accel: every executor it returns is an `autofl.engine.executor.Executor`."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ import torch
 from torch import nn
 
 from autofl.device import resolve_device
-from autofl.engine.compiled import choose_compile
+from autofl.accel.compiled import choose_compile
 from autofl.engine.executor import Executor, Workspace
 from autofl.engine.sequential import SequentialExecutor
 from autofl.engine.server import MethodClass
-from autofl.engine.vectorized import VectorizedExecutor
+from autofl.accel.vectorized import VectorizedExecutor
 from autofl.errors import ConfigError
 
 # module types whose forward is known to run under torch.func.vmap with per-client tensors
@@ -38,6 +39,11 @@ def slower_vectorized(ws: Workspace, device: torch.device) -> str | None:
     return None
 
 
+def sequential(ws: Workspace, compile_steps: bool) -> SequentialExecutor:
+    """The sequential executor, its steps compiled or eager (the reference executor)."""
+    return CompiledSequentialExecutor(ws) if compile_steps else SequentialExecutor(ws)
+
+
 def make_executor(choice: str, ws: Workspace, client_chunk: int | None,
                   device: torch.device = torch.device("cpu"), compile_choice: str = "off",
                   rounds: int = 1, steps_per_round: int | None = None) -> tuple[Executor, str]:
@@ -54,12 +60,12 @@ def make_executor(choice: str, ws: Workspace, client_chunk: int | None,
                                                 "vectorized" if vectorized else "sequential", steps_per_round)
     steps = f"; steps: {'compiled' if compile_steps else 'eager'} ({compile_why})"
     if choice == "sequential":
-        return SequentialExecutor(ws, compile_steps), f"executor: sequential (runtime.executor=sequential){steps}"
+        return sequential(ws, compile_steps), f"executor: sequential (runtime.executor=sequential){steps}"
     if vectorized:
         chunk = f", {client_chunk} clients per chunk" if client_chunk else ""
         return (VectorizedExecutor(ws, client_chunk, compile_steps),
                 f"executor: vectorized (runtime.executor={choice}{chunk}){steps}")
-    return SequentialExecutor(ws, compile_steps), f"executor: sequential (runtime.executor=auto: {blocker}){steps}"
+    return sequential(ws, compile_steps), f"executor: sequential (runtime.executor=auto: {blocker}){steps}"
 
 
 def describe_executor(exp: Any, method_cls: MethodClass, device: torch.device | None = None) -> str:

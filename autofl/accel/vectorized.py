@@ -26,7 +26,7 @@ FedSiam-DA's f' and `hist`), plus for each trained tensor a gradient and a momen
 (K x P each, momentum only when fl.momentum > 0), plus an end-of-epoch copy (K x P per stacked
 model), plus the activations of K x batch_size samples. Roughly 5 x K x P for FedAvg. With CUDA-graph
 steps (runtime.compile on a GPU) the stacked tensors, optimizers and graphs stay between rounds
-(engine/graph_arena.py), so a round's graphs replay in the next.
+(accel/graph_arena.py), so a round's graphs replay in the next.
 """
 
 from __future__ import annotations
@@ -40,11 +40,11 @@ import torch
 from torch.func import functional_call
 from torch.optim.sgd import sgd as sgd_update  # the functional SGD that torch.optim.SGD.step runs
 
-from autofl.engine import compiled, cuda_graphs
+from autofl.accel import compiled, cuda_graphs
+from autofl.accel.graph_arena import RoundArena, loss_holds
+from autofl.accel.linear_probes import ProbePlan, end_probes_on_error, probe_plan
 from autofl.engine.executor import (ClientJob, ClientOutcome, RoundPlan, Workspace, batch_cuts, epoch_orders,
                                     losses_on_inputs, outputs_by_slices, stage_inputs, stage_models)
-from autofl.engine.graph_arena import RoundArena, loss_holds
-from autofl.engine.linear_probes import ProbePlan, end_probes_on_error, probe_plan
 from autofl.engine.plan import Stage, Update
 
 
@@ -62,7 +62,7 @@ class VectorizedExecutor:
     def __init__(self, ws: Workspace, client_chunk: int | None = None, compile_steps: bool = False):
         self.ws = ws
         self.client_chunk = client_chunk
-        self.compile_steps = compile_steps  # runtime.compile: the batched step runs compiled (engine/compiled.py)
+        self.compile_steps = compile_steps  # runtime.compile: the batched step runs compiled (accel/compiled.py)
         # with CUDA-graph steps: the tensors, optimizers and graphs of chunks of K clients, kept across rounds
         # and shared by a round's chunks of one size, which run one after another (graph_arena)
         self.arenas: dict[int, RoundArena] = {}

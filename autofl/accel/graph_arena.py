@@ -1,6 +1,6 @@
 """What the vectorized executor keeps from one round to the next when whole steps replay as CUDA graphs.
 
-A CUDA graph replays kernels on the memory it was captured on (engine/cuda_graphs.py), so a graph is
+A CUDA graph replays kernels on the memory it was captured on (accel/cuda_graphs.py), so a graph is
 keyed by the identity of the tensors its step reads. Each round used to stack new tensors, make new
 optimizers and new `StepGraphs`, so every round paid each step's eager warm-up and its capture again,
 and ran eagerly the steps where some clients have shorter last batches (a one-epoch stage meets each
@@ -42,7 +42,7 @@ from typing import Any, Callable
 
 import torch
 
-from autofl.engine import cuda_graphs
+from autofl.accel import cuda_graphs
 
 
 class RoundArena:

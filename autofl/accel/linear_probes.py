@@ -12,13 +12,15 @@ returns `F.linear(x, W.detach(), b) + probe`, where `probe` is a zero tensor of 
 that the step differentiates: its gradient is the layer's output gradient dy, and the hook records x.
 A probed weight leaves the differentiated tensors altogether.
 
-Proximal terms (`autofl.losses.proximal`: FedProx's, Ditto's personal model's) are probed the same
-way: on a probed weight, `proximal_term` returns `||W.detach() - anchor||^2 + probe`, `probe` a zero
-scalar whose gradient c is the loss's weight on the term, and the step applies the term's gradient
-2c (W - anchor) itself, as one `lerp_` towards the anchor (`proximal_sgd_`) before the products.
-Leaving it to autograd while probing the linear calls would add a pass over the weight (the
-proximal gradient's update, then the product, then inductor's copy back: FedProx's fedfcd-t1 rounds
-were 28% slower that way); applied by the step, FedProx's round is 19-28% faster than unprobed.
+Proximal terms declared to the executor (`Workspace.proximal`: FedProx's, Ditto's personal model's)
+are probed the same way: the workspace routes them through its `term_probe`, which `LinearProbes.of`
+sets to its `term`; on a probed weight in a probed step, `term` returns `||W.detach() - anchor||^2 +
+probe`, `probe` a zero scalar whose gradient c is the loss's weight on the term, and the step
+applies the term's gradient 2c (W - anchor) itself, as one `lerp_` towards the anchor
+(`proximal_sgd_`) before the products. Leaving it to autograd while probing the linear calls would
+add a pass over the weight (the proximal gradient's update, then the product, then inductor's copy
+back: FedProx's fedfcd-t1 rounds were 28% slower that way); applied by the step, FedProx's round is
+19-28% faster than unprobed.
 
 Only weights that the loss reads through linear calls and proximal terms alone are probed:
 `probe_plan` finds them, and their calls and terms, eagerly on one client before the step is
@@ -44,7 +46,7 @@ from torch.func import functional_call
 
 class ProbedWeight(NamedTuple):
     """A probed weight: its workspace name, the per-client output shapes of its linear calls (in call
-    order), and which of the loss's proximal terms (`proximal_term`'s calls, counted in call order over
+    order), and which of the loss's proximal terms (`term`'s calls, counted in call order over
     the loss) read it."""
 
     name: str
@@ -108,18 +110,19 @@ class LinearProbes:
         self.term_weights: dict[int, str] = {}
         self.hooked: set[str] = set()
         self.plans: dict[Any, ProbePlan] = {}
+        self.running = False  # a probed step (or a look of probe_plan) runs: `term` probes proximal terms
 
     def start(self, active: dict[str, list[torch.Tensor]], pulls: dict[int, torch.Tensor]) -> None:
         """A probed step (or probe_plan's second look) begins: `active`'s probes are added to the linear
         calls, `pulls`' to the proximal terms, and their inputs and anchors recorded."""
         self.active, self.inputs, self.pulls, self.anchors, self.terms = active, {}, pulls, {}, 0
-        PROBED_LOSS.holder = self
+        self.running = True
 
     def stop(self) -> None:
         """A probed step or a look of probe_plan ends: nothing is probed, recorded or watched."""
         self.active, self.inputs, self.pulls, self.anchors, self.terms = None, {}, None, {}, 0
         self.shapes, self.watched, self.term_weights = None, None, {}
-        PROBED_LOSS.holder = None
+        self.running = False
 
     @classmethod
     def of(cls, ws: nn.Module) -> "LinearProbes":
@@ -129,7 +132,29 @@ class LinearProbes:
         if probes is None:
             probes = cls()
             setattr(ws, ATTRIBUTE, probes)
+            ws.term_probe = probes.term  # the workspace's proximal terms go through `term` (Workspace.proximal)
         return probes
+
+    def term(self, p: torch.Tensor, anchor: torch.Tensor,
+             distance: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """`distance(p, anchor)`, the squared distance of a proximal term (`Workspace.proximal`). In a
+        probed step, where `p` is a probed weight, it is `distance(p.detach(), anchor) + probe`: `probe` a
+        zero scalar that the step differentiates, so its gradient is the loss's weight on the term, and the
+        step applies the term's gradient to the weight itself (`proximal_sgd_`), with its linear calls'
+        products: the weight leaves autograd, as when the loss reads it through linear calls alone."""
+        if not self.running or not torch.is_grad_enabled():
+            return distance(p, anchor)
+        i = self.terms
+        self.terms = i + 1
+        if self.watched is not None:
+            for name, t in self.watched.items():
+                if t is p:
+                    self.term_weights[i] = name
+            return distance(p, anchor)
+        if self.pulls is None or i not in self.pulls:
+            return distance(p, anchor)
+        self.anchors[i] = anchor.detach()
+        return distance(p.detach(), anchor) + self.pulls[i]
 
     def hook(self, module: nn.Module, weight_name: str) -> torch.utils.hooks.RemovableHandle:
         return module.register_forward_hook(functools.partial(_probe_hook, self, weight_name))
@@ -154,39 +179,6 @@ def _probe_hook(probes: LinearProbes, weight_name: str, module: nn.Linear, args:
     return F.linear(x, module.weight.detach(), module.bias) + probe
 
 
-class _ProbedLoss:
-    """The LinearProbes of the probed step (or probe_plan's look) running now, for `proximal_term`, which
-    gets tensors only; None outside one."""
-
-    holder: LinearProbes | None = None
-
-
-PROBED_LOSS = _ProbedLoss()
-
-
-def proximal_term(p: torch.Tensor, anchor: torch.Tensor,
-                  distance: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    """`distance(p, anchor)`, the squared distance of a proximal term (`autofl.losses.proximal`). In a
-    probed step, where `p` is a probed weight, it is `distance(p.detach(), anchor) + probe`: `probe` a
-    zero scalar that the step differentiates, so its gradient is the loss's weight on the term, and the
-    step applies the term's gradient to the weight itself (`proximal_sgd_`), with its linear calls'
-    products: the weight leaves autograd, as when the loss reads it through linear calls alone."""
-    holder = PROBED_LOSS.holder
-    if holder is None or not torch.is_grad_enabled():
-        return distance(p, anchor)
-    i = holder.terms
-    holder.terms = i + 1
-    if holder.watched is not None:
-        for name, t in holder.watched.items():
-            if t is p:
-                holder.term_weights[i] = name
-        return distance(p, anchor)
-    if holder.pulls is None or i not in holder.pulls:
-        return distance(p, anchor)
-    holder.anchors[i] = anchor.detach()
-    return distance(p.detach(), anchor) + holder.pulls[i]
-
-
 @contextlib.contextmanager
 def end_probes_on_error(ws: nn.Module) -> Iterator[None]:
     """Around a probed step's call: where it stops by an exception (a trial's error, an interrupt), the
@@ -195,7 +187,6 @@ def end_probes_on_error(ws: nn.Module) -> Iterator[None]:
     try:
         yield
     except BaseException:
-        PROBED_LOSS.holder = None
         probes = getattr(ws, ATTRIBUTE, None)
         if probes is not None:
             probes.stop()
@@ -257,7 +248,7 @@ def _find_plan(ws: nn.Module, probes: LinearProbes, loss: Callable[..., torch.Te
         # read them (by identity: functional_call hands the loss the tensors of `tr` themselves)
         probes.shapes = {n: [] for n in watched}
         probes.watched, probes.term_weights, probes.terms = {n: tr[n] for n in watched}, {}, 0
-        PROBED_LOSS.holder = probes
+        probes.running = True
         try:
             call()
             shapes = {n: s for n, s in probes.shapes.items() if s}

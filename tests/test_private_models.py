@@ -1,0 +1,122 @@
+"""A personal model the client keeps is one declaration (`Method.private_models`); a trained
+workspace copy that nothing keeps is a one-line error, not weights silently dropped every round.
+
+The toy method is APFL-like (Deng et al. 2020): a global model w trained by FedAvg and a private
+local model v trained on the mixture alpha * v(x) + (1 - alpha) * w(x); the personal prediction is
+that mixture."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from autofl.engine.simulation import Simulation
+from autofl.errors import MethodDefinitionError
+from autofl.experiment import load_experiment
+from autofl.methods.base import ClientStart, Method, Stage, Update
+
+ALPHA = 0.5
+EXECUTORS = ["sequential", "vectorized"]
+
+
+def global_loss(ws, x, y, flags):
+    return F.cross_entropy(ws.model(x), y)
+
+
+class ApflAsWorkspaceCopy(Method):
+    """The mistake as a new user writes it: the local model as a workspace copy, trained by an
+    Update, read back from client_state (where nothing ever puts it)."""
+
+    name = "apfl_copy"
+    copies = ("local",)
+
+    def client_start(self, global_state, client_state, server) -> ClientStart:
+        return ClientStart({"model": self.start_state(global_state, client_state),
+                            "local": client_state.get("local", global_state)})
+
+    def local_stages(self, rnd, server):
+        def local_loss(ws, x, y, flags):
+            with torch.no_grad():
+                w_out = ws.model(x)
+            return F.cross_entropy(ALPHA * ws.local(x) + (1 - ALPHA) * w_out, y)
+
+        return [Stage((Update(("model.",), global_loss), Update(("local.",), local_loss, report=None)))]
+
+
+class Apfl(Method):
+    """The declared form: the local model is a private model, `model.local`."""
+
+    name = "apfl"
+    private_models = ("local",)
+
+    def local_stages(self, rnd, server):
+        def local_loss(ws, x, y, flags):
+            with torch.no_grad():
+                w_out = ws.model(x)
+            return F.cross_entropy(ALPHA * ws.model.local(x) + (1 - ALPHA) * w_out, y)
+
+        return [Stage((Update(("model.encoder.", "model.projector.", "model.head."), global_loss),
+                       Update(("model.local.",), local_loss, report="local_loss")))]
+
+    def predict(self, model, x, client_state, server):
+        return ALPHA * model.local(x) + (1 - ALPHA) * model(x)
+
+
+def sim_of(method: type[Method], executor: str) -> Simulation:
+    exp = load_experiment(None, ["data.num_clients=3", "fl.participation=1", "fl.rounds=3", "model.arch=mlp",
+                                 "data.partition.kind=pathological", "data.partition.classes_per_client=4",
+                                 f"runtime.executor={executor}"])
+    return Simulation(exp, method)
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_a_trained_workspace_copy_that_nothing_keeps_is_a_one_line_error(executor):
+    sim = sim_of(ApflAsWorkspaceCopy, executor)
+    with pytest.raises(MethodDefinitionError) as info:
+        sim.run_round()
+    line = str(info.value)
+    assert "\n" not in line
+    assert line.startswith("method apfl_copy: an Update trains workspace copy 'local' (trains 'local.')")
+    assert "private_models = ('local',)" in line and "scratch_copies = ('local',)" in line
+    assert sim.round == 0 and not sim.client_states.get(0)  # raised before any client trained
+
+
+def test_a_scratch_copy_must_be_one_of_the_copies():
+    class Misnamed(Method):
+        name = "misnamed"
+        copies = ("glob",)
+        scratch_copies = ("siamese",)
+
+    with pytest.raises(MethodDefinitionError, match=r"^method misnamed: scratch_copies 'siamese' is not in copies"):
+        sim_of(Misnamed, "sequential").run_round()
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_a_private_model_is_kept_across_rounds_and_is_not_the_global_model(executor):
+    sim = sim_of(Apfl, executor)
+    assert Apfl.personal_is_global is False  # declared by private_models
+    assert not any(k.startswith("local.") for k in sim.shared)  # never uploaded
+    key = "head.0.weight"
+    start = sim.method.client_start(sim.global_state, {}, sim.server_state).models["model"]
+    assert torch.equal(start["local." + key], start[key])  # v starts as the received global model
+
+    sim.run_round()
+    after_1 = {cid: sim.client_states[cid]["private"]["local." + key].clone() for cid in range(3)}
+    # round 2 starts each client's v from its own trained copy, not from the new global model
+    for cid in range(3):
+        start = sim.method.client_start(sim.global_state, sim.client_states[cid], sim.server_state).models["model"]
+        assert torch.equal(start["local." + key], after_1[cid])
+        assert not torch.equal(start["local." + key], sim.global_state[key])
+
+    sim.run_round()
+    for cid in range(3):
+        v = sim.client_states[cid]["private"]["local." + key]
+        assert not torch.equal(v, sim.global_state[key])  # the personal model is not the global one
+        assert not torch.equal(v, after_1[cid])  # trained on in round 2, from where round 1 left it
+        # and it persists: round 3 starts from it, and evaluation predicts with it
+        start = sim.method.client_start(sim.global_state, sim.client_states[cid], sim.server_state).models["model"]
+        assert torch.equal(start["local." + key], v)
+        sim.method.load_personal(sim.model, sim.global_state, sim.client_states[cid], sim.server_state)
+        assert torch.equal(sim.model.local.head[0].weight, v)
+    assert not torch.equal(after_1[0], after_1[1])  # each client keeps its own
