@@ -100,8 +100,9 @@ def search(study: Study, trials: int | None, address: str | None, resume: bool) 
         last = _last_run_dir(study)
         if last is not None and not _flag_exists(last):
             meta = study.meta()
-            fail_orphans(study)
-            # orphans just failed above are replaced, not counted
+            # orphans released here are adopted by the new run's first asks (trained again, same
+            # numbers and params); placeholders are replaced, not counted
+            Ledger(study.root).release_orphans()
             done = sum(1 for t in Ledger(study.root).trials(FINISHED_STATES) if counted(t))
             missing = meta["trials_requested"] - done
             meta["trials_requested"] -= missing

@@ -101,10 +101,6 @@ class StudySearcher(Searcher):
         with open(checkpoint_path) as f:
             self.set_state(json.load(f))
         # trials this run's dead driver created after Tune's last snapshot: Tune does not know
-        # them, no one will train them; interrupted, so that counts and budgets replace them
-        self._ledger.fail_unknown_orphans(self._run_name, set(self._trials))
-        # the sampler was unpickled as it was at the run's start: draw afresh rather than repeat
-        # the suggestions the run made before its snapshot
-        reseed = getattr(self._sampler, "reseed_rng", None)
-        if reseed is not None:
-            reseed()
+        # them; released, so that this run's next asks adopt and train them. The sampler needs no
+        # reseeding: each trial's seed comes from the study (autofl/tuning/trial_sampler.py)
+        self._ledger.release_unknown_orphans(self._run_name, set(self._trials))
