@@ -245,13 +245,11 @@ class Study:
         from autofl.tuning.driver_lock import DriverLock
         from autofl.tuning.preflight import check_cluster_fits, probe_address, sigterm_as_ctrl_c
         from autofl.tuning.reeval import reevaluate
+        from autofl.tuning.reeval_limits import check_reeval_size
         from autofl.tuning.storage import is_sqlite
         from autofl.tuning.study import check_owned
 
-        if seeds < 2:
-            raise AutoFLError(f"seeds: {seeds}; allowed: 2 or more")
-        if top < 1:
-            raise AutoFLError(f"top: {top}; allowed: 1 or more")
+        check_reeval_size(seeds, top)
         folder = self._folder
         folder.space()  # validate before Ray starts
         check_owned(folder.root)  # the lock file and run records are written into it
