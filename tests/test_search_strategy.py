@@ -201,7 +201,7 @@ def _proposals(study: "optuna.Study", space: SearchSpace, n: int, sampler=None) 
                                      {"kind": "qmc", "scramble": True}, {"kind": "grid"}])
 def test_proposals_depend_on_the_study_not_on_the_driver_that_asks(tmp_path, sampler):
     """Issue 42: a study's proposed configs depend only on its space, seed and the results told so
-    far. A driver that stops after 3 trials and a new one (a resume, an extension) that asks the
+    far. A driver that stops after 5 trials and a new one (a resume, an extension) that asks the
     rest propose what one driver asking all of them proposes, and a second resume the same again."""
     params = {"fl.lr": {"type": "categorical", "choices": [0.01, 0.02, 0.05, 0.1]},
               "fl.local_epochs": {"type": "int", "low": 1, "high": 3}} if sampler == {"kind": "grid"} else \
@@ -213,7 +213,7 @@ def test_proposals_depend_on_the_study_not_on_the_driver_that_asks(tmp_path, sam
     assert not grid or len(set(one)) == 8  # the grid visits each config once
     for name in ("resumed", "resumed-again"):
         split = optuna.create_study(study_name=name, storage=storage, direction="maximize")
-        assert _proposals(split, space, 3) + _proposals(split, space, 5) == one, name
+        assert _proposals(split, space, 5) + _proposals(split, space, 3) == one, name
 
 
 @pytest.mark.parametrize("sampler", [None, {"kind": "tpe", "n_startup_trials": 3}])
