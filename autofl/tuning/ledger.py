@@ -25,7 +25,9 @@ it (`trials`, `number_of`, `state_of`, `finished_in_run`, `rounds_used`, `rung_h
 
 A Ledger pickles as its study folder only: Tune pickles the searcher, scheduler, stoppers and
 callbacks that hold one, and each reopens the storage when first used (a storage URL may carry a
-password taken from the environment; a connection does not pickle).
+password taken from the environment; a connection does not pickle). A ledger unpickled while a
+driver runs a study (`bound_to`) is that study's, whatever folder it was pickled in: a study
+folder copied with `cp -a` and resumed writes into its own store, not the original's (issue 42).
 """
 
 from __future__ import annotations
@@ -90,6 +92,21 @@ def rounds_used(trials: Iterable[Any]) -> dict[str, int]:
             for t in trials if not is_repeat(t)}
 
 
+_bound_root: str | None = None  # the study folder this process drives (bound_to)
+
+
+@contextmanager
+def bound_to(study_root: str | Path) -> Iterator[None]:
+    """While a driver restores and runs a Tune experiment of the study in `study_root`: every
+    Ledger Tune unpickles (in its searcher, scheduler, stoppers, callbacks) is this study's."""
+    global _bound_root
+    before, _bound_root = _bound_root, str(study_root)
+    try:
+        yield
+    finally:
+        _bound_root = before
+
+
 class Ledger:
     """The study in `study_root`, opened lazily; pickles as the folder name only."""
 
@@ -103,7 +120,7 @@ class Ledger:
         return {"root": self.root}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["root"])
+        self.__init__(_bound_root or state["root"])
 
     def __repr__(self) -> str:
         return f"Ledger({self.root!r})"
