@@ -139,3 +139,19 @@ def test_a_restored_searcher_releases_the_trials_its_snapshot_missed(tmp_path):
     attrs = {t.number: t.user_attrs for t in ledger.trials()}
     assert attrs[missed].get("orphaned") and not attrs[known].get("orphaned") and not attrs[other].get("orphaned")
     assert _ask(ledger, "again", known={"known"}, budget=2)[0] == missed
+
+
+def test_a_run_that_ends_open_without_a_signal_is_not_reported_interrupted(tmp_path):
+    """Issue 42: exit 130 'interrupted' came without any signal (after a full disk); only a signal
+    is an interruption: trials left open otherwise are StudyIncomplete (exit 1), resumable."""
+    from autofl.tuning.study import Study
+    from autofl.tuning.tune_run import StudyIncomplete, StudyInterrupted, settle_run
+
+    ledger = new_ledger(tmp_path)
+    _ask(ledger, "open")
+    study = Study(tmp_path / "s")
+    with pytest.raises(StudyIncomplete) as err:
+        settle_run(study, study.space(), ledger, "run-1", interrupted=False)
+    assert err.value.exit_code == 1 and "1 trial(s) unfinished" in str(err.value)
+    with pytest.raises(StudyInterrupted):
+        settle_run(study, study.space(), ledger, "run-1", interrupted=True)

@@ -79,3 +79,48 @@ def test_a_copied_interrupted_study_resumes_into_its_own_folder(tmp_path):
     assert study_record(trials_of(home, "k2")) == original
     assert _files(home / "k2" / "tune") == original_files
 
+
+DRIVER_WITH_FULL_DISK = """
+import errno, sys
+from autofl.tuning.ledger import Ledger
+closes = []
+close = Ledger.close
+def full_disk_at_the_second_close(self, *args, **kwargs):
+    closes.append(1)
+    if len(closes) == 2:
+        raise OSError(errno.ENOSPC, "No space left on device", self.root + "/optuna.db")
+    return close(self, *args, **kwargs)
+Ledger.close = full_disk_at_the_second_close
+from autofl.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_a_full_disk_mid_search_is_one_line_and_the_study_resumes_to_its_end(tmp_path):
+    """Issue 42: a write that fails for lack of space mid-search (here the second trial's close)
+    is one line, exit 2, leaves the study as it was before the write, and --resume then runs the
+    remaining trials: never exit 130 'interrupted' without a signal, never 'has run all its trials'
+    with trials missing."""
+    import sys
+
+    home = tmp_path / "home"
+    space = space_file(tmp_path, "full", trials=4, rounds=2)
+    tree = yaml.safe_load(space.read_text())
+    tree.update(resources={"cpu": 1, "max_concurrent": 1}, scheduler={"kind": "none"})
+    space.write_text(yaml.safe_dump(tree))
+    proc = subprocess.run([sys.executable, "-c", DRIVER_WITH_FULL_DISK, "search", "--space", str(space),
+                           "--dir", str(home)], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.count("\n") == 1 and "No space left on device" in proc.stderr, proc.stderr[-3000:]
+    trials = trials_of(home, "full")
+    # the trial whose close failed is as it was before that write (open); Tune went on with the others
+    assert trials[1].state.name == "RUNNING" and not trials[1].user_attrs.get("interrupted"), trials[1]
+    assert {t.state.name for t in trials} <= {"COMPLETE", "RUNNING"}, [t.state.name for t in trials]
+
+    proc = run(["search", "--resume", "full", "--dir", home])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    trials = trials_of(home, "full")
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 4, [(t.state.name, t.user_attrs) for t in trials]
+    again = run(["search", "--resume", "full", "--dir", home])
+    assert again.returncode == 0 and "has run all its trials" in again.stdout

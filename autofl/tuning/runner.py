@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from autofl.tuning.ledger import FINISHED_STATES, Ledger, counted
 from autofl.tuning.study import Study
-from autofl.tuning.tune_run import StudyInterrupted, run_experiment  # noqa: F401  (StudyInterrupted: re-exported)
+from autofl.tuning.tune_run import StudyIncomplete, StudyInterrupted, run_experiment  # noqa: F401 (re-exported)
 
 # re-exported for callers of the former single module
 from autofl.tuning.checkpoints import checkpoints_to_keep  # noqa: F401,E402
@@ -93,7 +93,10 @@ def search(study: Study, trials: int | None, address: str | None, resume: bool) 
         return
     restore = interrupted_run(study) if not moved(study) else None
     if restore is not None:
-        run_experiment(study, 0, address, restore=restore)
+        try:
+            run_experiment(study, 0, address, restore=restore)
+        except StudyIncomplete:  # trials Tune's snapshot no longer runs (their driver died mid-write):
+            pass  # released and trained again by top_up, below
         mark_finished(study)
     top_up(study, address)  # killed before Tune saved anything, or trials no experiment finished
     if trials:
@@ -137,7 +140,17 @@ def run_study(study: Study, trials: int | None = None, address: str | None = Non
     """The one entry point (CLI and Python API): run a new study, resume or extend one
     (`resume`, `trials` to add), or add a driver to a shared one (`join_shared`). Ray must be
     started (autofl.tuning.ray_start.start_ray) or `address` given."""
-    if join_shared:
-        join(study, address)
-    else:
-        search(study, trials, address, resume=resume)
+    try:
+        if join_shared:
+            join(study, address)
+        else:
+            search(study, trials, address, resume=resume)
+    except Exception as err:  # noqa: BLE001 - only a failed write becomes one line; the rest propagate
+        from autofl.tuning.write_failure import failed_write
+
+        reason = failed_write(err)
+        if reason is None:
+            raise
+        from autofl.tuning.write_failure import WriteFailed
+
+        raise WriteFailed.of(study.name, reason) from None

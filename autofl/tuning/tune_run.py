@@ -17,6 +17,13 @@ from autofl.tuning.space import DefineByRun, SearchSpace
 from autofl.tuning.study import Study
 
 
+class StudyIncomplete(AutoFLError):
+    """Tune returned with trials of the run unfinished and no signal came: not an interruption
+    (never exit 130 without a signal); the next --resume trains what is missing."""
+
+    exit_code = 1
+
+
 class StudyInterrupted(AutoFLError):
     """Ctrl-C during a run: Tune saved its state; the study resumes with --resume."""
 
@@ -145,12 +152,18 @@ def _run_experiment(study: Study, trials: int, address: str | None, restore: str
                 callbacks=[LiveView(ledger), interrupt.InterruptWatch()], verbose=0,
             ),
         )
+    from autofl.tuning import write_failure
+
+    write_failure.forget()
     started = time.time()
     with interrupt.watching():
         try:
             grid = tuner.fit()
         finally:
             close_all()
+    failed = write_failure.first_noted()
+    if failed is not None and not interrupt.received():  # the study is as the failed write left it: resumable
+        raise write_failure.WriteFailed.of(study.name, failed)
     record_wall(study, run_name, time.time() - started)
     settle_run(study, space, ledger, run_name, last_results(grid), interrupted=interrupt.received())
 
@@ -182,7 +195,12 @@ def settle_run(study: Study, space: SearchSpace, ledger: Ledger, run: str,
     if last and not space.multi_objective:
         ledger.record_last_results(run, last, space.objective)
     if not budget_spent(study, space, ledger, run):
-        raise StudyInterrupted.of(study.name)
+        if interrupted:
+            raise StudyInterrupted.of(study.name)
+        left = len(ledger.open_in_run(run))
+        raise StudyIncomplete(f"study {study.name!r}: the run ended with {left} trial(s) unfinished and no "
+                              f"interruption (see {study.root / 'logs'}); resume it with autofl search --resume "
+                              f"{study.name!r}")
     if last:
         ledger.close_open(run, last, space.metrics if space.multi_objective else [space.objective], space.max_rounds)
     ledger.settle_run(run)
