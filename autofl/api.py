@@ -258,15 +258,13 @@ class Study:
         from autofl.tuning.driver_lock import DriverLock
         from autofl.tuning.preflight import check_cluster_fits, probe_address, sigterm_as_ctrl_c
         from autofl.tuning.reeval import reevaluate
+        from autofl.tuning.reeval_limits import check_reeval_size
         from autofl.tuning.storage import is_sqlite
         from autofl.tuning.study import check_owned
 
         args_.check_args(args_.ReevaluateArgs, "reevaluate", seeds=seeds, top=top, vary_partition=vary_partition,
                          address=address, verbose=verbose, on_plan=on_plan, on_done=on_done)
-        if seeds < 2:
-            raise AutoFLError(f"seeds: {seeds}; allowed: 2 or more")
-        if top < 1:
-            raise AutoFLError(f"top: {top}; allowed: 1 or more")
+        check_reeval_size(seeds, top)
         folder = self._folder
         folder.space()  # validate before Ray starts
         check_owned(folder.root)  # the lock file and run records are written into it

@@ -14,6 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from autofl.errors import AutoFLError
+from autofl.tuning.reeval_limits import MAX_SEEDS, MAX_TOP
 from autofl.text import clean, terminal_console
 
 # no rich markup in printed user text; 200 columns in a pipe or CI log (autofl/text.py)
@@ -328,7 +329,7 @@ class _OneLineParser(argparse.ArgumentParser):
 
 
 def _reeval_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--top", type=_at_least(1, "configs"), default=3,
+    parser.add_argument("--top", type=_at_least(1, "configs", MAX_TOP), default=3,
                         help="re-evaluate the N best completed trials besides the paper default (default 3)")
     parser.add_argument("--vary-partition", action="store_true",
                         help="also redraw the client partition and split with each seed")
@@ -422,8 +423,8 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--format", choices=["yaml", "json"], default="yaml")
     export.add_argument("--overwrite", action="store_true")
     export.add_argument("--dir", help=dir_help)
-    export.add_argument("--reeval", type=_at_least(2, "seeds"), metavar="K",
-                        help="first re-run the best configs and the paper default over K fresh seeds (2 or more) "
+    export.add_argument("--reeval", type=_at_least(2, "seeds", MAX_SEEDS), metavar="K",
+                        help=f"first re-run the best configs and the paper default over K fresh seeds (2-{MAX_SEEDS}) "
                              "and export the best by mean (runs already done are reused)")
     _reeval_options(export)
     export.add_argument("--pareto", action="store_true",
@@ -445,7 +446,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     reeval = sub.add_parser("reeval", help="re-run a study's best configs and its paper default over fresh seeds")
     reeval.add_argument("name")
-    reeval.add_argument("--seeds", type=_at_least(2, "seeds"), default=5, help="fresh seeds per config (default 5)")
+    reeval.add_argument("--seeds", type=_at_least(2, "seeds", MAX_SEEDS), default=5,
+                        help=f"fresh seeds per config (default 5, at most {MAX_SEEDS})")
     _reeval_options(reeval)
     reeval.add_argument("--dir", help=dir_help)
     reeval.set_defaults(func=cmd_reeval)

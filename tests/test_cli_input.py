@@ -73,3 +73,27 @@ def test_every_listed_bad_input_is_one_line_and_exit_2_touching_nothing(tmp_path
         err = capsys.readouterr().err.strip()
         assert code == 2 and len(err.splitlines()) == 1 and expected in err, (args, err)
     assert files_under(tmp_path) == before
+
+
+@pytest.mark.parametrize("args,named", [
+    (["reeval", "any", "--seeds", "10000"], "seeds"), (["reeval", "any", "--seeds", "101"], "seeds"),
+    (["reeval", "any", "--top", "1000"], "configs"), (["best-config", "export", "any", "--reeval", "10000"], "seeds"),
+    (["best-config", "export", "any", "--reeval", "3", "--top", "21"], "configs"),
+])
+def test_a_reevaluation_is_bounded_before_it_plans(tmp_path, capsys, args, named):
+    """Issue 42: --seeds 10000 planned 40,000 runs; the ranges are stated in one line."""
+    with pytest.raises(SystemExit) as exit_:  # argparse's own error: usage line and the error line
+        main([*args, "--dir", str(tmp_path / "home")])
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and named in err.splitlines()[-1] and "at most" in err.splitlines()[-1], err
+    assert not (tmp_path / "home").exists()
+
+
+def test_the_api_bounds_a_reevaluation_too(tmp_path):
+    from autofl.errors import AutoFLError
+    from autofl.tuning.reeval_limits import MAX_SEEDS, MAX_TOP, check_reeval_size
+
+    check_reeval_size(MAX_SEEDS, MAX_TOP)
+    for seeds, top, named in ((MAX_SEEDS + 1, 1, "seeds"), (1, 1, "seeds"), (2, MAX_TOP + 1, "top"), (2, 0, "top")):
+        with pytest.raises(AutoFLError, match=f"^{named}: .*allowed"):
+            check_reeval_size(seeds, top)

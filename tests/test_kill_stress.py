@@ -19,7 +19,7 @@ import pytest
 import yaml
 from ray.tune.schedulers import AsyncHyperBandScheduler, TrialScheduler
 
-from test_search_e2e import AUTOFL, run, space_file
+from test_search_e2e import AUTOFL, run, space_file, study_record
 
 pytestmark = pytest.mark.slow
 KILLS = int(os.environ.get("AUTOFL_STRESS_KILLS", "10"))
@@ -76,6 +76,13 @@ def test_random_kills_and_resumes_end_with_exactly_the_requested_trials(tmp_path
     for t in real:  # every round a trial reached is recorded once, in order
         assert sorted(t.intermediate_values) == list(range(1, max(t.intermediate_values) + 1))
     assert [_last_round(t) for t in real] == _uninterrupted_asha(real, data), moments
+    # issue 42: the killed and resumed study is the one an uninterrupted run of its space and seed makes,
+    # trial for trial: the same configs, per-round values and states, and no placeholder trial
+    assert len(trials) == TRIALS, (moments, [(t.number, t.state.name, t.user_attrs) for t in trials])
+    clean = run(["search", "--space", space, "--dir", home, "--name", "clean"])
+    assert clean.returncode == 0, clean.stderr[-3000:]
+    clean_trials = optuna.load_study(study_name="clean", storage=f"sqlite:///{home / 'clean' / 'optuna.db'}").trials
+    assert study_record(trials) == study_record(clean_trials), moments
 
 
     out = tmp_path / "best.yaml"

@@ -103,3 +103,60 @@ def test_tunes_last_results_complete_what_a_budget_cut_left_open(tmp_path, stora
     assert by_id["full"].user_attrs["personal_test_acc"] == 0.66
     assert by_id["cut"].state.name == "PRUNED" and by_id["cut"].intermediate_values == {1: 0.2, 2: 0.3}
     assert by_id["never"].user_attrs.get("interrupted") and by_id["other"].state.name == "RUNNING"
+
+
+def test_a_killed_drivers_trial_is_adopted_by_the_next_ask_not_replaced(tmp_path):
+    """Issue 42: a trial a killed driver left open is trained again as the same Optuna trial (same
+    number, same params, a new Tune id) by the resumed driver's next ask, so no INTERRUPTED
+    placeholder is added and the trial numbers stay those of an uninterrupted run. Only a trial
+    killed before its params were whole (untagged) becomes a placeholder."""
+    ledger = new_ledger(tmp_path)
+    done, _ = _ask(ledger, "done")
+    ledger.close(done, {"round": 4, "acc": 0.5}, False, ["acc"], 4)
+    killed, params = _ask(ledger, "killed")
+    assert ledger.report(killed, 0.3, 1)
+    untagged = ledger.study().ask()  # killed between Optuna's ask and the tag
+    assert ledger.release_orphans() == 2
+    by_number = {t.number: t for t in ledger.trials()}
+    assert by_number[killed].state.name == "RUNNING" and by_number[killed].user_attrs["orphaned"]
+    assert shown_state("RUNNING", by_number[killed].user_attrs, live_driver=True) == INTERRUPTED
+    assert by_number[untagged.number].user_attrs.get("interrupted")  # a placeholder, no params to train
+    assert ledger.release_orphans() == 0  # released once
+
+    again = _ask(ledger, "resumed", run="run-2")
+    assert again == (killed, params)  # the same trial, trained again
+    trial = ledger.trials()[killed]
+    assert trial.user_attrs["tune_trial_id"] == "resumed" and trial.user_attrs["tune_run"] == "run-2"
+    assert trial.user_attrs["earlier_tune_trial_ids"] == ["killed"] and not trial.user_attrs["orphaned"]
+    assert ledger.number_of("resumed") == killed
+    assert ledger.report(killed, 0.3, 1) and ledger.report(killed, 0.4, 2)  # its first round again: kept once
+    assert ledger.trials()[killed].intermediate_values == {1: 0.3, 2: 0.4}
+    fresh, _ = _ask(ledger, "next", run="run-2")
+    assert fresh == untagged.number + 1 and len(ledger.trials()) == 4  # a new trial only once no orphan is left
+
+
+def test_a_restored_searcher_releases_the_trials_its_snapshot_missed(tmp_path):
+    ledger = new_ledger(tmp_path)
+    known, _ = _ask(ledger, "known")
+    missed, _ = _ask(ledger, "missed")
+    other, _ = _ask(ledger, "other", run="run-2")
+    assert ledger.release_unknown_orphans("run-1", {"known"}) == 1
+    attrs = {t.number: t.user_attrs for t in ledger.trials()}
+    assert attrs[missed].get("orphaned") and not attrs[known].get("orphaned") and not attrs[other].get("orphaned")
+    assert _ask(ledger, "again", known={"known"}, budget=2)[0] == missed
+
+
+def test_a_run_that_ends_open_without_a_signal_is_not_reported_interrupted(tmp_path):
+    """Issue 42: exit 130 'interrupted' came without any signal (after a full disk); only a signal
+    is an interruption: trials left open otherwise are StudyIncomplete (exit 1), resumable."""
+    from autofl.tuning.study import Study
+    from autofl.tuning.tune_run import StudyIncomplete, StudyInterrupted, settle_run
+
+    ledger = new_ledger(tmp_path)
+    _ask(ledger, "open")
+    study = Study(tmp_path / "s")
+    with pytest.raises(StudyIncomplete) as err:
+        settle_run(study, study.space(), ledger, "run-1", interrupted=False)
+    assert err.value.exit_code == 1 and "1 trial(s) unfinished" in str(err.value)
+    with pytest.raises(StudyInterrupted):
+        settle_run(study, study.space(), ledger, "run-1", interrupted=True)

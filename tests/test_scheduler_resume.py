@@ -25,7 +25,7 @@ def _study(tmp_path, curves: dict[str, dict[int, float]], mode: str = "max"):
         attrs = {"tune_trial_id": tune_id} if tune_id else {}
         if tune_id == "gone":
             attrs["interrupted"] = True
-        ot.add_trial(optuna.trial.create_trial(params={"x": 0.1 * (i + 1)}, distributions={"x": FloatDistribution(0, 1)},
+        ot.add_trial(optuna.trial.create_trial(params={"x": 0.05 * (i + 1)}, distributions={"x": FloatDistribution(0, 1)},
                                                intermediate_values=curve, user_attrs=attrs,
                                                state=optuna.trial.TrialState.PRUNED))
     return root
@@ -77,7 +77,7 @@ def test_a_restored_scheduler_seeds_again(tmp_path):
 
 
 def test_hyperband_brackets_take_only_their_own_trials_from_the_study(tmp_path):
-    curves = {f"t{i}": {1: 0.1 * i, 2: 0.1 * i + 0.01, 4: 0.1 * i + 0.02} for i in range(8)}
+    curves = {f"t{i}": {1: 0.05 * i, 2: 0.05 * i + 0.01, 4: 0.05 * i + 0.02} for i in range(16)}
     root = _study(tmp_path, curves)
     hb = StudyASHA(Ledger(root), time_attr="round", max_t=8, grace_period=1, reduction_factor=2, brackets=2)
     hb.set_search_properties(metric="acc", mode="max", config={})

@@ -136,6 +136,55 @@ def test_killed_driver_resumes_without_losing_or_rerunning_trials(tmp_path, stor
     assert len(set(ids)) == len(ids)  # no trial ran twice
 
 
+def study_record(trials) -> list[tuple]:
+    """What a study's trials are, in order: state, params, per-round values and value (placeholders
+    a kill left, never trained, are not trials of the study)."""
+    return [(t.number, t.state.name, t.params, dict(t.intermediate_values), t.value)
+            for t in trials if not t.user_attrs.get("interrupted")]
+
+
+def test_a_study_killed_mid_trial_and_resumed_equals_an_uninterrupted_one(tmp_path):
+    """Issue 42: after a SIGKILL of the driver's process group mid-trial, --resume ends with the
+    study an uninterrupted run of the same space and seed makes: the same configs in the same
+    order, the same per-round values, the same ASHA decisions, no placeholder trial."""
+    home = tmp_path / "home"
+    space = space_file(tmp_path, "kc", trials=5, rounds=12)
+    tree = yaml.safe_load(space.read_text())
+    # one trial at a time (ASHA judges each against all earlier ones, whatever the timing); each trains
+    # at least 4 rounds, so that a poll finds one mid-trial
+    tree.update(resources={"cpu": 1, "max_concurrent": 1}, scheduler={"kind": "asha", "grace_period": 4,
+                                                                        "reduction_factor": 2})
+    space.write_text(yaml.safe_dump(tree))
+    clean = run(["search", "--space", space, "--dir", home, "--name", "clean"])
+    assert clean.returncode == 0, clean.stderr[-3000:]
+    expected = study_record(trials_of(home, "clean"))
+    assert len(expected) == 5 and {s for _, s, *_ in expected} == {"COMPLETE", "PRUNED"}, expected
+
+    driver = subprocess.Popen([*AUTOFL, "search", "--space", str(space), "--dir", str(home)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline, killed_in = time.time() + 600, None
+    while time.time() < deadline and driver.poll() is None:
+        time.sleep(0.2)
+        try:
+            trials = trials_of(home, "kc")
+        except Exception:  # not created yet
+            continue
+        running = [t for t in trials if t.state.name == "RUNNING" and t.intermediate_values]
+        if sum(t.state.is_finished() for t in trials) >= 2 and running:
+            os.killpg(driver.pid, signal.SIGKILL)
+            killed_in = (running[0].number, sorted(running[0].intermediate_values))
+            break
+    assert killed_in is not None, "the study ended before a poll found a trial mid-way; make it longer"
+    driver.wait()
+    proc = run(["search", "--resume", "kc", "--dir", home])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    after = trials_of(home, "kc")
+    assert len(after) == 5, [(t.number, t.state.name, t.user_attrs) for t in after]  # no placeholder
+    assert study_record(after) == expected, killed_in
+    again = run(["search", "--resume", "kc", "--dir", home])  # nothing left to run: the study stays as it is
+    assert again.returncode == 0 and study_record(trials_of(home, "kc")) == expected
+
+
 def test_a_second_driver_on_a_sqlite_study_is_refused_while_the_first_runs(tmp_path):
     """SQLite takes one driver: a concurrent --resume (which would train a config twice) or --join is
     refused at start with one line; the running study ends with exactly its trials."""

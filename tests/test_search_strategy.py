@@ -35,7 +35,7 @@ def _write(tmp_path, **changes):
                                          ({"kind": "tpe"}, optuna.samplers.TPESampler)])
 def test_default_is_seeded_random_search_tpe_has_autofl_options_and_asha(tmp_path, sampler, cls):
     space = load_space(_write(tmp_path, seed=7, **({"sampler": sampler} if sampler else {})))
-    assert type(make_sampler(space)) is cls and space.sampler.skip_repeats
+    assert type(make_sampler(space).current) is cls and space.sampler.skip_repeats
     # the seed fixes the proposals: two samplers built from one space propose the same values
     values = []
     for _ in range(2):
@@ -57,7 +57,7 @@ def test_default_is_seeded_random_search_tpe_has_autofl_options_and_asha(tmp_pat
 def test_each_kind_is_optunas_sampler_and_proposes_in_range(tmp_path, sampler, cls):
     space = load_space(_write(tmp_path, sampler=sampler, params={"fl.lr": LR, "fl.momentum": MOMENTUM}))
     built = make_sampler(space)
-    assert isinstance(built, cls)
+    assert isinstance(built.current, cls)
     study = optuna.create_study(sampler=built, direction="maximize")
     for _ in range(6):  # ask-and-tell, as Tune's OptunaSearch drives it
         trial = study.ask()
@@ -160,11 +160,11 @@ def test_a_study_keeps_the_sampler_defaults_it_was_created_with(tmp_path, monkey
     path = _write(tmp_path)  # names no sampler
     study = create_study(tmp_path / "home", path, load_space(path), None)
     assert study.meta()["default_sampler"] == {"kind": "random", "skip_repeats": True}
-    assert type(make_sampler(Study(study.root).space())) is optuna.samplers.RandomSampler
+    assert type(make_sampler(Study(study.root).space()).current) is optuna.samplers.RandomSampler
     # a study created before the defaults were recorded started with TPE, trained repeats, and goes on so
     (study.root / "study.json").write_text('{"runs": []}')
     legacy = Study(study.root).space()
-    assert type(make_sampler(legacy)) is optuna.samplers.TPESampler and not legacy.sampler.skip_repeats
+    assert type(make_sampler(legacy).current) is optuna.samplers.TPESampler and not legacy.sampler.skip_repeats
     # what the space's own sampler section sets wins; only what it leaves unset is the recorded default
     (study.root / "space.yaml").write_text(yaml.safe_dump({**yaml.safe_load(path.read_text()),
                                                           "sampler": {"kind": "qmc", "scramble": True}}))
@@ -181,21 +181,72 @@ def test_a_study_keeps_the_sampler_defaults_it_was_created_with(tmp_path, monkey
         Study(study.root).space()
 
 
-def test_a_later_run_of_a_study_draws_other_configs_than_its_first(tmp_path):
-    """An extension or a joined driver seeds its sampler from (seed, run name): restarted with the
-    first run's seed it would propose the first run's configs again."""
-    from autofl.tuning.strategy import run_seed
+def _objective(x: float, y: int) -> float:
+    return -(x - 0.3) ** 2 - 0.01 * (y - 2) ** 2
 
-    space = load_space(_write(tmp_path, seed=7))
-    assert run_seed(7) == run_seed(7, "run-1") == 7
-    assert run_seed(7, "run-2") == run_seed(7, "run-2") != run_seed(7, "run-3") != 7
 
-    def draws(run_name):
-        study = optuna.create_study(sampler=make_sampler(space, run_name), direction="maximize")
-        return [study.ask().suggest_float("x", 0, 1) for _ in range(5)]
+def _proposals(study: "optuna.Study", space: SearchSpace, n: int, sampler=None) -> list[tuple]:
+    """Ask-and-tell `n` trials on `study` with a fresh sampler of `space` (a new driver)."""
+    study.sampler = sampler or make_sampler(space)
+    out = []
+    for _ in range(n):
+        trial = study.ask()
+        x, y = trial.suggest_float("fl.lr", 0.01, 0.1, log=True), trial.suggest_int("fl.local_epochs", 1, 3)
+        study.tell(trial, _objective(x, y))
+        out.append((x, y))
+    return out
 
-    assert draws("run-1") == draws(None) and draws("run-2") == draws("run-2")
-    assert not set(draws("run-1")) & set(draws("run-2"))
+
+@pytest.mark.parametrize("sampler", [None, {"kind": "tpe", "n_startup_trials": 3}, {"kind": "gp", "n_startup_trials": 3},
+                                     {"kind": "cmaes", "n_startup_trials": 2, "popsize": 3},
+                                     {"kind": "qmc", "scramble": True}, {"kind": "grid"}])
+def test_proposals_depend_on_the_study_not_on_the_driver_that_asks(tmp_path, sampler):
+    """Issue 42: a study's proposed configs depend only on its space, seed and the results told so
+    far. A driver that stops after 5 trials and a new one (a resume, an extension) that asks the
+    rest propose what one driver asking all of them proposes, and a second resume the same again."""
+    params = {"fl.lr": {"type": "categorical", "choices": [0.01, 0.02, 0.05, 0.1]},
+              "fl.local_epochs": {"type": "int", "low": 1, "high": 3}} if sampler == {"kind": "grid"} else \
+        {"fl.lr": LR, "fl.local_epochs": {"type": "int", "low": 1, "high": 3}}
+    space = load_space(_write(tmp_path, seed=11, params=params, trials=8, **({"sampler": sampler} if sampler else {})))
+    storage = f"sqlite:///{tmp_path / 'o.db'}"
+    grid = sampler == {"kind": "grid"}
+    one = _proposals(optuna.create_study(study_name="one", storage=storage, direction="maximize"), space, 8)
+    assert not grid or len(set(one)) == 8  # the grid visits each config once
+    for name in ("resumed", "resumed-again"):
+        split = optuna.create_study(study_name=name, storage=storage, direction="maximize")
+        assert _proposals(split, space, 5) + _proposals(split, space, 3) == one, name
+
+
+@pytest.mark.parametrize("sampler", [None, {"kind": "tpe", "n_startup_trials": 3}])
+def test_an_interrupted_placeholder_shifts_no_later_proposal(tmp_path, sampler):
+    """A trial a killed driver left before its params were whole becomes an interrupted placeholder
+    (autofl.tuning.ledger); the samplers that read only the told trials (random, TPE, GP) propose
+    after it what an uninterrupted run proposes (CMA-ES, QMC and the grid count it in the study)."""
+    space = load_space(_write(tmp_path, seed=11, params={"fl.lr": LR, "fl.local_epochs": {"type": "int", "low": 1,
+                                                                                       "high": 3}},
+                              **({"sampler": sampler} if sampler else {})))
+    storage = f"sqlite:///{tmp_path / 'o.db'}"
+    one = _proposals(optuna.create_study(study_name="one", storage=storage, direction="maximize"), space, 8)
+    split = optuna.create_study(study_name="split", storage=storage, direction="maximize")
+    first = _proposals(split, space, 3)
+    placeholder = split.ask()  # killed after its first param
+    placeholder.suggest_float("fl.lr", 0.01, 0.1, log=True)
+    placeholder.set_user_attr("interrupted", True)
+    split.tell(placeholder, state=optuna.trial.TrialState.FAIL)
+    assert first + _proposals(split, space, 5) == one
+
+
+def test_a_restored_sampler_pickles_as_its_space_and_proposes_the_same(tmp_path):
+    import pickle
+
+    space = load_space(_write(tmp_path, seed=5, params={"fl.lr": LR, "fl.local_epochs": {"type": "int", "low": 1, "high": 3}}))
+    storage = f"sqlite:///{tmp_path / 'o.db'}"
+    sampler = make_sampler(space)
+    one = _proposals(optuna.create_study(study_name="a", storage=storage, direction="maximize"), space, 4, sampler)
+    restored = pickle.loads(pickle.dumps(sampler))
+    restored.reseed_rng()  # what a restored searcher used to do: draw afresh
+    assert _proposals(optuna.create_study(study_name="b", storage=storage, direction="maximize"), space, 4,
+                      restored) == one
 
 
 # ---- issue 42: a space's size is counted, never listed, and bounded before any study exists ----

@@ -10,9 +10,14 @@ stays as it is). The rule of which state a finished trial takes is `outcome()`:
 - PRUNED: it stopped before `max_t` rounds (ASHA, a budget, a stopper): its last value stands;
 - COMPLETE: it trained all `max_t` rounds, with its final value(s).
 
-A trial no driver will finish (its driver was killed or a budget ended the run before it
-trained) is FAIL with the user attr `interrupted`, shown as INTERRUPTED (`shown_state`), and is
-replaced, not counted, when trials are added. A trial carries the Tune trial id (`tune_trial_id`)
+A trial a killed driver left open is an orphan (`release_orphans`, `release_unknown_orphans`):
+it stays RUNNING, marked `orphaned`, and the next ask of a resumed driver adopts it (trains it
+again under a new Tune id) instead of creating a new trial, so a kill leaves no placeholder and
+the study's trial numbers (which seed its sampler, autofl/tuning/trial_sampler.py) are those of an
+uninterrupted run. A trial no driver will train (a budget ended the run before it started, or a
+driver was killed between creating it and recording its params) is FAIL with the user attr
+`interrupted`, shown as INTERRUPTED (`shown_state`), and is replaced, not counted, when trials are
+added. A trial carries the Tune trial id (`tune_trial_id`)
 and the Tune experiment (`tune_run`) it ran under: the map between Tune's ids and Optuna's numbers.
 
 The live view, `status`, `report`, re-evaluation, the stoppers and the scheduler only read from
@@ -20,7 +25,9 @@ it (`trials`, `number_of`, `state_of`, `finished_in_run`, `rounds_used`, `rung_h
 
 A Ledger pickles as its study folder only: Tune pickles the searcher, scheduler, stoppers and
 callbacks that hold one, and each reopens the storage when first used (a storage URL may carry a
-password taken from the environment; a connection does not pickle).
+password taken from the environment; a connection does not pickle). A ledger unpickled while a
+driver runs a study (`bound_to`) is that study's, whatever folder it was pickled in: a study
+folder copied with `cp -a` and resumed writes into its own store, not the original's (issue 42).
 """
 
 from __future__ import annotations
@@ -58,10 +65,18 @@ def shown_state(state: str, user_attrs: dict[str, Any], live_driver: bool) -> st
     a --join driver's trials stay RUNNING)."""
     if state == "FAIL" and user_attrs.get("interrupted"):
         return INTERRUPTED
+    if state in OPEN_STATES and user_attrs.get("orphaned"):
+        return INTERRUPTED  # a resumed driver trains it again
     joined = str(user_attrs.get("tune_run", "")).startswith("join-")
     if state in OPEN_STATES and not live_driver and not joined:
         return INTERRUPTED
     return state
+
+
+def is_placeholder(trial: Any) -> bool:
+    """Whether a trial is an interrupted placeholder: no driver trained it, and it holds no proposal
+    of the study's sequence (autofl.tuning.trial_sampler.proposal_index skips it)."""
+    return bool(trial.user_attrs.get("interrupted"))
 
 
 def counted(trial: Any) -> bool:
@@ -75,6 +90,21 @@ def rounds_used(trials: Iterable[Any]) -> dict[str, int]:
     its twin's rounds trained none."""
     return {str(t.user_attrs.get("tune_trial_id", f"#{t.number}")): max(t.intermediate_values, default=0)
             for t in trials if not is_repeat(t)}
+
+
+_bound_root: str | None = None  # the study folder this process drives (bound_to)
+
+
+@contextmanager
+def bound_to(study_root: str | Path) -> Iterator[None]:
+    """While a driver restores and runs a Tune experiment of the study in `study_root`: every
+    Ledger Tune unpickles (in its searcher, scheduler, stoppers, callbacks) is this study's."""
+    global _bound_root
+    before, _bound_root = _bound_root, str(study_root)
+    try:
+        yield
+    finally:
+        _bound_root = before
 
 
 class Ledger:
@@ -91,7 +121,7 @@ class Ledger:
         return {"root": self.root}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["root"])
+        self.__init__(_bound_root or state["root"])
 
     def __repr__(self) -> str:
         return f"Ledger({self.root!r})"
@@ -161,10 +191,10 @@ class Ledger:
         return rounds_used(self.trials())
 
     def rung_history(self, rungs: Sequence[float], max_t: float,
-                     member: Callable[[str], bool] | None = None) -> dict[float, dict[str, float]]:
+                     member: Callable[[Any], bool] | None = None) -> dict[float, dict[str, float]]:
         """ASHA's rungs as the study's trials left them, by Tune trial id (objective units): each
         tagged, not interrupted trial's per-round values replayed through autofl.tuning.asha
-        (only the trials `member` accepts: one bracket's)."""
+        (only the trials `member`, given the FrozenTrial, accepts: one bracket's)."""
         from autofl.tuning.asha import recorded_values
 
         history: dict[float, dict[str, float]] = {m: {} for m in rungs}
@@ -172,7 +202,7 @@ class Ledger:
             trial_id = t.user_attrs.get("tune_trial_id")
             if trial_id is None or not counted(t) or not t.intermediate_values:
                 continue
-            if member is not None and not member(trial_id):
+            if member is not None and not member(t):
                 continue
             for milestone, value in recorded_values(dict(t.intermediate_values), rungs, max_t,
                                                     t.state.is_finished()).items():
@@ -249,7 +279,12 @@ class Ledger:
         study = self.study(sampler=sampler)
         with self.suggest_lock():
             trials = study.get_trials(deepcopy=False)
-            if self._run_budget_used(trials, run_name, known) >= budget or self._study_budget_reached(trials):
+            if self._run_budget_used(trials, run_name, known) >= budget:
+                return None
+            adopted = self._adopt_orphan(study, trials, run_name, tune_trial_id, define)
+            if adopted is not None:
+                return adopted
+            if self._study_budget_reached(trials):
                 return None
             if skip_repeats:  # a config a finished trial trained is told its outcome, not trained again
                 from autofl.tuning.space import grid_size
@@ -262,6 +297,26 @@ class Ledger:
             trial.set_user_attr("tune_trial_id", tune_trial_id)  # inside the lock: untagged RUNNING = orphan
             trial.set_user_attr("tune_run", run_name)
         return trial.number, {**trial.params, **(returned if isinstance(returned, dict) else {})}
+
+    def _adopt_orphan(self, study: Any, trials: list[Any], run_name: str, tune_trial_id: str,
+                      define: Callable[[Any], dict[str, Any] | None]) -> tuple[int, dict[str, Any]] | None:
+        """The lowest-numbered orphan (`release_orphans`), handed to Tune trial `tune_trial_id` of
+        `run_name` to train again from its first round: its number and params (the define-by-run
+        returns the params it holds), or None if the study has no orphan."""
+        import optuna
+
+        orphans = [t for t in trials if t.state.name == "RUNNING" and t.user_attrs.get("orphaned")]
+        if not orphans:
+            return None
+        orphan = min(orphans, key=lambda t: t.number)
+        trial = optuna.trial.Trial(study, self._trial_id(orphan.number))
+        returned = define(trial)  # every param is set: Optuna returns the stored values
+        earlier = list(orphan.user_attrs.get("earlier_tune_trial_ids", []))
+        trial.set_user_attr("earlier_tune_trial_ids", [*earlier, orphan.user_attrs.get("tune_trial_id")])
+        trial.set_user_attr("tune_trial_id", tune_trial_id)
+        trial.set_user_attr("tune_run", run_name)
+        trial.set_user_attr("orphaned", False)
+        return orphan.number, {**trial.params, **(returned if isinstance(returned, dict) else {})}
 
     def _run_budget_used(self, trials: list[Any], run_name: str, known: set[str]) -> int:
         """Trials the run's searcher handed out, plus the run's trials finished by a driver that
@@ -286,6 +341,11 @@ class Ledger:
         was killed before Tune saved its state)."""
         from optuna.exceptions import UpdateFinishedTrialError
 
+        stored = self._frozen(number)
+        if stored.state.is_finished():
+            return False
+        if int(rnd) in stored.intermediate_values:
+            return True  # an adopted orphan trained again: its earlier attempt recorded this round
         try:
             self._trial(number).report(float(value), int(rnd))
         except UpdateFinishedTrialError:
@@ -331,23 +391,42 @@ class Ledger:
         trial_id = self._trial_id(number)  # opens the storage first
         return self._storage.get_trial(trial_id)
 
-    def fail_unknown_orphans(self, run_name: str, known: set[str]) -> int:
+    def release(self, trial: Any) -> None:
+        """A trial its driver left open: an orphan the next ask adopts, if its params are whole (it
+        was tagged, which happens once its params are set); else interrupted (a placeholder)."""
+        if trial.user_attrs.get("tune_trial_id") is None:
+            self.interrupt(trial.number)
+        else:
+            self._trial(trial.number).set_user_attr("orphaned", True)
+
+    def release_unknown_orphans(self, run_name: str, known: set[str]) -> int:
         """Trials of `run_name` (or untagged: killed between ask and tag) still open that the
-        restored searcher does not know: created after Tune's last snapshot, no one will train
-        them, so they are interrupted and replaced. Returns how many."""
-        failed = 0
+        restored searcher does not know: created after Tune's last snapshot, no one trains them,
+        so they are released (`release`). Returns how many."""
+        released = 0
         with self.suggest_lock():  # no other driver is between ask and tag
             for t in self.trials(OPEN_STATES):
                 run = t.user_attrs.get("tune_run")
                 mine = run == run_name or run is None
-                if mine and t.user_attrs.get("tune_trial_id") not in known:
-                    self.interrupt(t.number)
-                    failed += 1
-        return failed
+                if mine and t.user_attrs.get("tune_trial_id") not in known and not t.user_attrs.get("orphaned"):
+                    self.release(t)
+                    released += 1
+        return released
+
+    def release_orphans(self) -> int:
+        """Trials left open by a killed main driver that no Tune experiment will finish (a --join
+        driver's trials are left alone: it may be running them now): released (`release`), for
+        the next run to adopt. Returns how many."""
+        orphans = [t for t in self.trials(OPEN_STATES) if not t.user_attrs.get("orphaned")
+                   and not str(t.user_attrs.get("tune_run", "")).startswith("join-")]
+        for t in orphans:
+            self.release(t)
+        return len(orphans)
 
     def fail_orphans(self) -> int:
-        """Trials left open by a killed main driver that no Tune experiment will finish (a --join
-        driver's trials are left alone: it may be running them now). Returns how many."""
+        """Trials still open once a driver's last experiment is over, which no run of it will adopt
+        (a --join driver's trials are left alone: it may be running them now): interrupted.
+        Returns how many."""
         orphans = [t for t in self.trials(OPEN_STATES)
                    if not str(t.user_attrs.get("tune_run", "")).startswith("join-")]
         for t in orphans:

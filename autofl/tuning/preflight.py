@@ -55,12 +55,40 @@ def probe_address(address: str | None) -> None:
     if endpoint is None:
         return
     try:
-        with socket.create_connection(endpoint, timeout=PROBE_TIMEOUT_S):
-            pass
+        with socket.create_connection(endpoint, timeout=PROBE_TIMEOUT_S) as conn:
+            speaks_grpc = answers_http2(conn)
     except OSError as err:
         reason = "timed out" if isinstance(err, TimeoutError) else (err.strerror or type(err).__name__)
         raise AutoFLError(f"--address {address}: nothing answers at {endpoint[0]}:{endpoint[1]} ({reason}); start "
                           f"the cluster there (ray start --head) or leave --address out to run a local Ray") from None
+    if not speaks_grpc and os.environ.get("RAY_USE_TLS", "0").lower() not in ("1", "true"):
+        # issue 42: Ray's C++ client retried such a port for minutes, printing warnings, deaf to SIGTERM
+        raise AutoFLError(f"--address {address}: {endpoint[0]}:{endpoint[1]} answers, but not as Ray (no gRPC "
+                          f"handshake within {PROBE_TIMEOUT_S:g} s: another service, e.g. a database, is on that "
+                          f"port); give the Ray head's GCS port (ray start --head prints it; default 6379) or "
+                          f"ray://HOST:10001")
+
+
+# an HTTP/2 client's connection preface and an empty SETTINGS frame (RFC 9113, 3.4 and 6.5)
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+
+
+def answers_http2(conn: socket.socket) -> bool:
+    """Whether the server on `conn` answers an HTTP/2 preface with a SETTINGS frame on stream 0, as
+    every gRPC server does (Ray's GCS and Ray Client serve gRPC); a database or a plain TCP server
+    says something else, closes, or stays silent until PROBE_TIMEOUT_S."""
+    conn.settimeout(PROBE_TIMEOUT_S)
+    try:
+        conn.sendall(HTTP2_PREFACE)
+        head = b""
+        while len(head) < 9:
+            chunk = conn.recv(9 - len(head))
+            if not chunk:
+                return False
+            head += chunk
+    except OSError:  # timed out, reset
+        return False
+    return head[3] == 4 and int.from_bytes(head[5:9], "big") & 0x7FFFFFFF == 0
 
 
 def check_storage_path(path: str | None, field: str = "--storage-path") -> str | None:

@@ -30,6 +30,7 @@ from autofl.tuning.study import Study
 REEVAL_DIR = "reeval"
 SEED_OFFSET = 1000  # fresh seeds start here, above any seed a study is likely to have searched with
 DEFAULT_LABEL = "default"
+from autofl.tuning.reeval_limits import MAX_SEEDS, MAX_TOP, check_reeval_size  # noqa: E402,F401
 
 
 class ReevalInterrupted(AutoFLError):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from autofl.tuning.ledger import FINISHED_STATES, Ledger, counted
 from autofl.tuning.study import Study
-from autofl.tuning.tune_run import StudyInterrupted, run_experiment  # noqa: F401  (StudyInterrupted: re-exported)
+from autofl.tuning.tune_run import StudyIncomplete, StudyInterrupted, run_experiment  # noqa: F401 (re-exported)
 
 # re-exported for callers of the former single module
 from autofl.tuning.checkpoints import checkpoints_to_keep  # noqa: F401,E402
@@ -91,26 +91,47 @@ def search(study: Study, trials: int | None, address: str | None, resume: bool) 
         run_experiment(study, trials or study.space().trials, address)
         mark_finished(study)
         return
-    restore = interrupted_run(study)
+    restore = interrupted_run(study) if not moved(study) else None
     if restore is not None:
-        run_experiment(study, 0, address, restore=restore)
+        try:
+            run_experiment(study, 0, address, restore=restore)
+        except StudyIncomplete:  # trials Tune's snapshot no longer runs (their driver died mid-write):
+            pass  # released and trained again by top_up, below
         mark_finished(study)
-        fail_orphans(study)
-    else:  # killed before Tune saved anything: start over with what is missing
-        last = _last_run_dir(study)
-        if last is not None and not _flag_exists(last):
-            meta = study.meta()
-            fail_orphans(study)
-            # orphans just failed above are replaced, not counted
-            done = sum(1 for t in Ledger(study.root).trials(FINISHED_STATES) if counted(t))
-            missing = meta["trials_requested"] - done
-            meta["trials_requested"] -= missing
-            study.write_meta(meta)
-            if missing > 0:
-                run_experiment(study, missing, address)
-                mark_finished(study)
+    top_up(study, address)  # killed before Tune saved anything, or trials no experiment finished
     if trials:
         run_experiment(study, trials, address)
+        mark_finished(study)
+
+
+def moved(study: Study) -> bool:
+    """Whether the study's folder was copied or moved since its last run: Tune's saved experiment
+    (tuner.pkl, its trials' folders) names the old folder, and a restore wrote new trials' checkpoints
+    there (issue 42). Such a study is not restored: its missing trials run as a new experiment in
+    its own folder (what a killed driver left is adopted and trained again, same numbers and params)."""
+    recorded = study.meta().get("root")
+    return recorded is not None and recorded != str(study.root.resolve())
+
+
+def top_up(study: Study, address: str | None) -> None:
+    """Run what no experiment finished, unless a budget ended the study: the trials a killed
+    driver left (released, then adopted by the new run's first asks: same numbers and params) and
+    those never started (placeholders are replaced, not counted)."""
+    from autofl.tuning.tune_run import budget_spent
+
+    ledger = Ledger(study.root)
+    ledger.release_orphans()
+    meta = study.meta()
+    main_runs = [r["name"] for r in meta["runs"] if not r["name"].startswith("join-")]
+    if main_runs and budget_spent(study, study.space(), ledger, main_runs[-1]):
+        ledger.fail_orphans()  # no run of this study will train them
+        return
+    done = sum(1 for t in ledger.trials(FINISHED_STATES) if counted(t))
+    missing = meta["trials_requested"] - done
+    if missing > 0:
+        meta["trials_requested"] -= missing
+        study.write_meta(meta)
+        run_experiment(study, missing, address)
         mark_finished(study)
 
 
@@ -119,7 +140,17 @@ def run_study(study: Study, trials: int | None = None, address: str | None = Non
     """The one entry point (CLI and Python API): run a new study, resume or extend one
     (`resume`, `trials` to add), or add a driver to a shared one (`join_shared`). Ray must be
     started (autofl.tuning.ray_start.start_ray) or `address` given."""
-    if join_shared:
-        join(study, address)
-    else:
-        search(study, trials, address, resume=resume)
+    try:
+        if join_shared:
+            join(study, address)
+        else:
+            search(study, trials, address, resume=resume)
+    except Exception as err:  # noqa: BLE001 - only a failed write becomes one line; the rest propagate
+        from autofl.tuning.write_failure import failed_write
+
+        reason = failed_write(err)
+        if reason is None:
+            raise
+        from autofl.tuning.write_failure import WriteFailed
+
+        raise WriteFailed.of(study.name, reason) from None

@@ -34,7 +34,7 @@ class StudyASHA(FIFOScheduler):
         self._rung_history: list[dict[float, dict[str, float]]] | None = None  # per bracket, from the ledger
 
     def __getstate__(self) -> dict[str, Any]:  # a restored driver rebuilds the rungs from the study
-        return {**self.__dict__, "_rung_history": None}
+        return {**self.__dict__, "_rung_history": None, "_numbers": {}}
 
     def set_search_properties(self, metric: str | None, mode: str | None, **spec: Any) -> bool:
         if (self._metric and metric) or (self._mode and mode):
@@ -48,7 +48,19 @@ class StudyASHA(FIFOScheduler):
         return len(self._milestones)
 
     def bracket_of(self, trial_id: str) -> int:
-        return asha.bracket_of(trial_id, self._weights)
+        """The bracket of Tune trial `trial_id`: drawn from its Optuna trial number where the study
+        knows it (a trial trained again after a kill keeps its number and so its bracket; Tune's
+        ids are random per run), else from the id."""
+        if len(self._milestones) == 1:
+            return 0
+        numbers = self.__dict__.setdefault("_numbers", {})
+        if trial_id not in numbers:
+            numbers[trial_id] = self._ledger.number_of(trial_id)
+        number = numbers[trial_id]
+        return self._bracket_of_number(number) if number is not None else asha.bracket_of(trial_id, self._weights)
+
+    def _bracket_of_number(self, number: int) -> int:
+        return asha.bracket_of(f"trial-{number}", self._weights)
 
     @property
     def rungs_per_bracket(self) -> list[dict[float, dict[str, float]]]:
@@ -67,7 +79,7 @@ class StudyASHA(FIFOScheduler):
             return 0
         self._rung_history = [self._ledger.rung_history(rungs, self._max_t,
                                                  None if len(self._milestones) == 1 else
-                                                 (lambda tid, s=s: self.bracket_of(tid) == s))
+                                                 (lambda t, s=s: self._bracket_of_number(t.number) == s))
                        for s, rungs in enumerate(self._milestones)]
         return sum(len(recorded) for bracket in self._rung_history for recorded in bracket.values())
 
@@ -75,6 +87,22 @@ class StudyASHA(FIFOScheduler):
         if not self._metric or self._mode not in ("max", "min"):
             raise ValueError("StudyASHA needs a metric and a mode (max or min): pass them to tune.TuneConfig")
         self.seed_from_study()
+        self._take_over_earlier_ids(trial.trial_id)
+
+    def _take_over_earlier_ids(self, trial_id: str) -> None:
+        """A trial a killed driver left, trained again under the new Tune id `trial_id` (the ledger
+        adopted it): the rung values its earlier attempt recorded are its own, under its new id, so
+        it is judged neither against itself nor again at a rung it passed."""
+        number = self._ledger.number_of(trial_id)
+        if number is None or self._rung_history is None:
+            return
+        earlier = next((t.user_attrs.get("earlier_tune_trial_ids") or [] for t in self._ledger.trials()
+                        if t.number == number), [])
+        for bracket in self._rung_history:
+            for recorded in bracket.values():
+                for old in earlier:
+                    if old in recorded:
+                        recorded[trial_id] = recorded.pop(old)
 
     def _record(self, trial_id: str, reached: float, value: float) -> str:
         """Judge and record a result at its rung (autofl.tuning.asha's rule)."""

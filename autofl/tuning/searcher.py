@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import json
 import math
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from ray.tune.search import Searcher
 
@@ -21,6 +22,19 @@ from autofl.tuning.ledger import Ledger
 
 # re-exported: where the reported keys were defined before autofl/tuning/objectives.py
 from autofl.tuning.objectives import REPORTED_KEYS  # noqa: F401
+
+
+@contextmanager
+def noting_failed_writes() -> Iterator[None]:
+    """Tune logs what a searcher raises and goes on: a failed write (disk full, read-only) is noted
+    first, so that the driver ends with it in one line (autofl/tuning/write_failure.py)."""
+    from autofl.tuning import write_failure
+
+    try:
+        yield
+    except Exception as err:
+        write_failure.note(err)
+        raise
 
 
 class StudySearcher(Searcher):
@@ -55,6 +69,18 @@ class StudySearcher(Searcher):
         return True
 
     def suggest(self, trial_id: str) -> dict | str | None:
+        with noting_failed_writes():
+            return self._suggest(trial_id)
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        with noting_failed_writes():
+            self._on_trial_result(trial_id, result)
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        with noting_failed_writes():
+            self._on_trial_complete(trial_id, result, error)
+
+    def _suggest(self, trial_id: str) -> dict | str | None:
         live = len(set(self._trials) - self._finished)
         if self._max_concurrent and live >= self._max_concurrent:
             return None  # asked again when a trial completes
@@ -67,7 +93,7 @@ class StudySearcher(Searcher):
         self._trials[trial_id] = number
         return params
 
-    def on_trial_result(self, trial_id: str, result: dict) -> None:
+    def _on_trial_result(self, trial_id: str, result: dict) -> None:
         if len(self._metrics) > 1:  # Optuna records no per-round values in multi-objective studies
             return
         value = result.get(self._metrics[0])
@@ -76,7 +102,7 @@ class StudySearcher(Searcher):
         if not self._ledger.report(self._trials[trial_id], value, int(result["round"])):
             self._finished.add(trial_id)  # finished before an interrupted driver could save its state
 
-    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+    def _on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         if trial_id in self._finished or trial_id not in self._trials:
             return
         self._finished.add(trial_id)
@@ -101,10 +127,6 @@ class StudySearcher(Searcher):
         with open(checkpoint_path) as f:
             self.set_state(json.load(f))
         # trials this run's dead driver created after Tune's last snapshot: Tune does not know
-        # them, no one will train them; interrupted, so that counts and budgets replace them
-        self._ledger.fail_unknown_orphans(self._run_name, set(self._trials))
-        # the sampler was unpickled as it was at the run's start: draw afresh rather than repeat
-        # the suggestions the run made before its snapshot
-        reseed = getattr(self._sampler, "reseed_rng", None)
-        if reseed is not None:
-            reseed()
+        # them; released, so that this run's next asks adopt and train them. The sampler needs no
+        # reseeding: each trial's seed comes from the study (autofl/tuning/trial_sampler.py)
+        self._ledger.release_unknown_orphans(self._run_name, set(self._trials))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from autofl.tuning.space import all_params, grid_values, start_points
+from autofl.tuning.space import start_points
 
 if TYPE_CHECKING:
     from autofl.tuning.ledger import Ledger
@@ -26,42 +26,15 @@ def study_start_points(space: "SearchSpace") -> list[dict[str, Any]]:
     return [] if space.sampler.kind == "grid" else start_points(space)
 
 
-FIRST_RUN = "run-1"
-
-
-def run_seed(seed: int, run_name: str | None = None) -> int:
-    """The sampler seed of a study's run: the space's seed for its first run, and for each later run
-    (an extension, a joined driver) one drawn from (seed, run name). A sampler restarted with the
-    first run's seed would propose that run's configs again, from its first random draw on."""
-    import zlib
-
-    import numpy as np
-
-    if run_name is None or run_name == FIRST_RUN:
-        return seed
-    return int(np.random.SeedSequence([seed, zlib.crc32(run_name.encode())]).generate_state(1)[0])
-
-
 def make_sampler(space: "SearchSpace", run_name: str | None = None):
-    """The Optuna sampler of `space.sampler`, seeded with the space's seed (see run_seed)."""
-    import optuna
+    """The study's sampler: Optuna's sampler of `space.sampler`, built for each trial with a seed
+    from (the space's seed, the trial's place in the study), so that every run of the study, a
+    resumed or joined driver's included, proposes what one uninterrupted run would
+    (autofl/tuning/trial_sampler.py). `run_name` is accepted for callers that name the run; the
+    proposals do not depend on it."""
+    from autofl.tuning.trial_sampler import TrialSeededSampler
 
-    spec = space.sampler
-    options = spec.options()
-    seed = run_seed(space.seed, run_name)
-    if spec.kind == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, **options)
-    if spec.kind == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    if spec.kind == "grid":
-        from autofl.tuning.grid_sampler import StudyGridSampler
-
-        return StudyGridSampler({name: grid_values(p) for name, p in all_params(space).items()}, seed=seed)
-    if spec.kind == "gp":
-        return optuna.samplers.GPSampler(seed=seed, **options)
-    if spec.kind == "cmaes":
-        return optuna.samplers.CmaEsSampler(seed=seed, **options)
-    return optuna.samplers.QMCSampler(seed=seed, **options)
+    return TrialSeededSampler(space)
 
 
 def make_scheduler(space: "SearchSpace", ledger: "Ledger"):

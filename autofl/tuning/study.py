@@ -119,9 +119,11 @@ class Study:
         journal file lies in the study folder too)."""
         from autofl.tuning.storage import bind_to_folder
 
-        return bind_to_folder(
-            self.stored_space().storage or self.meta().get("storage") or sqlite_url(self.root), self.root
-        )
+        url = self.stored_space().storage or self.meta().get("storage")
+        if url is None:
+            return sqlite_url(self.root)  # from the folder it is in now: a copied study uses its own file
+        check_not_anothers(url, self.root)
+        return bind_to_folder(url, self.root)
 
     def tune_root(self) -> str:
         """Where Tune keeps this study's experiments (trial checkpoints included): `<study>/tune`, or
@@ -206,6 +208,30 @@ def open_study(home: Path, name: str) -> Study:
         known = existing_studies(home)
         raise AutoFLError(f"study {name!r} not found in {home}; existing studies: {', '.join(known) or '(none)'}")
     return Study(root)
+
+
+def check_not_anothers(url: str, root: Path) -> None:
+    """A SQLite file or journal inside another study's folder (a study.json or space copied with its
+    absolute URL, `cp -a` of a study created with AUTOFL_STORAGE=sqlite:////...) is that study's:
+    writing trials into it would change the other study. One line, exit 2."""
+    from autofl.tuning.storage import is_journal, is_sqlite, journal_path
+
+    if is_sqlite(url):
+        database = url.split(":///", 1)[-1].split("?", 1)[0]
+    elif is_journal(url):
+        database = journal_path(url)
+    else:
+        return
+    if not database.startswith("/"):
+        return
+    own = root.resolve()
+    for folder in Path(database).resolve().parents:
+        if folder == own:
+            return
+        if (folder / SPACE_FILE).is_file():
+            raise StorageError(f"storage: {url} is in study folder {folder}, not in this study's ({own}); a copied "
+                               f"study must not write into the original: remove 'storage' from {root / META_FILE} "
+                               f"to use its own store (copy the original's file there first)")
 
 
 def sqlite_url(root: Path) -> str:

@@ -12,9 +12,16 @@ import time
 from typing import Any
 
 from autofl.errors import AutoFLError
-from autofl.tuning.ledger import Ledger
+from autofl.tuning.ledger import Ledger, bound_to
 from autofl.tuning.space import DefineByRun, SearchSpace
 from autofl.tuning.study import Study
+
+
+class StudyIncomplete(AutoFLError):
+    """Tune returned with trials of the run unfinished and no signal came: not an interruption
+    (never exit 130 without a signal); the next --resume trains what is missing."""
+
+    exit_code = 1
 
 
 class StudyInterrupted(AutoFLError):
@@ -91,6 +98,7 @@ def new_run(study: Study, trials: int, join: bool) -> tuple[str, bool]:
         run_name = f"run-{len(meta['runs']) + 1}"
         meta["trials_requested"] = meta.get("trials_requested", 0) + trials
     meta["runs"].append({"name": run_name, "trials": trials})
+    meta["root"] = str(study.root.resolve())  # where its Tune experiments are (autofl.tuning.runner.moved)
     study.write_meta(meta)
     return run_name, len(meta["runs"]) == 1 and not join
 
@@ -99,6 +107,11 @@ def run_experiment(study: Study, trials: int, address: str | None, restore: str 
                    join: bool = False) -> None:
     """Run `trials` new trials (or restore the interrupted experiment at `restore`). A joined
     driver (`join`) runs its own experiment and takes trials from the study's shared budget."""
+    with bound_to(study.root):  # a Tune experiment copied with its study folder is the copy's
+        _run_experiment(study, trials, address, restore, join)
+
+
+def _run_experiment(study: Study, trials: int, address: str | None, restore: str | None, join: bool) -> None:
     from ray import tune
 
     from autofl.tuning import interrupt
@@ -139,12 +152,18 @@ def run_experiment(study: Study, trials: int, address: str | None, restore: str 
                 callbacks=[LiveView(ledger), interrupt.InterruptWatch()], verbose=0,
             ),
         )
+    from autofl.tuning import write_failure
+
+    write_failure.forget()
     started = time.time()
     with interrupt.watching():
         try:
             grid = tuner.fit()
         finally:
             close_all()
+    failed = write_failure.first_noted()
+    if failed is not None and not interrupt.received():  # the study is as the failed write left it: resumable
+        raise write_failure.WriteFailed.of(study.name, failed)
     record_wall(study, run_name, time.time() - started)
     settle_run(study, space, ledger, run_name, last_results(grid), interrupted=interrupt.received())
 
@@ -175,15 +194,23 @@ def settle_run(study: Study, space: SearchSpace, ledger: Ledger, run: str,
         return
     if last and not space.multi_objective:
         ledger.record_last_results(run, last, space.objective)
-    walls = [r.get("tune_wall_s", 0.0) for r in study.meta()["runs"] if r["name"] == run]
-    budget_spent = (
-        (space.budget_rounds is not None and sum(ledger.rounds_used().values()) >= space.budget_rounds)
-        or (space.time_budget_s is not None and walls and walls[-1] >= 0.95 * space.time_budget_s))
-    if not budget_spent:
-        raise StudyInterrupted.of(study.name)
+    if not budget_spent(study, space, ledger, run):
+        if interrupted:
+            raise StudyInterrupted.of(study.name)
+        left = len(ledger.open_in_run(run))
+        raise StudyIncomplete(f"study {study.name!r}: the run ended with {left} trial(s) unfinished and no "
+                              f"interruption (see {study.root / 'logs'}); resume it with autofl search --resume "
+                              f"{study.name!r}")
     if last:
         ledger.close_open(run, last, space.metrics if space.multi_objective else [space.objective], space.max_rounds)
     ledger.settle_run(run)
+
+
+def budget_spent(study: Study, space: SearchSpace, ledger: Ledger, run: str) -> bool:
+    """Whether the study's round budget, or run `run`'s time budget, is spent."""
+    walls = [r.get("tune_wall_s", 0.0) for r in study.meta()["runs"] if r["name"] == run]
+    return bool((space.budget_rounds is not None and sum(ledger.rounds_used().values()) >= space.budget_rounds)
+                or (space.time_budget_s is not None and walls and walls[-1] >= 0.95 * space.time_budget_s))
 
 
 def record_wall(study: Study, run_name: str, seconds: float) -> None:
