@@ -60,7 +60,7 @@ from autofl.accel.linear_probes import (ATTRIBUTE as PROBES_ATTRIBUTE, NO_PROBES
                                          linear_sgd_, proximal_sgd_)
 
 # lockstep steps (rounds x the longest client's batches a round) a vectorized trial must run before
-# `auto` compiles on CPU. Measured on 2 cores with an empty inductor cache (README Benchmarks,
+# `auto` compiles on CPU. Measured on 2 cores with an empty inductor cache (docs/benchmarks.md,
 # fedfcd-t1, 263 steps a round, plain SGD so the whole step with its update compiles, 2026-11-24):
 # compiling cost 13-32 s and the compiled round was 1.5-5.1x faster, so it paid from round 5 (fedrep)
 # to round 54 (fedgh: 13 s of compile, 0.70 -> 0.46 s a round; fedavg 14 s, 0.66 -> 0.31 s, from

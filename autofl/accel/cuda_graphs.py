@@ -6,7 +6,7 @@ issued from Python, for 1.3 us of arithmetic. A CUDA graph records the step's ke
 replays them with one launch (PyTorch's whole-step recipe: forward, backward and the optimizer's
 `step()` captured together, with the batch's row indices copied into a static buffer first).
 
-Measured there (README Benchmarks, `scripts/bench_round.py --synthetic --device cuda --compile both`):
+Measured there (docs/benchmarks.md, `scripts/bench_round.py --synthetic --device cuda --compile both`):
 FedAvg's fedfcd-t1 round 0.726 s eager, 0.063 s with graphs; FedSiam-DA's 4.64 s, 0.557 s; cifar10-cnn
 FedAvg 0.78 s, 0.37 s. A graphed FedAvg round is now bound by the host: its kernels ran 28 ms of a
 profiled 109 ms round (torch.profiler), the rest is the executor's Python, a rows copy and a graph

@@ -60,7 +60,7 @@ ATTRIBUTE = "autofl_linear_probes"  # the workspace attribute that holds its Lin
 # the smallest weight (elements per client) worth probing: the custom op's call costs a fixed few tens of
 # microseconds, the saving grows with the weight. Probing FedAvg's 100 x 10 head as well as its 784 x 100
 # layer left Ditto's fedfcd-t1 round 3-7% slower than unprobed (in-process A/B); probing the large
-# layer only, 0.97-1.08 (no gain), while FedAvg, MOON and the rest run 5-24% faster (README Benchmarks).
+# layer only, 0.97-1.08 (no gain), while FedAvg, MOON and the rest run 5-24% faster (docs/benchmarks.md).
 MIN_PROBED_WEIGHT = 16384
 
 

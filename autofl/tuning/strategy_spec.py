@@ -26,8 +26,8 @@ SCHEDULER_OPTIONS: dict[str, tuple[str, ...]] = {
     "none": (),
 }
 # TPE's settings where a space picks `kind: tpe` and leaves them unset: Optuna's, except 20 random
-# trials before the model (Optuna: 10); on the search benchmark's tables (README "How good is the
-# search?") Optuna's 10 was worse than 20 on every task, and no TPE setting was at or below random
+# trials before the model (Optuna: 10); on the search benchmark's tables (docs/search-quality.md)
+# Optuna's 10 was worse than 20 on every task, and no TPE setting was at or below random
 # search with ASHA at every budget of both Fashion-MNIST tables
 TPE_DEFAULTS: dict[str, Any] = {"n_startup_trials": 20, "multivariate": False, "group": False, "constant_liar": True,
                                 "n_ei_candidates": 24}
@@ -47,7 +47,7 @@ class SamplerSpec(Strict):
 
     # the default, random search that skips configs already trained (with the default ASHA), met
     # issue 17's targets on three of the search benchmark's four tables and was never worse than
-    # random search with ASHA there (README "How good is the search?"); a study keeps the defaults
+    # random search with ASHA there (docs/search-quality.md); a study keeps the defaults
     # it was created with (autofl.tuning.study)
     kind: Literal["tpe", "random", "grid", "gp", "cmaes", "qmc"] = "random"
     n_startup_trials: int | None = Field(None, ge=0, description="random trials before the model is used "
@@ -70,7 +70,7 @@ class SamplerSpec(Strict):
     skip_repeats: bool = Field(True, description="any kind: a proposed config that a finished trial already "
                                "trained is told that trial's outcome instead of training again, and the sampler "
                                "is asked again (matters on categorical or stepped spaces; false: train repeats; "
-                               "see README 'How good is the search?')")
+                               "see docs/search-quality.md)")
 
     def options(self) -> dict[str, Any]:
         """The keyword arguments of this kind's Optuna sampler (TPE: autofl's defaults where unset)."""

@@ -146,7 +146,7 @@ class Study:
 
     def optuna_name(self, storage: Any = None) -> str:
         """The study's name inside its storage: the folder's name, except in a study folder copied
-        under a new name (as README advises to take ownership), whose own SQLite file still holds
+        under a new name (as docs/guide/search.md advises to take ownership), whose own SQLite file still holds
         the one study under its old name (issue 18), as a journal in the folder does."""
         from autofl.tuning.storage import in_study_folder
 
