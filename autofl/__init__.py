@@ -54,10 +54,10 @@ __all__ = ["__version__", *_EXPORTS]
 
 if TYPE_CHECKING:
     from autofl.api import RunResult, Study, list_studies, load_config, load_study, search, train
+    from autofl.data.spec import DatasetSpec, RawDataset
     from autofl.engine.plan import ClientStart, Stage, Update
     from autofl.errors import AutoFLError, ConfigError, DataError, RunDiverged, StorageError
     from autofl.methods.base import Method, MethodParams
-    from autofl.data.spec import DatasetSpec, RawDataset
     from autofl.models.parts import SplitModel
     from autofl.models.spec import LinearSpec, ModelParams, ModelSpec
 

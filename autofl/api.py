@@ -21,9 +21,10 @@ so that the study's owner can change without the API changing.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -280,7 +281,6 @@ class Study:
         """Write the study's HTML report (self-contained) and its figures as PNG into `out`
         (default <study>/report); returns the HTML file's path."""
         from autofl.report import build_report
-
         from autofl.tuning.study import check_owned
 
         folder = Path(out) if out is not None else self.root / "report"
@@ -321,7 +321,7 @@ def load_study(name: str, dir: str | Path | None = None) -> Study:
 def _import_trial_stack() -> None:
     import optuna  # noqa: F401
 
-    import autofl.tuning.searcher  # noqa: F401
+    import autofl.tuning.searcher
     import autofl.tuning.trainable  # noqa: F401  (torch, ray.tune, the engine)
 
 

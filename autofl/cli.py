@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from collections import Counter
 from pathlib import Path
@@ -80,7 +81,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     existing = args.resume or args.join
     # the API raises the other flag errors; in the order they were checked (resume with join, --storage-path,
     # --space), before this one
-    if existing and args.name is not None and not (args.resume and args.join or args.storage_path or args.space):
+    if existing and args.name is not None and not ((args.resume and args.join) or args.storage_path or args.space):
         raise AutoFLError(f"--name: applies to a new study; --resume/--join {existing} continues the study "
                           f"with its own space and name")
     record_before: list[dict] = []
@@ -427,10 +428,8 @@ def _stdout_lost(err: OSError) -> int:
     second error when Python flushes stdout at exit."""
     import os
 
-    try:
+    with contextlib.suppress(OSError, ValueError, AttributeError):
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    except (OSError, ValueError, AttributeError):
-        pass
     err_console.print(f"autofl: error: cannot write the output ({err.strerror or type(err).__name__}); "
                       f"send it to a file or a reader that stays open", highlight=False, soft_wrap=True)
     return 2
@@ -440,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
     import os
 
     if sys.stdout is None:  # started with stdout closed (>&-): what would be shown is dropped
-        sys.stdout = open(os.devnull, "w")
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - stdout for the rest of the process
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

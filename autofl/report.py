@@ -16,9 +16,10 @@ import io
 import math
 import warnings
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from autofl.files import write_atomic
 from autofl.tuning.objectives import better, sign

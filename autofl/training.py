@@ -7,8 +7,8 @@ import math
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 import yaml
@@ -16,9 +16,9 @@ import yaml
 from autofl.config import Experiment, experiment_to_dict
 from autofl.engine.simulation import Simulation
 from autofl.engine.state import plain_tree
-from autofl.methods.registry import get_method_class
 from autofl.errors import AutoFLError, RunDiverged
 from autofl.files import write_atomic
+from autofl.methods.registry import get_method_class
 
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.yaml"

@@ -99,7 +99,7 @@ def _natural_ids(client: np.ndarray, client_test: np.ndarray | None) -> tuple[to
     return torch.from_numpy(train.astype(np.int64)), test
 
 
-def load_npz(cfg: "DataConfig") -> RawDataset:
+def load_npz(cfg: DataConfig) -> RawDataset:
     """The RawDataset of the .npz file at `cfg.path`; DataError (one line) when the file is unusable."""
     if not cfg.path:
         raise DataError("data.path: dataset npz needs data.path, the .npz file to read")

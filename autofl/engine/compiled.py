@@ -48,16 +48,17 @@ import os
 import shutil
 import sys
 import types
-from typing import Any, Callable, Hashable
+from collections.abc import Callable, Hashable
+from typing import Any
 
 import torch
-from torch.optim.sgd import sgd as sgd_update  # the functional SGD that torch.optim.SGD.step runs
 from torch.func import functional_call, grad, vmap
+from torch.optim.sgd import sgd as sgd_update  # the functional SGD that torch.optim.SGD.step runs
 from torch.utils.flop_counter import FlopCounterMode
 
 from autofl.engine import cuda_graphs
-from autofl.engine.linear_probes import (ATTRIBUTE as PROBES_ATTRIBUTE, NO_PROBES, ProbePlan, client_zero_copies,
-                                         linear_sgd_, proximal_sgd_)
+from autofl.engine.linear_probes import ATTRIBUTE as PROBES_ATTRIBUTE
+from autofl.engine.linear_probes import NO_PROBES, ProbePlan, client_zero_copies, linear_sgd_, proximal_sgd_
 
 # lockstep steps (rounds x the longest client's batches a round) a vectorized trial must run before
 # `auto` compiles on CPU. Measured on 2 cores with an empty inductor cache (README Benchmarks,

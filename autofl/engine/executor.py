@@ -11,8 +11,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -104,7 +105,7 @@ PER_SAMPLE_LAYERS: tuple[type[nn.Module], ...] = (
     nn.GELU, nn.SiLU, nn.Mish, nn.Tanh, nn.Sigmoid, nn.Softplus, nn.Hardswish, nn.LayerNorm, nn.GroupNorm)
 
 
-def stage_inputs(ws: "Workspace", stage: Stage) -> nn.Module | None:
+def stage_inputs(ws: Workspace, stage: Stage) -> nn.Module | None:
     """The module named by `stage.inputs` when an executor may compute its outputs once per client for
     the whole stage (every layer in `PER_SAMPLE_LAYERS`); None when the stage declares none, or when
     its losses must compute it batch by batch (`losses_on_inputs`)."""

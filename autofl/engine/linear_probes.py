@@ -33,13 +33,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any, Callable, Iterator, NamedTuple
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
-
 
 
 class ProbedWeight(NamedTuple):
@@ -122,7 +122,7 @@ class LinearProbes:
         PROBED_LOSS.holder = None
 
     @classmethod
-    def of(cls, ws: nn.Module) -> "LinearProbes":
+    def of(cls, ws: nn.Module) -> LinearProbes:
         """The probes of `ws`, held as its attribute `autofl_linear_probes`, which compiled code reads (a
         lookup in a table here would be traced and guarded)."""
         probes = getattr(ws, ATTRIBUTE, None)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -43,7 +44,7 @@ def _per_client(name: str, correct: list[int], sizes: list[int]) -> dict[str, fl
 
 
 @torch.no_grad()
-def evaluate(sim: "Simulation") -> dict[str, float]:
+def evaluate(sim: Simulation) -> dict[str, float]:
     method, model, data, server = sim.method, sim.model, sim.data, sim.server_state
     model.eval()
     val_correct, test_correct = [], []

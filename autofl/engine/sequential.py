@@ -6,13 +6,23 @@ each update steps its own `torch.optim.SGD` over the module parameters it trains
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
 from autofl.engine import compiled
-from autofl.engine.executor import (ClientJob, ClientOutcome, RoundPlan, Workspace, batch_cuts, epoch_orders,
-                                    losses_on_inputs, outputs_by_slices, stage_inputs, stage_models)
+from autofl.engine.executor import (
+    ClientJob,
+    ClientOutcome,
+    RoundPlan,
+    Workspace,
+    batch_cuts,
+    epoch_orders,
+    losses_on_inputs,
+    outputs_by_slices,
+    stage_inputs,
+    stage_models,
+)
 from autofl.engine.plan import Stage, Update
 from autofl.engine.state import clone_state
 

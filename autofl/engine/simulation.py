@@ -10,8 +10,9 @@ from the registry and passes it in; the engine imports no method.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import MappingProxyType
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch

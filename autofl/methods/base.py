@@ -97,7 +97,7 @@ class Method:
     personal_is_global: ClassVar[bool] = True  # personal model = global model
     copies: ClassVar[tuple[str, ...]] = ()  # named model copies the local step reads (ws.glob, ws.prev ...)
 
-    def __init__(self, params: MethodParams, exp: "Experiment", input_shape: tuple[int, ...], num_classes: int):
+    def __init__(self, params: MethodParams, exp: Experiment, input_shape: tuple[int, ...], num_classes: int):
         self.params = params
         self.exp = exp
         self.input_shape = input_shape
@@ -106,7 +106,7 @@ class Method:
 
     # ----- config ----------------------------------------------------------------------------
     @classmethod
-    def resolve_experiment(cls, exp: "Experiment", all_methods: dict[str, type["Method"]]) -> "Experiment":
+    def resolve_experiment(cls, exp: Experiment, all_methods: dict[str, type[Method]]) -> Experiment:
         """Validate the method's parameters and projector settings; fill the method's defaults.
         Raises ValueError with one line naming the key and what is allowed."""
         from autofl.config import MethodConfig

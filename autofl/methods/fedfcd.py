@@ -12,11 +12,21 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from autofl.features import ClassStats, class_mean_pairs, encoded_class_stats, train_head, weighted_class_means
 from autofl.engine.state import StateDict
+from autofl.features import ClassStats, class_mean_pairs, encoded_class_stats, train_head, weighted_class_means
 from autofl.losses import prototype_distance
-from autofl.methods.base import (Method, MethodParams, SeedPurpose, ServerContext, ServerState, ServerUpdate, Stage,
-                                 TrainedClient, Update, Upload)
+from autofl.methods.base import (
+    Method,
+    MethodParams,
+    SeedPurpose,
+    ServerContext,
+    ServerState,
+    ServerUpdate,
+    Stage,
+    TrainedClient,
+    Update,
+    Upload,
+)
 from autofl.methods.registry import register
 from autofl.models.parts import SplitModel, build_head
 

@@ -15,8 +15,7 @@ from pydantic import Field
 
 from autofl.engine.state import StateDict
 from autofl.features import ClassStats, class_mean_pairs, encoded_class_stats, train_head
-from autofl.methods.base import (Method, MethodParams, SeedPurpose, ServerContext, ServerUpdate, TrainedClient,
-                                 Upload)
+from autofl.methods.base import Method, MethodParams, SeedPurpose, ServerContext, ServerUpdate, TrainedClient, Upload
 from autofl.methods.registry import register
 from autofl.models.parts import SplitModel
 

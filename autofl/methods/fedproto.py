@@ -16,8 +16,17 @@ from pydantic import Field
 
 from autofl.features import ClassStats, encoded_class_stats, weighted_class_means
 from autofl.losses import prototype_distance
-from autofl.methods.base import (Method, MethodParams, ServerContext, ServerState, ServerUpdate, Stage, TrainedClient,
-                                 Update, Upload)
+from autofl.methods.base import (
+    Method,
+    MethodParams,
+    ServerContext,
+    ServerState,
+    ServerUpdate,
+    Stage,
+    TrainedClient,
+    Update,
+    Upload,
+)
 from autofl.methods.registry import register
 from autofl.models.parts import SplitModel
 

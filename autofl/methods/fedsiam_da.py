@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from autofl.losses import negative_cosine
 from autofl.engine.state import StateDict, weighted_average
+from autofl.losses import negative_cosine
 from autofl.methods.base import ClientStart, Method, MethodParams, ServerState, Stage, Update, Upload
 from autofl.methods.registry import register
 from autofl.models.parts import SplitModel

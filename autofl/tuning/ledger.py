@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 from autofl.tuning.objectives import REPORTED_KEYS
 from autofl.tuning.repeats import ask_unseen, is_repeat

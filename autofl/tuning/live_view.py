@@ -22,7 +22,7 @@ from autofl.tuning.objectives import better
 from autofl.views import format_params
 
 MAX_ROWS = 15  # running trials first, then the most recently finished
-_OPEN: set["LiveView"] = set()
+_OPEN: set[LiveView] = set()
 
 
 def close_all() -> None:

@@ -6,7 +6,8 @@ these instead of writing `max if mode == "max" else min` again."""
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterable, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 from autofl.engine.metrics import METRIC_KEYS
 

@@ -13,14 +13,11 @@ One experiment is run by autofl/tuning/tune_run.py; trial states are the ledger'
 
 from __future__ import annotations
 
+from autofl.tuning.checkpoints import checkpoints_to_keep  # noqa: F401  (re-exported for callers of the former single module)
 from autofl.tuning.ledger import FINISHED_STATES, Ledger, counted
+from autofl.tuning.ray_start import concurrent_slots, init_ray  # noqa: F401  (re-exported, as checkpoints_to_keep)
 from autofl.tuning.study import Study
 from autofl.tuning.tune_run import StudyInterrupted, run_experiment  # noqa: F401  (StudyInterrupted: re-exported)
-
-# re-exported for callers of the former single module
-from autofl.tuning.checkpoints import checkpoints_to_keep  # noqa: F401,E402
-from autofl.tuning.ray_start import concurrent_slots, init_ray  # noqa: F401,E402
-
 
 FINISHED_FLAG = ".autofl_finished"  # written in a Tune experiment's folder once all its trials ran
 

@@ -8,11 +8,12 @@ from typing import Any, Literal
 from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from autofl.config import Experiment, Strict, read_yaml, set_dotted
-from autofl.experiment import build_experiment
 from autofl.errors import ConfigError, format_validation_error
-from autofl.tuning.strategy_spec import SAMPLER_OPTIONS, SCHEDULER_OPTIONS, SamplerSpec, SchedulerSpec, only_own_options
+from autofl.experiment import build_experiment
+
 # any validation metric may be the objective: the mean, the worst-decile client (p10) or the spread
 from autofl.tuning.objectives import VALIDATION_OBJECTIVES, default_mode
+from autofl.tuning.strategy_spec import SAMPLER_OPTIONS, SCHEDULER_OPTIONS, SamplerSpec, SchedulerSpec, only_own_options
 
 CONDITIONAL_SEP = ":"  # optuna name of a conditional param: "<method>:<config key>"
 
@@ -26,7 +27,7 @@ class ParamSpec(Strict):
     choices: list[Any] | None = None
 
     @model_validator(mode="after")
-    def _consistent(self) -> "ParamSpec":
+    def _consistent(self) -> ParamSpec:
         if self.type == "categorical":
             if not self.choices:
                 raise ValueError("categorical needs a non-empty 'choices' list")
@@ -122,7 +123,7 @@ class SearchSpace(Strict):
         return None if value is None else check_storage_url(value, None)
 
     @model_validator(mode="after")
-    def _resolve_gpu_auto(self) -> "SearchSpace":
+    def _resolve_gpu_auto(self) -> SearchSpace:
         """`resources.gpu: auto` becomes the share of a card one trial needs (measured once per study)."""
         if self.resources.gpu == "auto":
             from autofl.tuning.gpu_packing import resolve_auto_gpu
@@ -132,7 +133,7 @@ class SearchSpace(Strict):
         return self
 
     @model_validator(mode="after")
-    def _objective_is_validation(self) -> "SearchSpace":
+    def _objective_is_validation(self) -> SearchSpace:
         if self.objectives is not None:
             self._multi_objective()
         for i, name in enumerate(self.objectives or [self.objective]):
@@ -370,7 +371,7 @@ def grid_values(spec: ParamSpec) -> list[Any] | None:
         return list(range(int(spec.low), int(spec.high) + 1, int(spec.step or 1)))  # type: ignore[arg-type]
     if spec.step is None:
         return None
-    count = int(round((spec.high - spec.low) / spec.step))  # type: ignore[operator]
+    count = round((spec.high - spec.low) / spec.step)  # type: ignore[operator]
     return [round(spec.low + i * spec.step, 12) for i in range(count + 1)]  # type: ignore[operator]
 
 

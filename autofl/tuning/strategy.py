@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from autofl.tuning.ledger import Ledger
     from autofl.tuning.space import SearchSpace
 
-def study_start_points(space: "SearchSpace") -> list[dict[str, Any]]:
+def study_start_points(space: SearchSpace) -> list[dict[str, Any]]:
     """The trials a new study runs first (the paper default, one per method in a cross-method
     study), except under a grid, which visits the default among its points anyway."""
     return [] if space.sampler.kind == "grid" else start_points(space)
@@ -42,7 +42,7 @@ def run_seed(seed: int, run_name: str | None = None) -> int:
     return int(np.random.SeedSequence([seed, zlib.crc32(run_name.encode())]).generate_state(1)[0])
 
 
-def make_sampler(space: "SearchSpace", run_name: str | None = None):
+def make_sampler(space: SearchSpace, run_name: str | None = None):
     """The Optuna sampler of `space.sampler`, seeded with the space's seed (see run_seed)."""
     import optuna
 
@@ -64,7 +64,7 @@ def make_sampler(space: "SearchSpace", run_name: str | None = None):
     return optuna.samplers.QMCSampler(seed=seed, **options)
 
 
-def make_scheduler(space: "SearchSpace", ledger: "Ledger"):
+def make_scheduler(space: SearchSpace, ledger: Ledger):
     """The Tune scheduler of `space.scheduler` over FL rounds (None: every trial runs to the end)."""
     spec = space.scheduler
     if spec.kind == "none":

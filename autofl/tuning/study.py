@@ -310,8 +310,8 @@ def trial_config(study: Study, params: dict[str, Any], number: int | None, value
 
     import autofl
     from autofl.config import experiment_to_dict
-    from autofl.tuning.objectives import TEST_METRICS
     from autofl.experiment import build_experiment
+    from autofl.tuning.objectives import TEST_METRICS
 
     space = study.space()
     exp = build_experiment(space.config(params))

@@ -21,10 +21,10 @@ import ray
 import torch
 from ray import tune
 
-from autofl.experiment import build_experiment
 from autofl.data.datasets import RawDataset
-from autofl.engine.simulation import Simulation
 from autofl.device import resolve_device
+from autofl.engine.simulation import Simulation
+from autofl.experiment import build_experiment
 from autofl.features import ClassStats
 from autofl.methods.registry import get_method_class
 from autofl.registry import load_plugins

@@ -23,7 +23,7 @@ class StudyInterrupted(AutoFLError):
     exit_code = 130
 
     @classmethod
-    def of(cls, study_name: str) -> "StudyInterrupted":
+    def of(cls, study_name: str) -> StudyInterrupted:
         return cls(f"interrupted; study {study_name!r} is saved: resume it with autofl search --resume {study_name!r}")
 
 
