@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 import torch.nn.functional as F
 
@@ -50,7 +52,7 @@ def negative_cosine(p: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     return -F.cosine_similarity(p, z, dim=1).mean()
 
 
-def proximal(params: dict[str, torch.Tensor], anchor: dict[str, torch.Tensor]) -> torch.Tensor:
+def proximal(params: Mapping[str, torch.Tensor], anchor: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """sum ||w - w_anchor||^2 over the named parameters. Each term goes through `proximal_term`, so the
     compiled whole step can apply a probed weight's term itself (engine/linear_probes.py)."""
     terms = (proximal_term(p, anchor[name], squared_distance) for name, p in params.items())

@@ -11,15 +11,20 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 import torch
 from torch import nn
 
-from autofl.engine.plan import ClientStart, LossFn, Stage, Update
+from autofl.engine.plan import ClientStart, LossFn, ModelCopies, Stage, Update
 from autofl.engine.state import StateDict
+
+if TYPE_CHECKING:
+    from autofl.models.parts import SplitModel
+
+BatchNorm: TypeAlias = nn.BatchNorm1d | nn.BatchNorm2d | nn.BatchNorm3d
 
 
 @dataclass
@@ -38,7 +43,7 @@ class RoundPlan:
         if self.clients_done is not None:
             self.clients_done(clients)
 
-    def optimizer(self, params: list[torch.Tensor]) -> torch.optim.Optimizer:
+    def optimizer(self, params: Sequence[torch.Tensor]) -> torch.optim.Optimizer:
         return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
 
     def epochs(self, stage: Stage) -> int:
@@ -150,6 +155,7 @@ def outputs_by_slices(module: Callable[[torch.Tensor], torch.Tensor], x: torch.T
             if out is None:
                 out = part.new_empty(len(rows), *part.shape[1:])
             out[i:i + len(part)] = part
+    assert out is not None  # rows is not empty
     return out
 
 
@@ -165,8 +171,8 @@ def losses_on_inputs(stage: Stage) -> Stage:
 def _loss_on_module_outputs(name: str, loss: LossFn) -> LossFn:
     path = name.split(".")
 
-    def on_outputs(ws: nn.Module, x: torch.Tensor, y: torch.Tensor, flags: dict[str, torch.Tensor]) -> torch.Tensor:
-        module = ws
+    def on_outputs(ws: ModelCopies, x: torch.Tensor, y: torch.Tensor, flags: dict[str, torch.Tensor]) -> torch.Tensor:
+        module: Any = ws
         for part in path:
             module = getattr(module, part)
         with torch.no_grad():
@@ -174,7 +180,7 @@ def _loss_on_module_outputs(name: str, loss: LossFn) -> LossFn:
         return loss(ws, x, y, flags)
 
     # the compiled steps' cache key is the loss's definition (`compiled.step_key`): keep the method's
-    on_outputs.__module__ = getattr(loss, "__module__", None)
+    on_outputs.__module__ = getattr(loss, "__module__", None)  # type: ignore[assignment]  # None for a loss without one
     on_outputs.__qualname__ = f"{getattr(loss, '__qualname__', repr(loss))}[on {name}]"
     return on_outputs
 
@@ -190,10 +196,13 @@ class Workspace(nn.Module):
         for name in copies:
             self.add_module(name, copy.deepcopy(model))
         self._mode_key: Any = None
-        self._frozen_bn: list[nn.Module] = []
-        self._frozen_by_names: dict[Any, list[nn.Module]] = {}  # update.frozen_stats -> its BatchNorm modules
+        self._frozen_bn: list[BatchNorm] = []
+        self._frozen_by_names: dict[Any, list[BatchNorm]] = {}  # update.frozen_stats -> its BatchNorm modules
         # a compiled step's key -> one client's step size (the vectorized executor's steps per call)
         self.client_step_sizes: dict[Any, Any] = {}
+
+    if TYPE_CHECKING:  # for type checkers: the attributes not declared here are the model copies
+        def __getattr__(self, name: str) -> SplitModel: ...
 
     def forward(self, x: torch.Tensor, y: torch.Tensor, flags: dict[str, torch.Tensor], loss: Any) -> torch.Tensor:
         return loss(self, x, y, flags)
@@ -225,7 +234,7 @@ class Workspace(nn.Module):
         """What identifies the train / eval modes `enter` last set (None: none yet, or left)."""
         return self._mode_key
 
-    def frozen_batchnorms(self, frozen_stats: tuple[str, ...]) -> list[nn.Module]:
+    def frozen_batchnorms(self, frozen_stats: tuple[str, ...]) -> list[BatchNorm]:
         """The BatchNorm modules under `frozen_stats` whose running statistics an update leaves alone
         (cached per tuple of names; read before `enter` changes any of them)."""
         if frozen_stats not in self._frozen_by_names:

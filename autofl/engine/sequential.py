@@ -61,7 +61,7 @@ class SequentialExecutor:
             opts = [plan.optimizer(ps) for ps in params]
             # one update: its parameters are the only ones requiring grad, modes are set once per epoch
             alternating = len(stage.updates) > 1
-            for key in {u.report for u in stage.updates} - {None}:
+            for key in {u.report for u in stage.updates if u.report is not None}:
                 totals.setdefault(key, torch.zeros((), dtype=x.dtype, device=x.device))
             for order in orders:
                 if not alternating:

@@ -314,8 +314,8 @@ class _ChunkRun:
                     continue
                 if together is not None and len(runs) == 1 and runs[0][2] == self.plan.batch_size:
                     self.ws.enter(trained_models, together.tracking)
-                    losses = together.whole_step(runs[0][1], batch_rows[step], opts)
-                    for update, loss in zip(stage.updates, losses):
+                    update_losses = together.whole_step(runs[0][1], batch_rows[step], opts)
+                    for update, loss in zip(stage.updates, update_losses):
                         if update.report is not None:
                             self._meter(update.report, 0, runs[0][1], runs[0][2], loss)
                 else:
@@ -490,7 +490,9 @@ class _ChunkRun:
                 if lo == 0 and hi == self.k:
                     self.state[n].grad = grads[n]
                 else:
-                    self.state[n].grad[lo:hi] = grads[n]
+                    grad = self.state[n].grad
+                    assert grad is not None  # set above: by the compiled prefix, or zeros
+                    grad[lo:hi] = grads[n]
             if update.report is not None:
                 self._meter(update.report, lo, hi, size, loss, start=lo)
         opt.step()
@@ -763,6 +765,7 @@ class _Step:
         with run.kept_buffers(hi) as copies, end_probes_on_error(run.ws):
             rest = {**{n: run.stage_state[n] for n in self.rest_names}, **copies}
             fn = self.whole if rows.dim() == 2 else self.whole_run
+            assert fn is not None  # compiled together with self.whole
             return fn(run.ws, self.update.loss, self.rest_dims, tr, rest, run.x, run.y, rows, run.flags, lr, settings,
                       self.probes)
 
