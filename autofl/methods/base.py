@@ -56,14 +56,14 @@ client's own dict (what `keep_private` stored).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 
 import torch
 import torch.nn.functional as F
 from pydantic import ValidationError
 
 from autofl.config import Strict
-from autofl.engine.plan import ClientStart, LossFn, Stage, TrainedClient, Update, Upload
+from autofl.engine.plan import ClientStart, LossFn, ModelCopies, Stage, TrainedClient, Update, Upload
 from autofl.engine.server import ServerContext, ServerState, ServerUpdate
 from autofl.engine.state import StateDict, weighted_average
 from autofl.models.parts import SplitModel, build_model
@@ -73,8 +73,11 @@ from autofl.seeding import SeedPurpose
 if TYPE_CHECKING:
     from autofl.config import Experiment
 
-__all__ = ["ClientStart", "LossFn", "Method", "MethodParams", "SeedPurpose", "ServerContext", "ServerState",
+__all__ = ["ClientStart", "LossFn", "Method", "MethodParams", "ModelCopies", "SeedPurpose", "ServerContext", "ServerState",
            "ServerUpdate", "Stage", "StateDict", "TrainedClient", "Update", "Upload"]
+
+ModuleT = TypeVar("ModuleT", bound=torch.nn.Module)
+
 
 class MethodParams(Strict):
     """A method's own hyperparameters; unknown keys and non-finite numbers are errors."""
@@ -102,7 +105,7 @@ class Method:
         self.exp = exp
         self.input_shape = input_shape
         self.num_classes = num_classes
-        self._spares: dict[str, SplitModel] = {}
+        self._spares: dict[str, torch.nn.Module] = {}
 
     # ----- config ----------------------------------------------------------------------------
     @classmethod
@@ -145,13 +148,13 @@ class Method:
     def build_model(self) -> SplitModel:
         return build_model(self.exp.model, self.input_shape, self.num_classes, self.projector_out_dim)
 
-    def spare(self, name: str, like: torch.nn.Module) -> SplitModel:
+    def spare(self, name: str, like: ModuleT) -> ModuleT:
         """A second model instance of the same layout, built once and reused by loading states."""
         if name not in self._spares:
             import copy
 
             self._spares[name] = copy.deepcopy(like)
-        return self._spares[name]
+        return cast(ModuleT, self._spares[name])  # a copy of the first `like` asked for under `name`
 
     def shared_keys(self, model: SplitModel) -> list[str]:
         """State-dict keys the server aggregates; the rest stay on the client."""
@@ -191,7 +194,7 @@ class Method:
         """The local step of round `rnd` (0-based); default: all of the model on `loss`."""
         return [Stage((Update(("model.",), self.loss),))]
 
-    def loss(self, ws: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, flags: dict[str, torch.Tensor]) -> torch.Tensor:
+    def loss(self, ws: ModelCopies, x: torch.Tensor, y: torch.Tensor, flags: dict[str, torch.Tensor]) -> torch.Tensor:
         return F.cross_entropy(ws.model(x), y)
 
     def upload_payload(self, client: TrainedClient) -> dict[str, Any]:

@@ -40,6 +40,7 @@ def train_global_head(head: torch.nn.Module, local: list[ClassStats], lr: float,
 class FedGH(Method):
     name = "fedgh"
     Params = FedGHParams
+    params: FedGHParams  # the validated Params (Method.__init__)
     has_global_model = False  # the encoders stay on the clients: no whole global model
     personal_is_global = False
 
