@@ -68,9 +68,10 @@ def split_client(indices: np.ndarray, fractions: tuple[float, float, float], rng
 
 def natural_parts(raw: RawDataset, cfg: DataConfig) -> list[np.ndarray]:
     """Client k holds the pool's samples whose client id is k (ids 0..num_clients-1)."""
-    if raw.train_client is None or (cfg.pool == "train+test" and raw.test_client is None):
+    test_ids = raw.test_client if cfg.pool == "train+test" else None
+    if raw.train_client is None or (cfg.pool == "train+test" and test_ids is None):
         raise ConfigError(f"data.partition.kind: natural needs client ids in dataset {cfg.dataset}")
-    ids = raw.train_client if cfg.pool == "train" else torch.cat([raw.train_client, raw.test_client])
+    ids = raw.train_client if test_ids is None else torch.cat([raw.train_client, test_ids])
     ids_np = ids.numpy()
     return [np.flatnonzero(ids_np == k) for k in range(cfg.num_clients)]
 

@@ -94,8 +94,7 @@ def _natural_ids(client: np.ndarray, client_test: np.ndarray | None) -> tuple[to
     ids, train = np.unique(client, return_inverse=True)
     test = None
     if client_test is not None:
-        test = np.searchsorted(ids, client_test)
-        test = torch.from_numpy(test.astype(np.int64))
+        test = torch.from_numpy(np.searchsorted(ids, client_test).astype(np.int64))
     return torch.from_numpy(train.astype(np.int64)), test
 
 
