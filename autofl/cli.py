@@ -93,7 +93,7 @@ def cmd_search(args: argparse.Namespace) -> int:
 
         space = study.space
         base = space.base_experiment()
-        trial_device = resolve_device("cuda" if space.resources.gpu > 0 else "cpu")  # where Ray places the trials
+        trial_device = resolve_device("cuda" if space.resources.gpu_share > 0 else "cpu")  # where Ray places the trials
         console.print(f"autofl search: study {study.name} in {study.root}; trials' "
                       f"{describe_executor(base, get_method_class(base.method.name), trial_device)}"
                       f"{'; ' + space.resources.auto_line if space.resources.auto_line else ''}; Ray's logs: {logs}"

@@ -13,7 +13,7 @@ import signal
 import socket
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from autofl.errors import AutoFLError, ConfigError
 
@@ -225,7 +225,7 @@ class rollback_if_unstarted:  # noqa: N801 - used as a context manager
     def __enter__(self) -> rollback_if_unstarted:
         return self
 
-    def __exit__(self, kind: Any, err: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, kind: Any, err: BaseException | None, tb: Any) -> Literal[False]:
         if err is None:
             return False
         try:

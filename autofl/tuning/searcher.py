@@ -30,7 +30,8 @@ class StudySearcher(Searcher):
     def __init__(self, ledger: Ledger, define: Callable[[Any], dict[str, Any] | None], sampler: Any,
                  metric: str | list[str], mode: str | list[str], max_t: int, run_name: str, budget: int,
                  points_to_evaluate: list[dict[str, Any]] | None = None, skip_repeats: bool = False):
-        super().__init__(metric=metric, mode=mode)
+        # Ray's Searcher keeps lists (several objectives) as they are; its annotation says str
+        super().__init__(metric=metric, mode=mode)  # type: ignore[arg-type]
         self._skip_repeats = skip_repeats  # sampler.skip_repeats: autofl/tuning/repeats.py
         self._ledger = ledger
         self._define = define  # Optuna define-by-run: suggests the trial's params
@@ -55,7 +56,8 @@ class StudySearcher(Searcher):
         self._max_concurrent = max_concurrent
         return True
 
-    def suggest(self, trial_id: str) -> dict | str | None:
+    # Searcher.FINISHED (a str) is Ray's own documented return value; its annotation leaves it out
+    def suggest(self, trial_id: str) -> dict | str | None:  # type: ignore[override]
         live = len(set(self._trials) - self._finished)
         if self._max_concurrent and live >= self._max_concurrent:
             return None  # asked again when a trial completes

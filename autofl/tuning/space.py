@@ -76,6 +76,13 @@ class ResourcesSpec(Strict):
     @property
     def auto_line(self) -> str | None:
         return self._auto_line
+
+    @property
+    def gpu_share(self) -> float:
+        """`gpu` as a number: a search space resolves `auto` when it is validated (`_resolve_gpu_auto`)."""
+        if self.gpu == "auto":
+            raise RuntimeError("resources.gpu: auto is not resolved yet (SearchSpace resolves it)")
+        return self.gpu
     max_concurrent: int | None = Field(
         None, ge=1, description="trials in flight at once; default: as many as the cluster holds when the run "
         "starts (set it higher on an autoscaling cluster)")

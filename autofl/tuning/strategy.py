@@ -56,7 +56,8 @@ def make_sampler(space: SearchSpace, run_name: str | None = None):
     if spec.kind == "grid":
         from autofl.tuning.grid_sampler import StudyGridSampler
 
-        return StudyGridSampler({name: grid_values(p) for name, p in all_params(space).items()}, seed=seed)
+        # `or []`: never taken, the space rejects a continuous range under a grid sampler
+        return StudyGridSampler({name: grid_values(p) or [] for name, p in all_params(space).items()}, seed=seed)
     if spec.kind == "gp":
         return optuna.samplers.GPSampler(seed=seed, **options)
     if spec.kind == "cmaes":

@@ -264,7 +264,7 @@ def best_of(trials: list, mode: str):
     from autofl.tuning.objectives import best
 
     complete = [t for t in trials if t.state.name == "COMPLETE" and t.values]
-    return best(complete, key=first_value, mode=mode)  # multi-objective: on the first objective
+    return best(complete, key=lambda t: t.values[0], mode=mode)  # multi-objective: on the first objective
 
 
 def export_best_config(study: Study, reeval: dict[str, Any] | None = None) -> dict[str, Any]:
