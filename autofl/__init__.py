@@ -59,7 +59,6 @@ if TYPE_CHECKING:
     from autofl.engine.plan import ClientStart, Stage, Update
     from autofl.errors import ArgumentError, AutoFLError, ConfigError, DataError, RunDiverged, StorageError
     from autofl.methods.base import Method, MethodParams
-    from autofl.data.spec import DatasetSpec, RawDataset
     from autofl.models.parts import SplitModel
     from autofl.models.spec import LinearSpec, ModelParams, ModelSpec
 

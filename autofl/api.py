@@ -23,9 +23,10 @@ so that the study's owner can change without the API changing.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -293,7 +294,6 @@ class Study:
         """Write the study's HTML report (self-contained) and its figures as PNG into `out`
         (default <study>/report); returns the HTML file's path."""
         from autofl.report import build_report
-
         from autofl.tuning.study import check_owned
 
         args_.check_args(args_.ReportArgs, "report", out=out)
@@ -347,7 +347,7 @@ def load_study(name: str, dir: str | Path | None = None) -> Study:
 def _import_trial_stack() -> None:
     import optuna  # noqa: F401
 
-    import autofl.tuning.searcher  # noqa: F401
+    import autofl.tuning.searcher
     import autofl.tuning.trainable  # noqa: F401  (torch, ray.tune, the engine)
 
 
@@ -518,7 +518,7 @@ def submit_slurm(space: dict[str, Any] | SearchSpace | str | Path | None = None,
     created = not root.exists()
     if not resume:
         tree = yaml.safe_load(text)
-        changed = {}
+        changed: dict[str, Any] = {}
         if parsed.storage is None and not os.environ.get(STORAGE_ENV):
             changed["storage"] = jobs.DEFAULT_JOURNAL  # SQLite is not safe on a shared filesystem
         if trials is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from collections import Counter
 from pathlib import Path
@@ -14,8 +15,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from autofl.errors import AutoFLError
-from autofl.tuning.reeval_limits import MAX_SEEDS, MAX_TOP
 from autofl.text import clean, terminal_console
+from autofl.tuning.reeval_limits import MAX_SEEDS, MAX_TOP
 
 # no rich markup in printed user text; 200 columns in a pipe or CI log (autofl/text.py)
 console = terminal_console()
@@ -81,19 +82,19 @@ def cmd_search(args: argparse.Namespace) -> int:
     existing = args.resume or args.join
     # the API raises the other flag errors; in the order they were checked (resume with join, --storage-path,
     # --space), before this one
-    if existing and args.name is not None and not (args.resume and args.join or args.storage_path or args.space):
+    if existing and args.name is not None and not ((args.resume and args.join) or args.storage_path or args.space):
         raise AutoFLError(f"--name: applies to a new study; --resume/--join {existing} continues the study "
                           f"with its own space and name")
     record_before: list[dict] = []
 
     def on_start(study: api.Study, logs: Path) -> None:
-        from autofl.device import resolve_device
         from autofl.accel.choice import describe_executor
+        from autofl.device import resolve_device
         from autofl.methods.registry import get_method_class
 
         space = study.space
         base = space.base_experiment()
-        trial_device = resolve_device("cuda" if space.resources.gpu > 0 else "cpu")  # where Ray places the trials
+        trial_device = resolve_device("cuda" if space.resources.gpu_share > 0 else "cpu")  # where Ray places the trials
         console.print(f"autofl search: study {study.name} in {study.root}; trials' "
                       f"{describe_executor(base, get_method_class(base.method.name), trial_device)}"
                       f"{'; ' + space.resources.auto_line if space.resources.auto_line else ''}; Ray's logs: {logs}"
@@ -494,10 +495,8 @@ def _stdout_lost(err: OSError) -> int:
     second error when Python flushes stdout at exit."""
     import os
 
-    try:
+    with contextlib.suppress(OSError, ValueError, AttributeError):
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    except (OSError, ValueError, AttributeError):
-        pass
     err_console.print(f"autofl: error: cannot write the output ({err.strerror or type(err).__name__}); "
                       f"send it to a file or a reader that stays open", highlight=False, soft_wrap=True)
     return 2
@@ -507,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
     import os
 
     if sys.stdout is None:  # started with stdout closed (>&-): what would be shown is dropped
-        sys.stdout = open(os.devnull, "w")
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - stdout for the rest of the process
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

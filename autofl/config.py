@@ -52,7 +52,7 @@ class SplitConfig(Strict):
     test: float = Field(0.2, ge=0, lt=1)
 
     @model_validator(mode="after")
-    def _sums_to_one(self) -> "SplitConfig":
+    def _sums_to_one(self) -> SplitConfig:
         total = self.train + self.val + self.test
         if abs(total - 1.0) > 1e-6:
             raise ValueError(f"train + val + test must sum to 1 (got {total:g})")
@@ -195,7 +195,7 @@ class Experiment(Strict):
         return self.seed if self.data.seed is None else self.data.seed
 
     @model_validator(mode="after")
-    def _cross_checks(self) -> "Experiment":
+    def _cross_checks(self) -> Experiment:
         from autofl.registry import DATASETS
 
         dataset = DATASETS.get(self.data.dataset)
@@ -249,8 +249,8 @@ class Experiment(Strict):
                                  f"{facts.natural_clients} clients (got {self.data.num_clients}); allowed: "
                                  f"{facts.natural_clients}, or leave it out")
             if self.data.pool == "train+test" and facts.natural_test is False:
-                raise ValueError(f"data.pool: train+test with the natural partition needs the test samples' client "
-                                 f"ids (npz: client_test); allowed here: train")
+                raise ValueError("data.pool: train+test with the natural partition needs the test samples' client "
+                                 "ids (npz: client_test); allowed here: train")
         if part.kind == "pathological":
             k = part.classes_per_client
             if k > num_classes:

@@ -7,6 +7,7 @@ as root would have replaced the machine's /dev/null)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -73,10 +74,8 @@ def write_atomic(path: Path, data: str | bytes) -> None:
             os.fsync(handle.fileno())  # a full disk shows here, not after the rename
         os.replace(tmp, path)
     except OSError as err:  # disk full, read-only, no permission: the temp file goes, `path` is as it was
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise write_failed(path, err) from None
 
 

@@ -6,7 +6,6 @@ import torch
 import torch.nn.functional as F
 
 
-
 def contrastive_pair(anchor: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor, tau: float) -> torch.Tensor:
     """-log( e^{cos(a,p)/tau} / (e^{cos(a,p)/tau} + e^{cos(a,n)/tau}) ), the MOON / FDCL term."""
     a, p, n = (t.flatten(1) for t in (anchor, positive, negative))

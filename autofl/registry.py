@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import Any, Callable, Generic, Iterator, TypeVar
+from typing import Any, Generic, TypeVar
 
 from autofl.errors import ConfigError
 

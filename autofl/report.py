@@ -11,14 +11,16 @@ figures come from `optuna.visualization.matplotlib`; the others are plain matplo
 from __future__ import annotations
 
 import base64
+import functools
 import html
 import io
 import math
 import warnings
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from autofl.files import write_atomic
 from autofl.tuning.objectives import better, sign
@@ -160,7 +162,7 @@ def _round_curves(space, trials: list) -> Figure:
 
     def draw():
         fig, ax = plt.subplots(figsize=(8, 4.5))
-        styles = {"COMPLETE": dict(color="tab:blue", alpha=0.8, lw=1.4),
+        styles: dict[str, dict[str, Any]] = {"COMPLETE": dict(color="tab:blue", alpha=0.8, lw=1.4),
                   "PRUNED": dict(color="tab:gray", alpha=0.6, lw=1.0, ls="--"),
                   "FAIL": dict(color="tab:red", alpha=0.6, lw=1.0, ls=":")}
         labelled = set()
@@ -199,8 +201,8 @@ def _optuna_figures(space, ot, trials: list) -> list[Figure]:
                                target_name=space.objective)))
     for name in names:
         stem = "slice_" + "".join(c if c.isalnum() else "_" for c in name)
-        figures.append(_figure(stem, f"Slice: {name}", lambda name=name: ovm.plot_slice(
-            ot, params=[name], target=target, target_name=space.objective)))
+        figures.append(_figure(stem, f"Slice: {name}", functools.partial(
+            ovm.plot_slice, ot, params=[name], target=target, target_name=space.objective)))
     figures.append(_figure("parallel_coordinates", "Parallel coordinates",
                            lambda: ovm.plot_parallel_coordinate(ot, target=target, target_name=space.objective)))
     return figures

@@ -29,7 +29,7 @@ class YamlTooLarge(ValueError):
     """The document is larger than allowed (bytes, or nodes after alias expansion)."""
 
 
-class BoundedSafeLoader(_SafeBase):  # type: ignore[misc,valid-type]
+class BoundedSafeLoader(_SafeBase):
     """A safe loader that refuses documents whose aliases expand by more than MAX_ALIAS_NODES nodes
     or into a cycle (checked on the composed node graph, before any Python object is built)."""
 

@@ -20,6 +20,7 @@ SQLite is not safe on NFS), Tune's experiments, and `slurm/` (this script, `slur
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shlex
@@ -136,7 +137,7 @@ class SlurmOptions(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _signal_within_limit(self) -> "SlurmOptions":
+    def _signal_within_limit(self) -> SlurmOptions:
         limit = time_limit_seconds(self.time)
         if self.signal_before_s >= limit:
             raise ValueError(f"signal_before_s: {self.signal_before_s} s is not before the time limit "
@@ -321,7 +322,7 @@ def wait_for_ray(address: str, nodes: int, seconds: float, step_pid: int | None 
             time.sleep(0.5)
     import ray  # the port answers before the node has registered: wait for the nodes themselves
 
-    ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
     try:
         while sum(1 for n in ray.nodes() if n.get("Alive")) < nodes:
             if time.monotonic() > deadline:

@@ -30,7 +30,7 @@ def clean(text: object) -> str:
 class SafeConsole(Console):
     """A Console whose printed strings are `clean`ed (renderables such as tables clean their cells)."""
 
-    def print(self, *objects: object, **kwargs: object) -> None:  # type: ignore[override]
+    def print(self, *objects: object, **kwargs: object) -> None:
         super().print(*(clean(o) if isinstance(o, str) else o for o in objects), **kwargs)  # type: ignore[arg-type]
 
 

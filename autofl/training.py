@@ -8,8 +8,8 @@ import math
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 import yaml
@@ -17,9 +17,9 @@ import yaml
 from autofl.config import Experiment, experiment_to_dict
 from autofl.engine.simulation import Simulation
 from autofl.engine.state import plain_tree
-from autofl.methods.registry import get_method_class
 from autofl.errors import AutoFLError, OutputError, RunDiverged
 from autofl.files import write_atomic, write_failed
+from autofl.methods.registry import get_method_class
 
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.yaml"
@@ -103,9 +103,7 @@ def run_training(
     try:
         history = _train_into(sim, exp, work, on_round)
     except BaseException as err:  # an interrupted or failed --overwrite leaves no hidden half-run folder
-        if replacing and not isinstance(err, RunDiverged):  # (a diverged run's message points at its rounds)
-            shutil.rmtree(work, ignore_errors=True)
-        elif made and isinstance(err, OutputError):  # a failed write (a full disk): no half-made run folder
+        if (replacing and not isinstance(err, RunDiverged)) or (made and isinstance(err, OutputError)):  # (a diverged run's message points at its rounds)
             shutil.rmtree(work, ignore_errors=True)
         raise
     if replacing:
@@ -133,7 +131,7 @@ def _train_into(sim: Simulation, exp: Experiment, work: Path,
     history: list[dict[str, float]] = []
     metrics_path = work / METRICS_FILE
     try:
-        fh = open(metrics_path, "x")
+        fh = open(metrics_path, "x")  # noqa: SIM115  (its own error line; the `with fh` below closes it)
     except OSError as err:
         raise write_failed(metrics_path, err) from None
     with fh:

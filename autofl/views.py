@@ -28,7 +28,7 @@ _interval = format_interval
 def format_params(params: dict[str, Any], short: bool = True) -> str:
     """Searched values, floats to 4 significant digits; `short`: each key by its last part
     (`fdcl:method.mu` -> mu)."""
-    name = (lambda k: k.split(":")[-1].split(".")[-1]) if short else (lambda k: k)  # noqa: E731
+    name = (lambda k: k.split(":")[-1].split(".")[-1]) if short else (lambda k: k)
     from autofl.text import clean  # user values reach the terminal: control characters escaped
 
     return clean(", ".join(f"{name(k)}={v:.4g}" if isinstance(v, float) else f"{name(k)}={v}"

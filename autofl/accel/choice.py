@@ -9,12 +9,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from autofl.device import resolve_device
 from autofl.accel.compiled import choose_compile
+from autofl.accel.compiled_sequential import CompiledSequentialExecutor
+from autofl.accel.vectorized import VectorizedExecutor
+from autofl.device import resolve_device
 from autofl.engine.executor import Executor, Workspace
 from autofl.engine.sequential import SequentialExecutor
 from autofl.engine.server import MethodClass
-from autofl.accel.vectorized import VectorizedExecutor
 from autofl.errors import ConfigError
 
 # module types whose forward is known to run under torch.func.vmap with per-client tensors

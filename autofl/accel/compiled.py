@@ -48,16 +48,17 @@ import os
 import shutil
 import sys
 import types
-from typing import Any, Callable, Hashable
+from collections.abc import Callable, Hashable
+from typing import Any
 
 import torch
-from torch.optim.sgd import sgd as sgd_update  # the functional SGD that torch.optim.SGD.step runs
 from torch.func import functional_call, grad, vmap
+from torch.optim.sgd import sgd as sgd_update  # the functional SGD that torch.optim.SGD.step runs
 from torch.utils.flop_counter import FlopCounterMode
 
 from autofl.accel import cuda_graphs
-from autofl.accel.linear_probes import (ATTRIBUTE as PROBES_ATTRIBUTE, NO_PROBES, ProbePlan, client_zero_copies,
-                                         linear_sgd_, proximal_sgd_)
+from autofl.accel.linear_probes import ATTRIBUTE as PROBES_ATTRIBUTE
+from autofl.accel.linear_probes import NO_PROBES, ProbePlan, client_zero_copies, linear_sgd_, proximal_sgd_
 
 # lockstep steps (rounds x the longest client's batches a round) a vectorized trial must run before
 # `auto` compiles on CPU. Measured on 2 cores with an empty inductor cache (docs/benchmarks.md,
@@ -307,7 +308,7 @@ def compiled(fn: Callable[..., Any], key: Hashable, device: torch.device,
     return _COMPILED[full_key]
 
 
-def step_key(loss: Callable[..., Any], stage: int, update: int) -> Hashable:
+def step_key(loss: Callable[..., Any], stage: int, update: int) -> tuple[Any, str, int, int]:
     """What identifies one update's step across rounds and trials: the loss's definition (not the
     closure made this round) and its place in the method's declaration. A loss that computes its stage's
     `inputs` first (`executor.losses_on_inputs`) is keyed by the method's loss it wraps and the module."""

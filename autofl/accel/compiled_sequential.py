@@ -4,7 +4,7 @@ batch runs eager. Everything else is the reference executor's (autofl.engine.seq
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

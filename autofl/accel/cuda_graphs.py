@@ -49,7 +49,8 @@ from __future__ import annotations
 
 import collections
 import warnings
-from typing import Any, Callable, Hashable, TypeVar
+from collections.abc import Callable, Hashable
+from typing import Any, TypeVar
 
 import torch
 

@@ -37,8 +37,8 @@ from __future__ import annotations
 import functools
 import itertools
 import types
-from collections.abc import Hashable
-from typing import Any, Callable
+from collections.abc import Callable, Hashable
+from typing import Any
 
 import torch
 
@@ -132,7 +132,7 @@ class RoundArena:
         return graphs
 
     @staticmethod
-    def _kept(kept: dict[Any, torch.Tensor], key: Any, value: "torch.Tensor | _Copy") -> torch.Tensor:
+    def _kept(kept: dict[Any, torch.Tensor], key: Any, value: torch.Tensor | _Copy) -> torch.Tensor:
         """The tensor kept under `key`, holding `value` (copied in); a new one when shapes differ."""
         source = value.tensor if isinstance(value, _Copy) else value
         old = kept.get(key)

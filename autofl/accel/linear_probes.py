@@ -35,13 +35,16 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any, Callable, Iterator, NamedTuple
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
+if TYPE_CHECKING:
+    from autofl.engine.executor import Workspace
 
 
 class ProbedWeight(NamedTuple):
@@ -125,7 +128,7 @@ class LinearProbes:
         self.running = False
 
     @classmethod
-    def of(cls, ws: nn.Module) -> "LinearProbes":
+    def of(cls, ws: Workspace) -> LinearProbes:
         """The probes of `ws`, held as its attribute `autofl_linear_probes`, which compiled code reads (a
         lookup in a table here would be traced and guarded)."""
         probes = getattr(ws, ATTRIBUTE, None)
@@ -193,7 +196,7 @@ def end_probes_on_error(ws: nn.Module) -> Iterator[None]:
         raise
 
 
-def probe_plan(ws: nn.Module, key: Any, loss: Callable[..., torch.Tensor], trained: list[str] | tuple[str, ...],
+def probe_plan(ws: Workspace, key: Any, loss: Callable[..., torch.Tensor], trained: list[str] | tuple[str, ...],
                state: dict[str, torch.Tensor], dims: dict[str, int | None], x: torch.Tensor, y: torch.Tensor,
                flags: dict[str, torch.Tensor]) -> ProbePlan:
     """The trained linear weights (of at least MIN_PROBED_WEIGHT elements) that the loss reads only

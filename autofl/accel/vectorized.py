@@ -33,8 +33,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Hashable
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
+from typing import Any
 
 import torch
 from torch.func import functional_call
@@ -43,10 +43,19 @@ from torch.optim.sgd import sgd as sgd_update  # the functional SGD that torch.o
 from autofl.accel import compiled, cuda_graphs
 from autofl.accel.graph_arena import RoundArena, loss_holds
 from autofl.accel.linear_probes import ProbePlan, end_probes_on_error, probe_plan
-from autofl.engine.executor import (ClientJob, ClientOutcome, RoundPlan, Workspace, batch_cuts, epoch_orders,
-                                    losses_on_inputs, outputs_by_slices, stage_inputs, stage_models)
+from autofl.engine.executor import (
+    ClientJob,
+    ClientOutcome,
+    RoundPlan,
+    Workspace,
+    batch_cuts,
+    epoch_orders,
+    losses_on_inputs,
+    outputs_by_slices,
+    stage_inputs,
+    stage_models,
+)
 from autofl.engine.plan import Stage, Update
-
 
 # a stage's steps with shorter batches replay graphs of their own from this many epochs on (`_graphed_runs`)
 PATTERN_GRAPH_EPOCHS = 3
@@ -240,7 +249,7 @@ class _ChunkRun:
             if not len(rows):
                 continue
             weights = {n: t[i] if dim == 0 else t for n, (t, dim) in tensors.items()}
-            outputs = outputs_by_slices(lambda xs: functional_call(module, weights, (xs,)), self.x, rows)
+            outputs = outputs_by_slices(lambda xs: functional_call(module, weights, (xs,)), self.x, rows)  # noqa: B023 - called in this iteration
             if table is None:
                 table = outputs.new_zeros(len(self.x), *outputs.shape[1:])
             table.index_copy_(0, rows, outputs)
@@ -305,8 +314,8 @@ class _ChunkRun:
                     continue
                 if together is not None and len(runs) == 1 and runs[0][2] == self.plan.batch_size:
                     self.ws.enter(trained_models, together.tracking)
-                    losses = together.whole_step(runs[0][1], batch_rows[step], opts)
-                    for update, loss in zip(stage.updates, losses):
+                    update_losses = together.whole_step(runs[0][1], batch_rows[step], opts)
+                    for update, loss in zip(stage.updates, update_losses):
                         if update.report is not None:
                             self._meter(update.report, 0, runs[0][1], runs[0][2], loss)
                 else:
@@ -375,7 +384,7 @@ class _ChunkRun:
         if per_call < 2:
             return calls
         start = 0
-        for step, (active, runs, done_lo) in enumerate(lock + [(0, [], 0)]):
+        for step, (active, runs, done_lo) in enumerate([*lock, (0, [], 0)]):
             groupable = len(runs) == 1 and runs[0][2] == self.plan.batch_size and done_lo == active
             if groupable and step > start and active == lock[start][0]:
                 continue
@@ -400,7 +409,7 @@ class _ChunkRun:
         patterns = {tuple(runs) for _, runs, _ in lock if not (len(runs) == 1 and runs[0][2] == bs)}
         return patterns if len(patterns) <= min(MAX_PATTERN_GRAPHS, cuda_graphs.MAX_GRAPHS - 1) else set()
 
-    def _seen_patterns(self, step: "_Step", opt: torch.optim.Optimizer) -> set[tuple[tuple[int, int, int], ...]]:
+    def _seen_patterns(self, step: _Step, opt: torch.optim.Optimizer) -> set[tuple[tuple[int, int, int], ...]]:
         """The patterns of runs `step`'s update met last round in this chunk, if its loss (`loss_holds`) and
         its optimizer's settings are the same: its graphs of them are kept. Otherwise (another loss, a
         learning rate decayed since) they would capture anew, which a pattern met once a round does not pay."""
@@ -423,10 +432,10 @@ class _ChunkRun:
                 runs.append((i, i + 1, b - a))
         return runs
 
-    def _make_step(self, update: Update, trained: list[str], where: tuple[int, int]) -> "_Step":
+    def _make_step(self, update: Update, trained: list[str], where: tuple[int, int]) -> _Step:
         return _Step(self, update, trained, where)
 
-    def _update(self, update: Update, names: list[str], step: "_Step", opt: torch.optim.Optimizer,
+    def _update(self, update: Update, names: list[str], step: _Step, opt: torch.optim.Optimizer,
                 runs: list[tuple[int, int, int]], rows: torch.Tensor, active: int) -> None:
         lo0, hi0, size0 = runs[0] if runs else (0, 0, 0)
         if step.graphs is not None and len(runs) == 1 and size0 == self.plan.batch_size:
@@ -481,12 +490,14 @@ class _ChunkRun:
                 if lo == 0 and hi == self.k:
                     self.state[n].grad = grads[n]
                 else:
-                    self.state[n].grad[lo:hi] = grads[n]
+                    grad = self.state[n].grad
+                    assert grad is not None  # set above: by the compiled prefix, or zeros
+                    grad[lo:hi] = grads[n]
             if update.report is not None:
                 self._meter(update.report, lo, hi, size, loss, start=lo)
         opt.step()
 
-    def _mixed_step(self, update: Update, names: list[str], step: "_Step", opt: torch.optim.Optimizer,
+    def _mixed_step(self, update: Update, names: list[str], step: _Step, opt: torch.optim.Optimizer,
                     runs: list[tuple[int, int, int]], rows: torch.Tensor) -> None:
         """One step where clients 0:hi0 (the first run) have full batches and the later runs shorter last
         batches, with CUDA-graph steps: the eager step would run one `vmap(grad)` call per run, each a few
@@ -754,6 +765,7 @@ class _Step:
         with run.kept_buffers(hi) as copies, end_probes_on_error(run.ws):
             rest = {**{n: run.stage_state[n] for n in self.rest_names}, **copies}
             fn = self.whole if rows.dim() == 2 else self.whole_run
+            assert fn is not None  # compiled together with self.whole
             return fn(run.ws, self.update.loss, self.rest_dims, tr, rest, run.x, run.y, rows, run.flags, lr, settings,
                       self.probes)
 

@@ -16,7 +16,7 @@ from autofl.config import DATA_ROOT_ENV, DataConfig
 from autofl.data.raw import RawDataset
 from autofl.errors import DataError
 
-__all__ = ["RawDataset", "load_raw_dataset", "load_digits", "load_torchvision"]
+__all__ = ["RawDataset", "load_digits", "load_raw_dataset", "load_torchvision"]
 
 _DIGITS_TEST_FRACTION = 0.2
 _DIGITS_SPLIT_SEED = 0  # digits has no official test set: a fixed split, the same for every experiment
@@ -38,17 +38,15 @@ def load_digits(cfg: DataConfig | None = None) -> RawDataset:
     x = (x - 0.3) / 0.4  # roughly zero-mean, unit-variance pixels
     y = torch.tensor(table[:, -1].astype(np.int64))
     order = torch.from_numpy(np.random.default_rng(_DIGITS_SPLIT_SEED).permutation(len(y)))
-    n_test = int(round(_DIGITS_TEST_FRACTION * len(y)))
+    n_test = round(_DIGITS_TEST_FRACTION * len(y))
     test_idx, train_idx = order[:n_test], order[n_test:]
     return RawDataset("digits", x[train_idx], y[train_idx], x[test_idx], y[test_idx], 10)
 
 
 def _to_tensor_images(data: object) -> torch.Tensor:
     images = data if isinstance(data, torch.Tensor) else torch.from_numpy(np.asarray(data))
-    if images.ndim == 3:  # (N, H, W) grayscale
-        images = images.unsqueeze(1)
-    else:  # (N, H, W, C) colour
-        images = images.permute(0, 3, 1, 2)
+    # (N, H, W) grayscale, or (N, H, W, C) colour
+    images = images.unsqueeze(1) if images.ndim == 3 else images.permute(0, 3, 1, 2)
     return images.contiguous().float().div_(255.0)
 
 

@@ -37,7 +37,7 @@ class FederatedData:
     def train_sizes(self) -> list[int]:
         return [len(c.train) for c in self.clients]
 
-    def to(self, device: torch.device, dtype: torch.dtype = torch.float32) -> "FederatedData":
+    def to(self, device: torch.device, dtype: torch.dtype = torch.float32) -> FederatedData:
         """On `device`, with inputs of `dtype` (labels and indices stay int64)."""
         return FederatedData(
             self.x.to(device, dtype), self.y.to(device),
@@ -50,8 +50,8 @@ def split_client(indices: np.ndarray, fractions: tuple[float, float, float], rng
     """Shuffle one client's indices and cut them into train / val / test (train keeps the remainder)."""
     shuffled = rng.permutation(indices)
     n = len(shuffled)
-    n_val = int(round(fractions[1] * n))
-    n_test = int(round(fractions[2] * n))
+    n_val = round(fractions[1] * n)
+    n_test = round(fractions[2] * n)
     while n > 0 and n_val + n_test > n - 1:  # tiny client: keep at least one training sample
         if n_test >= n_val:
             n_test -= 1
@@ -68,9 +68,10 @@ def split_client(indices: np.ndarray, fractions: tuple[float, float, float], rng
 
 def natural_parts(raw: RawDataset, cfg: DataConfig) -> list[np.ndarray]:
     """Client k holds the pool's samples whose client id is k (ids 0..num_clients-1)."""
-    if raw.train_client is None or (cfg.pool == "train+test" and raw.test_client is None):
+    test_ids = raw.test_client if cfg.pool == "train+test" else None
+    if raw.train_client is None or (cfg.pool == "train+test" and test_ids is None):
         raise ConfigError(f"data.partition.kind: natural needs client ids in dataset {cfg.dataset}")
-    ids = raw.train_client if cfg.pool == "train" else torch.cat([raw.train_client, raw.test_client])
+    ids = raw.train_client if test_ids is None else torch.cat([raw.train_client, test_ids])
     ids_np = ids.numpy()
     return [np.flatnonzero(ids_np == k) for k in range(cfg.num_clients)]
 

@@ -160,12 +160,11 @@ def _natural_ids(client: np.ndarray, client_test: np.ndarray | None) -> tuple[to
     ids, train = np.unique(client, return_inverse=True)
     test = None
     if client_test is not None:
-        test = np.searchsorted(ids, client_test)
-        test = torch.from_numpy(test.astype(np.int64))
+        test = torch.from_numpy(np.searchsorted(ids, client_test).astype(np.int64))
     return torch.from_numpy(train.astype(np.int64)), test
 
 
-def load_npz(cfg: "DataConfig") -> RawDataset:
+def load_npz(cfg: DataConfig) -> RawDataset:
     """The RawDataset of the .npz file at `cfg.path`; DataError (one line) when the file is unusable."""
     if not cfg.path:
         raise DataError("data.path: dataset npz needs data.path, the .npz file to read")

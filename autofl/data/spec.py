@@ -13,8 +13,9 @@ named by `data.path`): validating a config then loads it once (cached for the ru
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from autofl.data.raw import RawDataset
 from autofl.registry import DATASETS
@@ -38,7 +39,7 @@ class DatasetSpec:
     how many clients its natural partition has (None: it has none)."""
 
     name: str
-    load: Callable[["DataConfig"], RawDataset]
+    load: Callable[[DataConfig], RawDataset]
     num_classes: int | None = None
     input_shape: tuple[int, ...] | None = None
     train_size: int | None = None
@@ -47,7 +48,7 @@ class DatasetSpec:
     uses_path: bool = False
     description: str = ""
 
-    def facts(self, cfg: "DataConfig") -> DatasetFacts:
+    def facts(self, cfg: DataConfig) -> DatasetFacts:
         """The dataset's facts: declared, or read from the data when not declared."""
         if self.num_classes is not None and self.input_shape is not None:
             return DatasetFacts(self.num_classes, tuple(self.input_shape), self.natural_clients)

@@ -11,15 +11,21 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 import torch
 from torch import nn
 
 from autofl import losses
-from autofl.engine.plan import ClientStart, LossFn, Stage, Update
+from autofl.engine.plan import ClientStart, LossFn, ModelCopies, Stage, Update
 from autofl.engine.state import StateDict
+
+if TYPE_CHECKING:
+    from autofl.models.parts import SplitModel
+
+BatchNorm: TypeAlias = nn.BatchNorm1d | nn.BatchNorm2d | nn.BatchNorm3d
 
 
 @dataclass
@@ -38,7 +44,7 @@ class RoundPlan:
         if self.clients_done is not None:
             self.clients_done(clients)
 
-    def optimizer(self, params: list[torch.Tensor]) -> torch.optim.Optimizer:
+    def optimizer(self, params: Sequence[torch.Tensor]) -> torch.optim.Optimizer:
         return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
 
     def epochs(self, stage: Stage) -> int:
@@ -105,7 +111,7 @@ PER_SAMPLE_LAYERS: tuple[type[nn.Module], ...] = (
     nn.GELU, nn.SiLU, nn.Mish, nn.Tanh, nn.Sigmoid, nn.Softplus, nn.Hardswish, nn.LayerNorm, nn.GroupNorm)
 
 
-def stage_inputs(ws: "Workspace", stage: Stage) -> nn.Module | None:
+def stage_inputs(ws: Workspace, stage: Stage) -> nn.Module | None:
     """The module named by `stage.inputs` when an executor may compute its outputs once per client for
     the whole stage (every layer in `PER_SAMPLE_LAYERS`); None when the stage declares none, or when
     its losses must compute it batch by batch (`losses_on_inputs`)."""
@@ -150,6 +156,7 @@ def outputs_by_slices(module: Callable[[torch.Tensor], torch.Tensor], x: torch.T
             if out is None:
                 out = part.new_empty(len(rows), *part.shape[1:])
             out[i:i + len(part)] = part
+    assert out is not None  # rows is not empty
     return out
 
 
@@ -165,8 +172,8 @@ def losses_on_inputs(stage: Stage) -> Stage:
 def _loss_on_module_outputs(name: str, loss: LossFn) -> LossFn:
     path = name.split(".")
 
-    def on_outputs(ws: nn.Module, x: torch.Tensor, y: torch.Tensor, flags: dict[str, torch.Tensor]) -> torch.Tensor:
-        module = ws
+    def on_outputs(ws: ModelCopies, x: torch.Tensor, y: torch.Tensor, flags: dict[str, torch.Tensor]) -> torch.Tensor:
+        module: Any = ws
         for part in path:
             module = getattr(module, part)
         with torch.no_grad():
@@ -188,13 +195,16 @@ class Workspace(nn.Module):
         for name in copies:
             self.add_module(name, copy.deepcopy(model))
         self._mode_key: Any = None
-        self._frozen_bn: list[nn.Module] = []
-        self._frozen_by_names: dict[Any, list[nn.Module]] = {}  # update.frozen_stats -> its BatchNorm modules
+        self._frozen_bn: list[BatchNorm] = []
+        self._frozen_by_names: dict[Any, list[BatchNorm]] = {}  # update.frozen_stats -> its BatchNorm modules
         # a compiled step's key -> one client's step size (the vectorized executor's steps per call)
         self.client_step_sizes: dict[Any, Any] = {}
         # how `proximal` computes each term: None, plainly; an executor that applies proximal terms' steps
         # itself sets a function (p, anchor, distance) -> term (autofl.accel.linear_probes.LinearProbes.term)
         self.term_probe: Callable[..., torch.Tensor] | None = None
+
+    if TYPE_CHECKING:  # for type checkers: the attributes not declared here are the model copies
+        def __getattr__(self, name: str) -> SplitModel: ...
 
     def forward(self, x: torch.Tensor, y: torch.Tensor, flags: dict[str, torch.Tensor], loss: Any) -> torch.Tensor:
         return loss(self, x, y, flags)
@@ -237,7 +247,7 @@ class Workspace(nn.Module):
         """What identifies the train / eval modes `enter` last set (None: none yet, or left)."""
         return self._mode_key
 
-    def frozen_batchnorms(self, frozen_stats: tuple[str, ...]) -> list[nn.Module]:
+    def frozen_batchnorms(self, frozen_stats: tuple[str, ...]) -> list[BatchNorm]:
         """The BatchNorm modules under `frozen_stats` whose running statistics an update leaves alone
         (cached per tuple of names; read before `enter` changes any of them)."""
         if frozen_stats not in self._frozen_by_names:

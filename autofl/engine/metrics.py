@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-from autofl.engine.metric_keys import METRIC_KEYS  # noqa: F401  (a round's keys, named here as before)
 from autofl.data.federated import FederatedData
+from autofl.engine.metric_keys import METRIC_KEYS  # noqa: F401  (a round's keys, named here as before)
 from autofl.engine.server import MethodHooks, ServerState
 from autofl.engine.state import StateDict
 from autofl.models.parts import SplitModel
@@ -24,7 +24,7 @@ class Evaluated(Protocol):
     model: SplitModel
     data: FederatedData
     global_state: StateDict
-    client_states: Mapping[int, dict[str, Any]]
+    client_states: dict[int, dict[str, Any]]
     server_state: ServerState
 
 

@@ -9,8 +9,9 @@ import them, and nothing here knows any method.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Protocol
 
 import torch
 
@@ -18,9 +19,17 @@ from autofl.engine.state import StateDict
 from autofl.errors import MethodDefinitionError
 from autofl.models.parts import SplitModel
 
+
+class ModelCopies(Protocol):
+    """A loss's `ws` as a type checker sees it: `ws.model` and the method's named copies, each a
+    `SplitModel` (at run time the workspace module, autofl.engine.executor.Workspace)."""
+
+    def __getattr__(self, name: str) -> SplitModel: ...
+
+
 # loss(ws, x, y, flags): ws is the workspace module (ws.model and the method's named copies),
 # flags maps names to per-client scalar tensors
-LossFn = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]], torch.Tensor]
+LossFn = Callable[[ModelCopies, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]], torch.Tensor]
 
 
 

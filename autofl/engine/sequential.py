@@ -7,12 +7,22 @@ reference executor: the faster ones (autofl.accel) are held equal to it by the t
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
-from autofl.engine.executor import (ClientJob, ClientOutcome, RoundPlan, Workspace, batch_cuts, epoch_orders,
-                                    losses_on_inputs, outputs_by_slices, stage_inputs, stage_models)
+from autofl.engine.executor import (
+    ClientJob,
+    ClientOutcome,
+    RoundPlan,
+    Workspace,
+    batch_cuts,
+    epoch_orders,
+    losses_on_inputs,
+    outputs_by_slices,
+    stage_inputs,
+    stage_models,
+)
 from autofl.engine.plan import Stage, Update
 from autofl.engine.state import clone_state
 
@@ -52,7 +62,7 @@ class SequentialExecutor:
             opts = [plan.optimizer(ps) for ps in params]
             # one update: its parameters are the only ones requiring grad, modes are set once per epoch
             alternating = len(stage.updates) > 1
-            for key in {u.report for u in stage.updates} - {None}:
+            for key in {u.report for u in stage.updates if u.report is not None}:
                 totals.setdefault(key, torch.zeros((), dtype=x.dtype, device=x.device))
             for order in orders:
                 if not alternating:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
 
@@ -82,12 +82,12 @@ class MethodHooks(Protocol):
     """What the engine calls on a method (autofl.methods.base.Method implements it; the engine
     receives the class from the composition root and never imports the methods)."""
 
-    name: str
-    State: type[ServerState]
-    copies: tuple[str, ...]
-    scratch_copies: tuple[str, ...]
-    has_global_model: bool
-    personal_is_global: bool
+    name: ClassVar[str]
+    State: ClassVar[type[ServerState]]
+    copies: ClassVar[tuple[str, ...]]
+    scratch_copies: ClassVar[tuple[str, ...]]
+    has_global_model: ClassVar[bool]
+    personal_is_global: ClassVar[bool]
 
     def build_model(self) -> SplitModel: ...
     def shared_keys(self, model: SplitModel) -> list[str]: ...

@@ -10,18 +10,19 @@ from the registry and passes it in; the engine imports no method.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import MappingProxyType
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 
+from autofl.accel.choice import make_executor
 from autofl.config import Experiment
 from autofl.data.datasets import RawDataset, load_raw_dataset
 from autofl.data.federated import FederatedData, build_federated
 from autofl.device import resolve_device
 from autofl.engine.executor import ClientJob, RoundPlan, Workspace, batch_cuts
-from autofl.accel.choice import make_executor
 from autofl.engine.metrics import evaluate
 from autofl.engine.plan import TrainedClient, Upload, check_trained_copies
 from autofl.engine.server import MethodClass, MethodHooks, ServerContext, ServerState, ServerUpdate

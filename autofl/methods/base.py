@@ -55,14 +55,14 @@ client's own dict (what `keep_private` stored).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 
 import torch
 import torch.nn.functional as F
 from pydantic import ValidationError
 
 from autofl.config import Strict
-from autofl.engine.plan import ClientStart, LossFn, Stage, TrainedClient, Update, Upload
+from autofl.engine.plan import ClientStart, LossFn, ModelCopies, Stage, TrainedClient, Update, Upload
 from autofl.engine.server import ServerContext, ServerState, ServerUpdate
 from autofl.engine.state import StateDict, weighted_average
 from autofl.models.parts import SplitModel, build_model
@@ -73,6 +73,9 @@ if TYPE_CHECKING:
 
 __all__ = ["ClientStart", "LossFn", "Method", "MethodParams", "ServerContext", "ServerState",
            "ServerUpdate", "Stage", "StateDict", "TrainedClient", "Update", "Upload"]
+
+ModuleT = TypeVar("ModuleT", bound=torch.nn.Module)
+
 
 class MethodParams(Strict):
     """A method's own hyperparameters; unknown keys and non-finite numbers are errors."""
@@ -109,16 +112,16 @@ class Method:
         if cls.private_models:  # a client's own model: its personal predictions are not the global model's
             cls.personal_is_global = False
 
-    def __init__(self, params: MethodParams, exp: "Experiment", input_shape: tuple[int, ...], num_classes: int):
+    def __init__(self, params: MethodParams, exp: Experiment, input_shape: tuple[int, ...], num_classes: int):
         self.params = params
         self.exp = exp
         self.input_shape = input_shape
         self.num_classes = num_classes
-        self._spares: dict[str, SplitModel] = {}
+        self._spares: dict[str, torch.nn.Module] = {}
 
     # ----- config ----------------------------------------------------------------------------
     @classmethod
-    def resolve_experiment(cls, exp: "Experiment", all_methods: dict[str, type["Method"]]) -> "Experiment":
+    def resolve_experiment(cls, exp: Experiment, all_methods: dict[str, type[Method]]) -> Experiment:
         """Validate the method's parameters and projector settings; fill the method's defaults.
         Raises ValueError with one line naming the key and what is allowed."""
         from autofl.config import MethodConfig
@@ -170,13 +173,13 @@ class Method:
         """State-dict key prefixes of the private models (`personal.` for Ditto's v)."""
         return tuple(f"{name}." for name in self.private_models)
 
-    def spare(self, name: str, like: torch.nn.Module) -> SplitModel:
+    def spare(self, name: str, like: ModuleT) -> ModuleT:
         """A second model instance of the same layout, built once and reused by loading states."""
         if name not in self._spares:
             import copy
 
             self._spares[name] = copy.deepcopy(like)
-        return self._spares[name]
+        return cast(ModuleT, self._spares[name])  # a copy of the first `like` asked for under `name`
 
     def shared_keys(self, model: SplitModel) -> list[str]:
         """State-dict keys the server aggregates; the rest stay on the client (default: all but the
@@ -225,7 +228,7 @@ class Method:
         """The local step of round `rnd` (0-based); default: all of the model on `loss`."""
         return [Stage((Update(("model.",), self.loss),))]
 
-    def loss(self, ws: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, flags: dict[str, torch.Tensor]) -> torch.Tensor:
+    def loss(self, ws: ModelCopies, x: torch.Tensor, y: torch.Tensor, flags: dict[str, torch.Tensor]) -> torch.Tensor:
         return F.cross_entropy(ws.model(x), y)
 
     def upload_payload(self, client: TrainedClient) -> dict[str, Any]:

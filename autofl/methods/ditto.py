@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from autofl.engine.state import StateDict
-from autofl.methods.base import ClientStart, Method, MethodParams, ServerState, Stage, Update
+from autofl.methods.base import ClientStart, Method, MethodParams, ModelCopies, ServerState, Stage, Update
 from autofl.methods.registry import register
 from autofl.models.parts import SplitModel
 
@@ -40,6 +40,7 @@ class DittoParams(MethodParams):
 class Ditto(Method):
     name = "ditto"
     Params = DittoParams
+    params: DittoParams  # the validated Params (Method.__init__)
     private_models = ("personal",)  # v: each client's own, starting as the received global model
     copies = ("glob",)  # the received global model: the personal model's proximal anchor
 
@@ -52,12 +53,12 @@ class Ditto(Method):
         and optimizer)."""
         lam = self.params.lam
 
-        def personal_loss(ws: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
+        def personal_loss(ws: ModelCopies, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
             v = ws.model.personal
             anchor = {k: p.detach() for k, p in ws.glob.named_parameters() if not k.startswith(_PERSONAL)}
             return F.cross_entropy(v(x), y) + lam / 2 * ws.proximal(dict(v.named_parameters()), anchor)
 
-        def global_loss(ws: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
+        def global_loss(ws: ModelCopies, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
             return F.cross_entropy(ws.model(x), y)
 
         personal = Update(("model." + _PERSONAL,), personal_loss, report="personal_loss")

@@ -11,7 +11,7 @@ from pydantic import Field
 
 from autofl.engine.state import StateDict, weighted_average
 from autofl.losses import supcon
-from autofl.methods.base import Method, MethodParams, ServerState, Stage, Update, Upload
+from autofl.methods.base import Method, MethodParams, ModelCopies, ServerState, Stage, Update, Upload
 from autofl.methods.registry import register
 from autofl.models.parts import SplitModel, build_head
 
@@ -28,6 +28,7 @@ class DualFedParams(MethodParams):
 class DualFed(Method):
     name = "dualfed"
     Params = DualFedParams
+    params: DualFedParams  # the validated Params (Method.__init__)
     uses_projector = True
     default_projector_depth = 2
     min_projector_depth = 1
@@ -55,12 +56,12 @@ class DualFed(Method):
     def local_stages(self, rnd: int, server: ServerState) -> list[Stage]:
         lam, tau = self.params.lam, self.params.tau
 
-        def stage1_loss(ws: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
+        def stage1_loss(ws: ModelCopies, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
             """CE(h_p(g(f(x)))) + lambda * SupCon(normalize(g(f(x))))."""
             z = ws.model.projector(ws.model.encoder(x))
             return F.cross_entropy(ws.model.head(z), y) + lam * supcon(F.normalize(z, dim=1), y, tau)
 
-        def stage2_loss(ws: torch.nn.Module, f: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
+        def stage2_loss(ws: ModelCopies, f: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
             """CE(h_g(f)) on the features f = f(x) (the stage's `inputs`: f's weights fixed, no
             gradient). The model stays in train mode, as in the official code (its stage 2 runs the
             whole model's training forward): an f with BatchNorm normalises with batch statistics, and

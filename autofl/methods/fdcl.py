@@ -10,7 +10,7 @@ from pydantic import Field
 
 from autofl.engine.state import StateDict
 from autofl.losses import contrastive_pair
-from autofl.methods.base import ClientStart, Method, MethodParams, ServerState
+from autofl.methods.base import ClientStart, Method, MethodParams, ModelCopies, ServerState
 from autofl.methods.registry import register
 from autofl.models.parts import SplitModel
 
@@ -34,13 +34,14 @@ class FDCL(Method):
     name = "fdcl"
     trains_encoder_features = True
     Params = FDCLParams
+    params: FDCLParams  # the validated Params (Method.__init__)
     personal_is_global = False
     copies = ("glob", "prev")  # frozen: the received global model, the client's previous local model
 
     def client_start(self, global_state: StateDict, client_state: dict, server: ServerState) -> ClientStart:
         return self.start_with_previous(global_state, client_state)
 
-    def loss(self, ws: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
+    def loss(self, ws: ModelCopies, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
         model = ws.model
         pe_l = model.encoder(x)
         pc_l = model.head(pe_l)

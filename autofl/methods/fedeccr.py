@@ -11,11 +11,21 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
+from autofl.engine.state import StateDict, clone_state
 from autofl.features import ClassStats, encoded_class_stats, train_head
 from autofl.losses import prototype_contrast
-from autofl.engine.state import StateDict, clone_state
-from autofl.methods.base import (Method, MethodParams, ServerContext, ServerState, ServerUpdate, Stage,
-                                 TrainedClient, Update, Upload)
+from autofl.methods.base import (
+    Method,
+    MethodParams,
+    ModelCopies,
+    ServerContext,
+    ServerState,
+    ServerUpdate,
+    Stage,
+    TrainedClient,
+    Update,
+    Upload,
+)
 from autofl.methods.registry import register
 from autofl.models.parts import SplitModel
 
@@ -38,6 +48,12 @@ class FedECCRParams(MethodParams):
                                   "CCVR: plain SGD, whatever the clients' momentum)")
 
 
+def _covariances(stats: ClassStats) -> torch.Tensor:
+    """The covariances CCVR's statistics carry (encoded_class_stats with with_cov=True)."""
+    assert stats.covs is not None
+    return stats.covs
+
+
 def merge_class_stats(parts: list[ClassStats]) -> ClassStats:
     """Server side of CCVR: pooled per-class mean and unbiased covariance from clients' (n, mu, Sigma).
 
@@ -46,7 +62,7 @@ def merge_class_stats(parts: list[ClassStats]) -> ClassStats:
     """
     counts = torch.stack([p.counts for p in parts])  # (K, C)
     means = torch.stack([p.means for p in parts])  # (K, C, d)
-    covs = torch.stack([p.covs for p in parts])  # (K, C, d, d)
+    covs = torch.stack([_covariances(p) for p in parts])  # (K, C, d, d)
     n = counts.sum(0)  # (C,)
     mu = (counts[:, :, None] * means).sum(0) / n.clamp(min=1)[:, None]
     denom = (n - 1).clamp(min=1)[:, None, None]
@@ -63,7 +79,7 @@ def sample_virtual_features(stats: ClassStats, per_class: int, generator: torch.
     d = stats.means.shape[1]
     eye = torch.eye(d, dtype=torch.float64, device=stats.means.device)
     for k in torch.nonzero(stats.counts > 0).flatten().tolist():
-        cov = stats.covs[k].double() + CALIB_EPS * eye
+        cov = _covariances(stats)[k].double() + CALIB_EPS * eye
         chol, info = torch.linalg.cholesky_ex(cov)
         jitter = CALIB_EPS
         while int(info) != 0:  # numerically indefinite: add jitter until it factorises
@@ -102,6 +118,7 @@ class FedECCR(Method):
     name = "fedeccr"
     trains_encoder_features = True
     Params = FedECCRParams
+    params: FedECCRParams  # the validated Params (Method.__init__)
     State = FedECCRState
 
     # ----- server ----------------------------------------------------------------------------
@@ -109,11 +126,13 @@ class FedECCR(Method):
         ctx.model.load_state_dict(ctx.global_state)
         d = ctx.data
         stats = [encoded_class_stats(ctx.model.encoder, d.x, d.y, split.train, d.num_classes) for split in d.clients]
+        assert isinstance(ctx.state, FedECCRState)  # the engine passes this method's State
         return ServerUpdate(state=updated_prototypes(ctx.state, stats))
 
     # ----- client ----------------------------------------------------------------------------
-    def local_stages(self, rnd: int, server: FedECCRState) -> list[Stage]:
+    def local_stages(self, rnd: int, server: ServerState) -> list[Stage]:
         """alpha * L_pc + (1 - alpha) * CE, alpha = 1 - r/R, against this round's global prototypes."""
+        assert isinstance(server, FedECCRState)  # the engine passes this method's State
         protos, has, tau = server.prototypes, server.has_prototype, self.params.tau
         assert protos is not None and has is not None
         # alpha changes every round: 0-dim tensors (each rounded from the float, as a Python scalar
@@ -122,7 +141,7 @@ class FedECCR(Method):
         alpha, one_minus_alpha = (torch.tensor(v, dtype=protos.dtype, device=protos.device)
                                   for v in (alpha_f, 1 - alpha_f))
 
-        def loss(ws: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
+        def loss(ws: ModelCopies, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
             f = ws.model.encoder(x)
             ce = F.cross_entropy(ws.model.head(f), y)
             return alpha * prototype_contrast(f, y, protos, has, tau) + one_minus_alpha * ce
@@ -135,6 +154,7 @@ class FedECCR(Method):
 
     # ----- server ----------------------------------------------------------------------------
     def server_update(self, ctx: ServerContext, uploads: list[Upload]) -> ServerUpdate:
+        assert isinstance(ctx.state, FedECCRState)  # the engine passes this method's State
         state = updated_prototypes(ctx.state, [u.payload["class_means"] for u in uploads])
         last = ctx.completed == ctx.rounds
         every = self.params.calibrate_every
@@ -157,9 +177,11 @@ class FedECCR(Method):
         return clone_state(model)
 
     # ----- evaluation ------------------------------------------------------------------------
-    def load_global(self, model: SplitModel, global_state: StateDict, server: FedECCRState) -> None:
+    def load_global(self, model: SplitModel, global_state: StateDict, server: ServerState) -> None:
+        assert isinstance(server, FedECCRState)  # the engine passes this method's State
         model.load_state_dict(server.calibrated if server.calibrated is not None else global_state)
 
     def load_personal(self, model: SplitModel, global_state: StateDict, client_state: dict,
-                      server: FedECCRState) -> None:
+                      server: ServerState) -> None:
+        assert isinstance(server, FedECCRState)  # the engine passes this method's State
         self.load_global(model, global_state, server)

@@ -12,14 +12,23 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from autofl.features import ClassStats, class_mean_pairs, encoded_class_stats, train_head, weighted_class_means
 from autofl.engine.state import StateDict
+from autofl.features import ClassStats, class_mean_pairs, encoded_class_stats, train_head, weighted_class_means
 from autofl.losses import prototype_distance
-from autofl.methods.base import (Method, MethodParams, ServerContext, ServerState, ServerUpdate, Stage,
-                                 TrainedClient, Update, Upload)
+from autofl.methods.base import (
+    Method,
+    MethodParams,
+    ModelCopies,
+    ServerContext,
+    ServerState,
+    ServerUpdate,
+    Stage,
+    TrainedClient,
+    Update,
+    Upload,
+)
 from autofl.methods.registry import register
 from autofl.models.parts import SplitModel, build_head
-
 
 # the seed stream of the server's batch order when it trains the global head: a number kept from before streams
 # were named by strings, so that runs reproduce (a new method names its streams: ctx.generator("..."))
@@ -56,6 +65,7 @@ class FedFCD(Method):
     name = "fedfcd"
     trains_encoder_features = True
     Params = FedFCDParams
+    params: FedFCDParams  # the validated Params (Method.__init__)
     State = FedFCDState
     has_global_model = False  # no whole global model: global_* metrics are not reported
     personal_is_global = False
@@ -82,6 +92,7 @@ class FedFCD(Method):
         """phi_g and the GFRs learn from this round's uploads (or, with server_lfrs "latest", from
         every client's latest upload); the same thing when every client takes part."""
         fresh = {u.cid: u.payload["lfr"] for u in uploads}
+        assert isinstance(ctx.state, FedFCDState)  # the engine passes this method's State
         return self._server_step(ctx, {**ctx.state.lfrs, **fresh} if self.params.server_lfrs == "latest" else fresh)
 
     def _server_step(self, ctx: ServerContext, lfrs: dict[int, ClassStats]) -> ServerUpdate:
@@ -97,18 +108,19 @@ class FedFCD(Method):
                             state=FedFCDState(lfrs, gfr, has_gfr))
 
     # ----- client ----------------------------------------------------------------------------
-    def local_stages(self, rnd: int, server: FedFCDState) -> list[Stage]:
+    def local_stages(self, rnd: int, server: ServerState) -> list[Stage]:
         """Per batch: (a) phi_i frozen, theta on CE(h_p(phi_i; f(x)), y) + lambda * GFR regularizer;
         (b) theta frozen, phi_i on CE(h_g(phi_g; z) + h_p(phi_i; z), y), z = sg(f(x)) after step (a).
         phi_g is never trained here. Step (a) is left out when the extractor has no parameters."""
+        assert isinstance(server, FedFCDState)  # the engine passes this method's State
         gfr, has_gfr, lam = server.gfr, server.has_gfr, self.params.lam
         assert gfr is not None and has_gfr is not None
 
-        def extractor_loss(ws: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
+        def extractor_loss(ws: ModelCopies, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
             f = ws.model.encoder(x)
             return F.cross_entropy(ws.model.head(f), y) + lam * gfr_regularizer(f, y, gfr, has_gfr)
 
-        def head_loss(ws: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
+        def head_loss(ws: ModelCopies, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
             with torch.no_grad():
                 z = ws.model.encoder(x)
             return F.cross_entropy(ws.model.global_head(z) + ws.model.head(z), y)

@@ -15,8 +15,7 @@ from pydantic import Field
 
 from autofl.engine.state import StateDict
 from autofl.features import ClassStats, class_mean_pairs, encoded_class_stats, train_head
-from autofl.methods.base import (Method, MethodParams, ServerContext, ServerUpdate, TrainedClient,
-                                 Upload)
+from autofl.methods.base import Method, MethodParams, ServerContext, ServerUpdate, TrainedClient, Upload
 from autofl.methods.registry import register
 from autofl.models.parts import SplitModel
 
@@ -46,6 +45,7 @@ def train_global_head(head: torch.nn.Module, local: list[ClassStats], lr: float,
 class FedGH(Method):
     name = "fedgh"
     Params = FedGHParams
+    params: FedGHParams  # the validated Params (Method.__init__)
     has_global_model = False  # the encoders stay on the clients: no whole global model
     personal_is_global = False
 

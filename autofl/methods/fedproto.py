@@ -16,8 +16,18 @@ from pydantic import Field
 
 from autofl.features import ClassStats, encoded_class_stats, weighted_class_means
 from autofl.losses import prototype_distance
-from autofl.methods.base import (Method, MethodParams, ServerContext, ServerState, ServerUpdate, Stage, TrainedClient,
-                                 Update, Upload)
+from autofl.methods.base import (
+    Method,
+    MethodParams,
+    ModelCopies,
+    ServerContext,
+    ServerState,
+    ServerUpdate,
+    Stage,
+    TrainedClient,
+    Update,
+    Upload,
+)
 from autofl.methods.registry import register
 from autofl.models.parts import SplitModel
 
@@ -50,6 +60,7 @@ class FedProtoState(ServerState):
 class FedProto(Method):
     name = "fedproto"
     Params = FedProtoParams
+    params: FedProtoParams  # the validated Params (Method.__init__)
     State = FedProtoState
     trains_encoder_features = True
     has_global_model = False  # no weights are aggregated: there is no global model
@@ -64,13 +75,14 @@ class FedProto(Method):
         return ServerUpdate(state=FedProtoState(*global_prototypes([u.payload["protos"] for u in uploads])))
 
     # ----- client ----------------------------------------------------------------------------
-    def local_stages(self, rnd: int, server: FedProtoState) -> list[Stage]:
+    def local_stages(self, rnd: int, server: ServerState) -> list[Stage]:
         """CE(h(f(x)), y) + lambda * distance(f(x), P_y); CE alone before any global prototype."""
+        assert isinstance(server, FedProtoState)  # the engine passes this method's State
         protos, has, lam, per_dim = server.prototypes, server.has_prototype, self.params.lam, self.params.distance == "mse"
         if protos is None or has is None:
             return [Stage((Update(("model.",), self.loss),))]
 
-        def loss(ws: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
+        def loss(ws: ModelCopies, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
             f = ws.model.encoder(x)
             return F.cross_entropy(ws.model.head(ws.model.projector(f)), y) + \
                 lam * prototype_distance(f, y, protos, has, per_dim)
@@ -82,8 +94,9 @@ class FedProto(Method):
                                               client.num_classes)}
 
     # ----- evaluation ------------------------------------------------------------------------
-    def predict(self, model: SplitModel, x: torch.Tensor, client_state: dict, server: FedProtoState) -> torch.Tensor:
+    def predict(self, model: SplitModel, x: torch.Tensor, client_state: dict, server: ServerState) -> torch.Tensor:
         """The nearest global prototype's class; the client's own head before any prototype exists."""
+        assert isinstance(server, FedProtoState)  # the engine passes this method's State
         if server.prototypes is None or server.has_prototype is None:
             return model(x)
         return nearest_prototype_scores(model.encoder(x), server.prototypes, server.has_prototype)

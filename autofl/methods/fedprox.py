@@ -5,7 +5,7 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from autofl.engine.state import StateDict
-from autofl.methods.base import ClientStart, Method, MethodParams, ServerState
+from autofl.methods.base import ClientStart, Method, MethodParams, ModelCopies, ServerState
 from autofl.methods.registry import register
 
 
@@ -17,12 +17,13 @@ class FedProxParams(MethodParams):
 class FedProx(Method):
     name = "fedprox"
     Params = FedProxParams
+    params: FedProxParams  # the validated Params (Method.__init__)
     copies = ("glob",)  # the received global model: the proximal anchor
 
     def client_start(self, global_state: StateDict, client_state: dict, server: ServerState) -> ClientStart:
         return ClientStart({"model": self.start_state(global_state, client_state), "glob": global_state})
 
-    def loss(self, ws: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
+    def loss(self, ws: ModelCopies, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
         anchor = dict(ws.glob.named_parameters())
         ce = F.cross_entropy(ws.model(x), y)
         return ce + self.params.mu / 2 * ws.proximal(dict(ws.model.named_parameters()), anchor)

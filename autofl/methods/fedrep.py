@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from autofl.methods.base import Method, MethodParams, ServerState, Stage, Update
+from autofl.methods.base import Method, MethodParams, ModelCopies, ServerState, Stage, Update
 from autofl.methods.registry import register
 from autofl.models.parts import SplitModel
 
@@ -26,6 +26,7 @@ class FedRepParams(MethodParams):
 class FedRep(Method):
     name = "fedrep"
     Params = FedRepParams
+    params: FedRepParams  # the validated Params (Method.__init__)
     has_global_model = False  # the server never trains a head
     personal_is_global = False
 
@@ -49,6 +50,6 @@ class FedRep(Method):
         return [head, Stage((Update(_BODY, self.loss),))]
 
 
-def head_loss(ws: torch.nn.Module, f: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
+def head_loss(ws: ModelCopies, f: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
     """CE of the model's prediction from the encoder's outputs f (the rest of `SplitModel.forward`)."""
     return F.cross_entropy(ws.model.head(ws.model.projector(f)), y)

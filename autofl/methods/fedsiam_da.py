@@ -10,9 +10,9 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from autofl.losses import negative_cosine
 from autofl.engine.state import StateDict, weighted_average
-from autofl.methods.base import ClientStart, Method, MethodParams, ServerState, Stage, Update, Upload
+from autofl.losses import negative_cosine
+from autofl.methods.base import ClientStart, Method, MethodParams, ModelCopies, ServerState, Stage, Update, Upload
 from autofl.methods.registry import register
 from autofl.models.parts import SplitModel
 
@@ -46,6 +46,7 @@ def embed(model: SplitModel, x: torch.Tensor) -> torch.Tensor:
 class FedSiamDA(Method):
     name = "fedsiam_da"
     Params = FedSiamDAParams
+    params: FedSiamDAParams  # the validated Params (Method.__init__)
     uses_projector = True
     default_projector_depth = 2
     min_projector_depth = 1
@@ -78,12 +79,12 @@ class FedSiamDA(Method):
         After each local epoch the history becomes a snapshot of the local model."""
         mu = self.params.mu
 
-        def siamese_loss(ws: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
+        def siamese_loss(ws: ModelCopies, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
             with torch.no_grad():
                 z_local = embed(ws.model, x)  # the local model's training-mode forward on this batch
             return 0.5 * negative_cosine(ws.siamese.predictor(embed(ws.siamese, x)), z_local)
 
-        def local_loss(ws: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
+        def local_loss(ws: ModelCopies, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
             z_local = embed(ws.model, x)  # same batch statistics as in step 1, counted once (frozen_stats)
             with torch.no_grad():
                 z_s = embed(ws.siamese, x)

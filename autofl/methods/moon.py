@@ -6,8 +6,9 @@ from pydantic import Field
 
 from autofl.engine.state import StateDict
 from autofl.losses import contrastive_pair
-from autofl.methods.base import ClientStart, Method, MethodParams, ServerState
+from autofl.methods.base import ClientStart, Method, MethodParams, ModelCopies, ServerState
 from autofl.methods.registry import register
+from autofl.models.parts import SplitModel
 
 
 class MoonParams(MethodParams):
@@ -15,7 +16,7 @@ class MoonParams(MethodParams):
     tau: float = Field(0.5, gt=0, description="temperature")
 
 
-def embed(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+def embed(model: SplitModel, x: torch.Tensor) -> torch.Tensor:
     return model.projector(model.encoder(x))
 
 
@@ -23,6 +24,7 @@ def embed(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 class Moon(Method):
     name = "moon"
     Params = MoonParams
+    params: MoonParams  # the validated Params (Method.__init__)
     uses_projector = True
     default_projector_depth = 0
     copies = ("glob", "prev")  # frozen: the received global model, the client's previous local model
@@ -30,7 +32,7 @@ class Moon(Method):
     def client_start(self, global_state: StateDict, client_state: dict, server: ServerState) -> ClientStart:
         return self.start_with_previous(global_state, client_state)
 
-    def loss(self, ws: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
+    def loss(self, ws: ModelCopies, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
         z = embed(ws.model, x)
         ce = F.cross_entropy(ws.model.head(z), y)
         with torch.no_grad():

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from autofl.methods.base import Method
 
 
-def register(cls: type["Method"]) -> type["Method"]:
+def register(cls: type[Method]) -> type[Method]:
     """Register a `Method` subclass under its `name` (a class decorator). Raises ValueError when
     another method already has that name."""
     if not getattr(cls, "name", ""):
@@ -25,10 +25,10 @@ def method_names() -> list[str]:
     return METHODS.names()
 
 
-def all_methods() -> dict[str, type["Method"]]:
+def all_methods() -> dict[str, type[Method]]:
     return METHODS.as_dict()
 
 
-def get_method_class(name: str) -> type["Method"]:
+def get_method_class(name: str) -> type[Method]:
     """The method `name`; an unknown name is a ConfigError listing the registered ones."""
     return METHODS.get(name)

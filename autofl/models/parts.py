@@ -7,6 +7,8 @@ rest join the encoder.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
@@ -25,6 +27,9 @@ class SplitModel(nn.Module):
         self.head = head
         self.feature_dim = feature_dim  # the encoder's output
         self.embed_dim = embed_dim or feature_dim  # the projector's output, the head's input
+
+    if TYPE_CHECKING:  # for type checkers: the modules a method attaches (model.personal, model.global_head ...)
+        def __getattr__(self, name: str) -> nn.Module: ...
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.projector(self.encoder(x)))

@@ -20,8 +20,9 @@ Its parameters are set beside the arch (`model: {arch: wide_mlp, hidden: 300}`),
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from torch import nn
 

@@ -34,9 +34,10 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Literal
 
 from autofl.tuning.objectives import REPORTED_KEYS
 from autofl.tuning.repeats import ask_unseen, is_repeat
@@ -50,7 +51,7 @@ def outcome(result: dict[str, Any] | None, error: bool, metrics: Sequence[str],
             max_t: int) -> tuple[str, list[float] | None]:
     """The state a trial takes when Tune reports it finished, and its value(s) for COMPLETE."""
     result = result or {}
-    values = [result.get(m) for m in metrics]
+    values: list[Any] = [result.get(m) for m in metrics]
     finite = all(v is not None and math.isfinite(v) for v in values)
     if error or not finite or result.get("diverged"):
         return "FAIL", None
@@ -121,7 +122,7 @@ class Ledger:
         return {"root": self.root}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(_bound_root or state["root"])
+        Ledger.__init__(self, _bound_root or state["root"])
 
     def __repr__(self) -> str:
         return f"Ledger({self.root!r})"
@@ -132,7 +133,7 @@ class Ledger:
 
         return Study(Path(self.root))
 
-    def study(self, sampler: Any = None, create_directions: list[str] | None = None):
+    def study(self, sampler: Any = None, create_directions: list[Literal["maximize", "minimize"]] | None = None):
         """The Optuna study (None if it does not exist yet and no `create_directions` are given).
         `sampler` is the one `ask` uses (the searcher's); readers need none."""
         import optuna

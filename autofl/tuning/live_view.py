@@ -22,7 +22,7 @@ from autofl.tuning.objectives import better
 from autofl.views import format_params
 
 MAX_ROWS = 15  # running trials first, then the most recently finished
-_OPEN: set["LiveView"] = set()
+_OPEN: set[LiveView] = set()
 
 
 def close_all() -> None:
@@ -67,7 +67,8 @@ class LiveView(Callback):
         self._start(None)
 
     # ---- Tune hooks --------------------------------------------------------------------------
-    def setup(self, **info: Any) -> None:
+    def setup(self, stop: Any = None, num_samples: int | None = None, total_num_samples: int | None = None,
+              **info: Any) -> None:  # Tune's Callback.setup signature
         self.began = time.time()
         for t in self._ledger.trials():
             if t.state.is_finished() and counted(t):

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 LOG_DIR = "logs"
 _LOGGERS = ("ray", "optuna", "py.warnings")

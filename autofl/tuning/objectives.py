@@ -6,7 +6,8 @@ these instead of writing `max if mode == "max" else min` again."""
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterable, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Any, Literal, TypeVar
 
 from autofl.engine.metric_keys import METRIC_KEYS
 
@@ -19,14 +20,15 @@ TEST_METRICS = ("personal_test_acc", "personal_test_acc_std", "personal_test_acc
 MODES = ("max", "min")
 
 
-def default_mode(metric: str) -> str:
+def default_mode(metric: str) -> Literal["max", "min"]:
     """The direction a metric is optimized in unless the space says: min for a spread (*_std), else max."""
     return "min" if metric.endswith("_std") else "max"
 
 
-def direction(mode: str) -> str:
+def direction(mode: str) -> Literal["maximize", "minimize"]:
     """Optuna's name of a mode: maximize / minimize."""
-    return {"max": "maximize", "min": "minimize"}[mode]
+    names: dict[str, Literal["maximize", "minimize"]] = {"max": "maximize", "min": "minimize"}
+    return names[mode]
 
 
 def sign(mode: str) -> float:

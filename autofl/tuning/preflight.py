@@ -6,13 +6,14 @@ nothing here waits longer than PROBE_TIMEOUT_S.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
-import time
 import socket
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from autofl.errors import AutoFLError, ConfigError
 
@@ -249,10 +250,10 @@ class rollback_if_unstarted:  # noqa: N801 - used as a context manager
     def __init__(self, study: Any, created: bool, lock: Any):
         self.study, self.created, self.lock = study, created, lock
 
-    def __enter__(self) -> "rollback_if_unstarted":
+    def __enter__(self) -> rollback_if_unstarted:
         return self
 
-    def __exit__(self, kind: Any, err: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, kind: Any, err: BaseException | None, tb: Any) -> Literal[False]:
         if err is None:
             return False
         try:
@@ -273,10 +274,8 @@ class rollback_if_unstarted:  # noqa: N801 - used as a context manager
                     shutil.rmtree(target, ignore_errors=True)
                 elif target.exists() or target.is_symlink():
                     target.unlink(missing_ok=True)
-            try:
+            with contextlib.suppress(OSError):
                 root.rmdir()  # only if nothing else is in it
-            except OSError:
-                pass
         if isinstance(err, (AutoFLError, KeyboardInterrupt)):
             return False
         reason = " ".join(str(err).split()) or type(err).__name__

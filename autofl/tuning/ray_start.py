@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from autofl.tuning.space import SearchSpace
 
@@ -71,8 +72,8 @@ def start_ray(study_root: Path, address: str | None, verbose: bool,
 def concurrent_slots(resources: dict[str, float], space: SearchSpace) -> int:
     """How many of the study's trials the cluster's `resources` hold at once (at least one)."""
     slots = resources.get("CPU", 0.0) // space.resources.cpu
-    if space.resources.gpu > 0:
-        slots = min(slots, resources.get("GPU", 0.0) // space.resources.gpu)
+    if space.resources.gpu_share > 0:
+        slots = min(slots, resources.get("GPU", 0.0) // space.resources.gpu_share)
     from autofl.tuning.preflight import memory_slots  # issue 18: a tiny cpu share is bounded by memory too
 
     slots = min(slots, memory_slots(resources) or slots)

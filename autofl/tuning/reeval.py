@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from autofl.errors import AutoFLError
 from autofl.files import write_atomic

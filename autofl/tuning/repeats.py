@@ -11,7 +11,8 @@ trained. A told repeat carries `repeat_of` (its twin's number) and counts agains
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 REPEAT_TRIES = 20
 # what a repeat copies of its twin besides values: the metrics the report and export read

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ray import tune
 from ray.tune import Callback

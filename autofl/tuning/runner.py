@@ -13,14 +13,13 @@ One experiment is run by autofl/tuning/tune_run.py; trial states are the ledger'
 
 from __future__ import annotations
 
+import contextlib
+
+from autofl.tuning.checkpoints import checkpoints_to_keep  # noqa: F401  (re-exported for callers of the former single module)
 from autofl.tuning.ledger import FINISHED_STATES, Ledger, counted
+from autofl.tuning.ray_start import concurrent_slots, init_ray  # noqa: F401  (re-exported, as checkpoints_to_keep)
 from autofl.tuning.study import Study
 from autofl.tuning.tune_run import StudyIncomplete, StudyInterrupted, run_experiment  # noqa: F401 (re-exported)
-
-# re-exported for callers of the former single module
-from autofl.tuning.checkpoints import checkpoints_to_keep  # noqa: F401,E402
-from autofl.tuning.ray_start import concurrent_slots, init_ray  # noqa: F401,E402
-
 
 FINISHED_FLAG = ".autofl_finished"  # written in a Tune experiment's folder once all its trials ran
 
@@ -93,10 +92,10 @@ def search(study: Study, trials: int | None, address: str | None, resume: bool) 
         return
     restore = interrupted_run(study) if not moved(study) else None
     if restore is not None:
-        try:
+        # trials Tune's snapshot no longer runs (their driver died mid-write) are released and
+        # trained again by top_up, below
+        with contextlib.suppress(StudyIncomplete):
             run_experiment(study, 0, address, restore=restore)
-        except StudyIncomplete:  # trials Tune's snapshot no longer runs (their driver died mid-write):
-            pass  # released and trained again by top_up, below
         mark_finished(study)
     top_up(study, address)  # killed before Tune saved anything, or trials no experiment finished
     if trials:
@@ -145,7 +144,7 @@ def run_study(study: Study, trials: int | None = None, address: str | None = Non
             join(study, address)
         else:
             search(study, trials, address, resume=resume)
-    except Exception as err:  # noqa: BLE001 - only a failed write becomes one line; the rest propagate
+    except Exception as err:
         from autofl.tuning.write_failure import failed_write
 
         reason = failed_write(err)

@@ -11,6 +11,8 @@ uninterrupted run. The rule itself is autofl/tuning/asha.py (one bracket, as Tun
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
@@ -66,6 +68,7 @@ class StudyASHA(FIFOScheduler):
     def rungs_per_bracket(self) -> list[dict[float, dict[str, float]]]:
         """Per bracket: milestone -> {Tune trial id: value at that rung} (objective units)."""
         self.seed_from_study()
+        assert self._rung_history is not None  # seeded above
         return self._rung_history
 
     @property
@@ -73,13 +76,19 @@ class StudyASHA(FIFOScheduler):
         """The first bracket's rungs (ASHA's only one)."""
         return self.rungs_per_bracket[0]
 
+    def _member_of(self, bracket: int) -> Callable[[str], bool]:
+        return lambda trial_id: self.bracket_of(trial_id) == bracket
+
+    def _number_in_bracket(self, bracket: int, trial: Any) -> bool:
+        return self._bracket_of_number(trial.number) == bracket
+
     def seed_from_study(self) -> int:
         """Take the rungs from the ledger (once per driver); returns how many values they held."""
         if self._rung_history is not None:
             return 0
         self._rung_history = [self._ledger.rung_history(rungs, self._max_t,
                                                  None if len(self._milestones) == 1 else
-                                                 (lambda t, s=s: self._bracket_of_number(t.number) == s))
+                                                 functools.partial(self._number_in_bracket, s))
                        for s, rungs in enumerate(self._milestones)]
         return sum(len(recorded) for bracket in self._rung_history for recorded in bracket.values())
 
@@ -113,6 +122,7 @@ class StudyASHA(FIFOScheduler):
         if milestone is None:
             return TrialScheduler.CONTINUE
         others = list(rungs[milestone].values())
+        assert self._mode is not None  # checked in on_trial_add
         rungs[milestone][trial_id] = value
         return TrialScheduler.STOP if asha.decide(others, value, self._mode, self._rf) else TrialScheduler.CONTINUE
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from ray.tune.search import Searcher
 
@@ -43,7 +44,8 @@ class StudySearcher(Searcher):
     def __init__(self, ledger: Ledger, define: Callable[[Any], dict[str, Any] | None], sampler: Any,
                  metric: str | list[str], mode: str | list[str], max_t: int, run_name: str, budget: int,
                  points_to_evaluate: list[dict[str, Any]] | None = None, skip_repeats: bool = False):
-        super().__init__(metric=metric, mode=mode)
+        # Ray's Searcher keeps lists (several objectives) as they are; its annotation says str
+        super().__init__(metric=metric, mode=mode)  # type: ignore[arg-type]
         self._skip_repeats = skip_repeats  # sampler.skip_repeats: autofl/tuning/repeats.py
         self._ledger = ledger
         self._define = define  # Optuna define-by-run: suggests the trial's params
@@ -68,7 +70,7 @@ class StudySearcher(Searcher):
         self._max_concurrent = max_concurrent
         return True
 
-    def suggest(self, trial_id: str) -> dict | str | None:
+    def suggest(self, trial_id: str) -> dict | str | None:  # type: ignore[override]  # Searcher.FINISHED is a str
         with noting_failed_writes():
             return self._suggest(trial_id)
 

@@ -9,11 +9,12 @@ from typing import Any, Literal
 from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from autofl.config import Experiment, Strict, read_yaml, set_dotted, with_absolute_data_path
-from autofl.experiment import build_experiment
 from autofl.errors import ConfigError, format_validation_error
-from autofl.tuning.strategy_spec import SAMPLER_OPTIONS, SCHEDULER_OPTIONS, SamplerSpec, SchedulerSpec, only_own_options
+from autofl.experiment import build_experiment
+
 # any validation metric may be the objective: the mean, the worst-decile client (p10) or the spread
 from autofl.tuning.objectives import VALIDATION_OBJECTIVES, default_mode
+from autofl.tuning.strategy_spec import SAMPLER_OPTIONS, SCHEDULER_OPTIONS, SamplerSpec, SchedulerSpec, only_own_options
 
 CONDITIONAL_SEP = ":"  # optuna name of a conditional param: "<method>:<config key>"
 # issue 42: sizes are counted, never listed, and bounded before any study exists. Optuna's GPSampler
@@ -23,7 +24,7 @@ MAX_PARAM_VALUES = 1_000_000
 MAX_GRID_CONFIGS = 100_000
 
 
-def value_count(spec: "ParamSpec") -> int | None:
+def value_count(spec: ParamSpec) -> int | None:
     """How many values a stepped or int param takes, computed (never listed); None for a
     continuous float, or for a categorical (its choices are already a list)."""
     if spec.type == "categorical" or (spec.type == "float" and spec.step is None):
@@ -51,7 +52,7 @@ class ParamSpec(Strict):
     choices: list[Any] | None = None
 
     @model_validator(mode="after")
-    def _consistent(self) -> "ParamSpec":
+    def _consistent(self) -> ParamSpec:
         if self.type == "categorical":
             if not self.choices:
                 raise ValueError("categorical needs a non-empty 'choices' list")
@@ -105,6 +106,13 @@ class ResourcesSpec(Strict):
     @property
     def auto_line(self) -> str | None:
         return self._auto_line
+
+    @property
+    def gpu_share(self) -> float:
+        """`gpu` as a number: a search space resolves `auto` when it is validated (`_resolve_gpu_auto`)."""
+        if self.gpu == "auto":
+            raise RuntimeError("resources.gpu: auto is not resolved yet (SearchSpace resolves it)")
+        return self.gpu
     max_concurrent: int | None = Field(
         None, ge=1, description="trials in flight at once; default: as many as the cluster holds when the run "
         "starts (set it higher on an autoscaling cluster)")
@@ -159,7 +167,7 @@ class SearchSpace(Strict):
         return None if value is None else check_storage_url(value, None)
 
     @model_validator(mode="after")
-    def _resolve_gpu_auto(self) -> "SearchSpace":
+    def _resolve_gpu_auto(self) -> SearchSpace:
         """`resources.gpu: auto` becomes the share of a card one trial needs (measured once per study)."""
         if self.resources.gpu == "auto":
             from autofl.tuning.gpu_packing import resolve_auto_gpu
@@ -169,7 +177,7 @@ class SearchSpace(Strict):
         return self
 
     @model_validator(mode="after")
-    def _objective_is_validation(self) -> "SearchSpace":
+    def _objective_is_validation(self) -> SearchSpace:
         if self.objectives is not None:
             self._multi_objective()
         for i, name in enumerate(self.objectives or [self.objective]):

@@ -21,8 +21,9 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 STORAGE_ENV = "AUTOFL_STORAGE"
 PG_CONNECT_TIMEOUT_S = 10
@@ -179,7 +180,7 @@ def open_storage(url: str):
         if is_journal(url):
             return _open_journal(url)
         return _open_rdb_once_created(url)
-    except Exception as err:  # noqa: BLE001 - any driver error becomes one line
+    except Exception as err:  # any driver error becomes one line
         from autofl.errors import StorageError
 
         if isinstance(err, StorageError):
@@ -198,7 +199,7 @@ def _open_rdb_once_created(url: str):
     for attempt in range(1, SCHEMA_RACE_TRIES):
         try:
             return _open_rdb(url)
-        except Exception as err:  # noqa: BLE001 - only the creation race is retried; the rest propagate
+        except Exception as err:  # only the creation race is retried; the rest propagate
             if not _is_schema_creation_race(err):
                 raise
             time.sleep(SCHEMA_RACE_PAUSE_S * attempt)

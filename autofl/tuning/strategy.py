@@ -20,13 +20,13 @@ if TYPE_CHECKING:
     from autofl.tuning.ledger import Ledger
     from autofl.tuning.space import SearchSpace
 
-def study_start_points(space: "SearchSpace") -> list[dict[str, Any]]:
+def study_start_points(space: SearchSpace) -> list[dict[str, Any]]:
     """The trials a new study runs first (the paper default, one per method in a cross-method
     study), except under a grid, which visits the default among its points anyway."""
     return [] if space.sampler.kind == "grid" else start_points(space)
 
 
-def make_sampler(space: "SearchSpace", run_name: str | None = None):
+def make_sampler(space: SearchSpace, run_name: str | None = None):
     """The study's sampler: Optuna's sampler of `space.sampler`, built for each trial with a seed
     from (the space's seed, the trial's place in the study), so that every run of the study, a
     resumed or joined driver's included, proposes what one uninterrupted run would
@@ -37,7 +37,7 @@ def make_sampler(space: "SearchSpace", run_name: str | None = None):
     return TrialSeededSampler(space)
 
 
-def make_scheduler(space: "SearchSpace", ledger: "Ledger"):
+def make_scheduler(space: SearchSpace, ledger: Ledger):
     """The Tune scheduler of `space.scheduler` over FL rounds (None: every trial runs to the end)."""
     spec = space.scheduler
     if spec.kind == "none":

@@ -34,7 +34,7 @@ TPE_DEFAULTS: dict[str, Any] = {"n_startup_trials": 20, "multivariate": False, "
 
 
 def only_own_options(spec: Strict, owners: dict[str, tuple[str, ...]], section: str) -> None:
-    kind = getattr(spec, "kind")
+    kind = getattr(spec, "kind")  # noqa: B009 - each spec passed here has one; Strict does not declare it
     for name in sorted(spec.model_fields_set - {"kind", "skip_repeats"}):  # skip_repeats: every sampler kind
         if name not in owners[kind]:
             takes = ", ".join(owners[kind]) or "no options"

@@ -340,7 +340,7 @@ def best_of(trials: list, mode: str):
     from autofl.tuning.objectives import best
 
     complete = [t for t in trials if t.state.name == "COMPLETE" and t.values]
-    return best(complete, key=first_value, mode=mode)  # multi-objective: on the first objective
+    return best(complete, key=lambda t: t.values[0], mode=mode)  # multi-objective: on the first objective
 
 
 def export_best_config(study: Study, reeval: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -382,8 +382,8 @@ def trial_config(study: Study, params: dict[str, Any], number: int | None, value
     """The runnable config of one set of searched values, with where it came from as metadata."""
     import autofl
     from autofl.config import experiment_to_dict
-    from autofl.tuning.objectives import TEST_METRICS
     from autofl.experiment import build_experiment
+    from autofl.tuning.objectives import TEST_METRICS
 
     space = study.space()
     exp = build_experiment(space.config(params))

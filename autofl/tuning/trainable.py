@@ -21,10 +21,10 @@ import ray
 import torch
 from ray import tune
 
-from autofl.experiment import build_experiment
 from autofl.data.datasets import RawDataset
-from autofl.engine.simulation import Simulation
 from autofl.device import resolve_device
+from autofl.engine.simulation import Simulation
+from autofl.experiment import build_experiment
 from autofl.features import ClassStats
 from autofl.methods.registry import get_method_class
 from autofl.registry import load_plugins
@@ -99,7 +99,8 @@ class FLTrainable(tune.Trainable):
         torch.save(self.sim.state_dict(), os.path.join(checkpoint_dir, STATE_FILE))
         self._unsaved_s = 0.0
 
-    def load_checkpoint(self, checkpoint_dir: str) -> None:
+    # Ray passes the checkpoint's folder (a str) where save_checkpoint returns None; its annotation says dict
+    def load_checkpoint(self, checkpoint_dir: str) -> None:  # type: ignore[override]
         with torch.serialization.safe_globals([ClassStats]):
             state = torch.load(os.path.join(checkpoint_dir, STATE_FILE), map_location="cpu", weights_only=True)
         self.sim.load_state_dict(state)
@@ -110,9 +111,9 @@ class RunListTrainable(FLTrainable):
     """An FLTrainable over a fixed list of trial configs (re-evaluation): config {"run": i} trains
     `runs[i]`, so Tune's grid over indices runs each listed config once."""
 
-    def setup(self, config: dict[str, Any], runs: list[dict[str, Any]] | None = None, **kwargs: Any) -> None:
+    def setup(self, config: dict[str, Any], *args: Any, runs: list[dict[str, Any]] | None = None, **kwargs: Any) -> None:
         self._runs = runs or []
-        super().setup(self._runs[config["run"]], **kwargs)
+        super().setup(self._runs[config["run"]], *args, **kwargs)
 
     def reset_config(self, new_config: dict[str, Any]) -> bool:
         return super().reset_config(self._runs[new_config["run"]])

@@ -19,7 +19,8 @@ sampler is seeded per trial.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import optuna
 from optuna.samplers import BaseSampler
@@ -35,7 +36,7 @@ def trial_seed(seed: int, index: int) -> int:
     return int(np.random.SeedSequence([int(seed) & 0xFFFFFFFF, int(index)]).generate_state(1)[0])
 
 
-def build_sampler(space: "SearchSpace", seed: int) -> BaseSampler:
+def build_sampler(space: SearchSpace, seed: int) -> BaseSampler:
     """Optuna's sampler of `space.sampler` (kind and options) for one trial, seeded with `seed`."""
     spec = space.sampler
     options = spec.options()
@@ -48,7 +49,10 @@ def build_sampler(space: "SearchSpace", seed: int) -> BaseSampler:
         from autofl.tuning.space import all_params, grid_values
 
         # the study seed: it shuffles the grid, and trial n takes the shuffled grid's point n
-        return StudyGridSampler({name: grid_values(p) for name, p in all_params(space).items()}, seed=space.seed)
+        grid = {name: grid_values(p) for name, p in all_params(space).items()}
+        finite = {name: values for name, values in grid.items() if values is not None}
+        assert len(finite) == len(grid), "check_strategy accepts a grid of finite value sets only"
+        return StudyGridSampler(finite, seed=space.seed)
     if spec.kind == "gp":
         return optuna.samplers.GPSampler(seed=seed, **options)
     if spec.kind == "cmaes":
@@ -61,7 +65,7 @@ def build_sampler(space: "SearchSpace", seed: int) -> BaseSampler:
 class TrialSeededSampler(BaseSampler):
     """The space's Optuna sampler, rebuilt for each trial with `trial_seed(space.seed, index)`."""
 
-    def __init__(self, space: "SearchSpace"):
+    def __init__(self, space: SearchSpace):
         self.space = space
         self._number: int | None = None  # the trial the current sampler was built for
         self._current: BaseSampler = build_sampler(space, trial_seed(space.seed, 0))
@@ -70,7 +74,7 @@ class TrialSeededSampler(BaseSampler):
         return {"space": self.space}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["space"])
+        TrialSeededSampler.__init__(self, state["space"])
 
     @property
     def current(self) -> BaseSampler:

@@ -30,7 +30,7 @@ class StudyInterrupted(AutoFLError):
     exit_code = 130
 
     @classmethod
-    def of(cls, study_name: str) -> "StudyInterrupted":
+    def of(cls, study_name: str) -> StudyInterrupted:
         return cls(f"interrupted; study {study_name!r} is saved: resume it with autofl search --resume {study_name!r}")
 
 
@@ -42,7 +42,7 @@ def make_searcher(space: SearchSpace, ledger: Ledger, run_name: str, trials: int
     return StudySearcher(
         ledger, DefineByRun(space), sampler if sampler is not None else make_sampler(space, run_name),
         metric=space.metrics if space.multi_objective else space.objective,
-        mode=space.modes if space.multi_objective else space.mode,
+        mode=list(space.modes or []) if space.multi_objective else space.mode,
         max_t=space.max_rounds, run_name=run_name, budget=trials,
         # issue 18: never more start points than the run's budget (a cross-method study with fewer
         # trials than methods left the rest WAITING forever)
@@ -82,7 +82,7 @@ def study_trainable(space: SearchSpace, trainable: type | None = None, checkpoin
                                    raw_data=raw, threads=max(1, int(space.resources.cpu)),
                                    checkpoint_every_s=space.checkpoint_every_s if checkpoint_every_s is None
                                    else checkpoint_every_s, **extra)
-    return tune.with_resources(wrapped, {"cpu": space.resources.cpu, "gpu": space.resources.gpu})
+    return tune.with_resources(wrapped, {"cpu": space.resources.cpu, "gpu": space.resources.gpu_share})
 
 
 def new_run(study: Study, trials: int, join: bool) -> tuple[str, bool]:

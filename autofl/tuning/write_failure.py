@@ -20,7 +20,7 @@ class WriteFailed(StorageError):
     """A write of the study failed; the study is as it was before it, and resumes."""
 
     @classmethod
-    def of(cls, study_name: str, reason: str) -> "WriteFailed":
+    def of(cls, study_name: str, reason: str) -> WriteFailed:
         return cls(f"study {study_name!r}: a write failed ({reason}); the study is as it was before that write: "
                    f"free space (or make it writable), then resume it with autofl search --resume {study_name!r}")
 
@@ -34,7 +34,7 @@ def failed_write(err: BaseException) -> str | None:
         seen.add(id(current))
         if isinstance(current, OSError) and errno.errorcode.get(current.errno or -1) in WRITE_ERRNOS:
             where = f": {current.filename}" if current.filename else ""
-            return f"{current.strerror or errno.errorcode[current.errno]}{where}"
+            return f"{current.strerror or errno.errorcode.get(current.errno or -1, '')}{where}"
         text = str(current)
         for message in WRITE_MESSAGES:
             if message in text:
