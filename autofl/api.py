@@ -42,8 +42,10 @@ if TYPE_CHECKING:
 
 # ----- one run -----------------------------------------------------------------------------------
 
-def load_config(config: dict[str, Any] | Experiment | str | Path | None = None,
-               overrides: list[str] | tuple[str, ...] = ()) -> Experiment:
+
+def load_config(
+    config: dict[str, Any] | Experiment | str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
+) -> Experiment:
     """The validated experiment of `config` (a dict, an `Experiment`, a YAML path, or None for the
     built-in default), with `key=value` overrides applied and its method's defaults filled in."""
     from autofl.config import Experiment, apply_overrides, experiment_to_dict, read_yaml
@@ -59,8 +61,10 @@ def load_config(config: dict[str, Any] | Experiment | str | Path | None = None,
     elif isinstance(config, (str, Path)):
         raw = read_yaml(config)
     else:
-        raise ConfigError(f"config: {type(config).__name__} is not a config; allowed: a dict, an Experiment, "
-                          f"or the path of a YAML file")
+        raise ConfigError(
+            f"config: {type(config).__name__} is not a config; allowed: a dict, an Experiment, "
+            f"or the path of a YAML file"
+        )
     return build_experiment(apply_overrides(raw, list(overrides)))
 
 
@@ -84,19 +88,32 @@ class RunResult:
         return self.rounds[-1] if self.rounds else {}
 
 
-def train(config: dict[str, Any] | Experiment | str | Path | None = None, *, out: str | Path | None = None,
-          overwrite: bool = False, overrides: list[str] | tuple[str, ...] = (),
-          on_round: Callable[[dict[str, float], float], None] | None = None,
-          announce: Callable[[str], None] | None = None,
-          on_clients: Callable[[int], None] | None = None) -> RunResult:
+def train(
+    config: dict[str, Any] | Experiment | str | Path | None = None,
+    *,
+    out: str | Path | None = None,
+    overwrite: bool = False,
+    overrides: list[str] | tuple[str, ...] = (),
+    on_round: Callable[[dict[str, float], float], None] | None = None,
+    announce: Callable[[str], None] | None = None,
+    on_clients: Callable[[int], None] | None = None,
+) -> RunResult:
     """Run one FL experiment to the end, as `autofl train` does, writing metrics.jsonl, config.yaml
     and final_state.pt to `out` (default autofl_runs/<method>-<time>; a folder holding files needs
     `overwrite`). `on_round(metrics, seconds)` sees each evaluated round, `announce` the executor
     line, `on_clients(n)` each batch of a round's clients finishing."""
     from autofl.training import run_training
 
-    args_.check_args(args_.TrainArgs, "train", out=out, overwrite=overwrite, overrides=overrides, on_round=on_round,
-                     announce=announce, on_clients=on_clients)
+    args_.check_args(
+        args_.TrainArgs,
+        "train",
+        out=out,
+        overwrite=overwrite,
+        overrides=overrides,
+        on_round=on_round,
+        announce=announce,
+        on_clients=on_clients,
+    )
     if isinstance(out, str) and not out.strip():
         raise AutoFLError("--out: empty; give a folder, or leave --out out for autofl_runs/<method>-<time>")
     exp = load_config(config, overrides)
@@ -106,6 +123,7 @@ def train(config: dict[str, Any] | Experiment | str | Path | None = None, *, out
 
 
 # ----- spaces ------------------------------------------------------------------------------------
+
 
 def search_space(space: dict[str, Any] | SearchSpace | str | Path) -> tuple[SearchSpace, str]:
     """The validated space and the text a new study keeps as its space.yaml (a file's own text,
@@ -121,13 +139,16 @@ def search_space(space: dict[str, Any] | SearchSpace | str | Path) -> tuple[Sear
     elif isinstance(space, dict):
         raw = space
     else:
-        raise ConfigError(f"space: {type(space).__name__} is not a search space; allowed: a dict, a SearchSpace, "
-                          f"or the path of a YAML file")
+        raise ConfigError(
+            f"space: {type(space).__name__} is not a search space; allowed: a dict, a SearchSpace, "
+            f"or the path of a YAML file"
+        )
     parsed = parse_space(raw, "space")
     return parsed, yaml.safe_dump(raw, sort_keys=False)
 
 
 # ----- studies -----------------------------------------------------------------------------------
+
 
 class Study:
     """A study folder: its space, its trials (Optuna's records, read on every call, so a study
@@ -187,8 +208,10 @@ class Study:
         from autofl.tuning.study import trial_rows
 
         live = self.driver_running()
-        return [{**r, "optuna_state": r["state"], "state": shown_state(r["state"], r["user_attrs"], live)}
-                for r in trial_rows(self._folder)]
+        return [
+            {**r, "optuna_state": r["state"], "state": shown_state(r["state"], r["user_attrs"], live)}
+            for r in trial_rows(self._folder)
+        ]
 
     def counts(self) -> dict[str, int]:
         """Trials per state, as `autofl status` counts them."""
@@ -206,8 +229,12 @@ class Study:
         frame = ot.trials_dataframe() if ot is not None else pandas.DataFrame()
         if frame.empty:
             return frame
-        extra = pandas.DataFrame([{"number": r["number"], "autofl_state": r["state"], "round": r["round"],
-                                   "objective": r["objective"]} for r in self.trials()])
+        extra = pandas.DataFrame(
+            [
+                {"number": r["number"], "autofl_state": r["state"], "round": r["round"], "objective": r["objective"]}
+                for r in self.trials()
+            ]
+        )
         return frame.merge(extra, on="number", how="left")
 
     def best_trial(self):
@@ -249,9 +276,17 @@ class Study:
 
         return export_pareto(self._folder)
 
-    def reevaluate(self, seeds: int = 5, top: int = 3, *, vary_partition: bool = False, address: str | None = None,
-                   verbose: bool = False, on_plan: Callable[[int, int], None] | None = None,
-                   on_done: Callable[[Run, dict], None] | None = None) -> dict[str, Any]:
+    def reevaluate(
+        self,
+        seeds: int = 5,
+        top: int = 3,
+        *,
+        vary_partition: bool = False,
+        address: str | None = None,
+        verbose: bool = False,
+        on_plan: Callable[[int, int], None] | None = None,
+        on_done: Callable[[Run, dict], None] | None = None,
+    ) -> dict[str, Any]:
         """Re-run the `top` best configs and the paper default over `seeds` fresh seeds as Ray
         trials (runs already done are reused), as `autofl reeval` does; returns the summary (per
         candidate mean, std and 95% CI, the paired difference to the default, `best`, `verdict`).
@@ -263,8 +298,17 @@ class Study:
         from autofl.tuning.storage import is_sqlite
         from autofl.tuning.study import check_owned
 
-        args_.check_args(args_.ReevaluateArgs, "reevaluate", seeds=seeds, top=top, vary_partition=vary_partition,
-                         address=address, verbose=verbose, on_plan=on_plan, on_done=on_done)
+        args_.check_args(
+            args_.ReevaluateArgs,
+            "reevaluate",
+            seeds=seeds,
+            top=top,
+            vary_partition=vary_partition,
+            address=address,
+            verbose=verbose,
+            on_plan=on_plan,
+            on_done=on_done,
+        )
         check_reeval_size(seeds, top)
         folder = self._folder
         folder.space()  # validate before Ray starts
@@ -285,8 +329,9 @@ class Study:
                 check_cluster_fits(resources.cpu, resources.gpu, address)
 
         try:
-            return reevaluate(folder, seeds, top, vary_partition, address,
-                              on_done=on_done or (lambda run, result: None), on_plan=plan)
+            return reevaluate(
+                folder, seeds, top, vary_partition, address, on_done=on_done or (lambda run, result: None), on_plan=plan
+            )
         finally:
             lock.release()
 
@@ -307,8 +352,9 @@ class Study:
         try:
             return build_report(self._folder, folder)
         except OSError as err:
-            raise AutoFLError(f"-o {folder}: cannot be written ({err.strerror}); give -o a folder you may write") \
-                from None
+            raise AutoFLError(
+                f"-o {folder}: cannot be written ({err.strerror}); give -o a folder you may write"
+            ) from None
 
 
 def studies_dir(dir: str | Path | None = None) -> Path:
@@ -351,10 +397,19 @@ def _import_trial_stack() -> None:
     import autofl.tuning.trainable  # noqa: F401  (torch, ray.tune, the engine)
 
 
-def search(space: dict[str, Any] | SearchSpace | str | Path | None = None, *, name: str | None = None,
-           trials: int | None = None, dir: str | Path | None = None, address: str | None = None,
-           resume: bool = False, join: bool = False, storage_path: str | None = None, verbose: bool = False,
-           on_start: Callable[[Study, Path], None] | None = None) -> Study:
+def search(
+    space: dict[str, Any] | SearchSpace | str | Path | None = None,
+    *,
+    name: str | None = None,
+    trials: int | None = None,
+    dir: str | Path | None = None,
+    address: str | None = None,
+    resume: bool = False,
+    join: bool = False,
+    storage_path: str | None = None,
+    verbose: bool = False,
+    on_start: Callable[[Study, Path], None] | None = None,
+) -> Study:
     """Run a hyperparameter study on Ray Tune (started locally, or the cluster at `address`) and
     return it, as `autofl search` does.
 
@@ -369,8 +424,19 @@ def search(space: dict[str, Any] | SearchSpace | str | Path | None = None, *, na
     from autofl.tuning.preflight import check_home, check_new_study, probe_address
     from autofl.tuning.storage import is_sqlite, probe_storage
 
-    args_.check_args(args_.SearchArgs, "search", name=name, trials=trials, dir=dir, address=address, resume=resume,
-                     join=join, storage_path=storage_path, verbose=verbose, on_start=on_start)
+    args_.check_args(
+        args_.SearchArgs,
+        "search",
+        name=name,
+        trials=trials,
+        dir=dir,
+        address=address,
+        resume=resume,
+        join=join,
+        storage_path=storage_path,
+        verbose=verbose,
+        on_start=on_start,
+    )
     if trials is not None and trials < 1:
         raise AutoFLError(f"trials: {trials}; allowed: 1 or more")
     if resume and join:
@@ -379,8 +445,9 @@ def search(space: dict[str, Any] | SearchSpace | str | Path | None = None, *, na
     if existing and storage_path:
         raise AutoFLError("--storage-path: applies to a new study; an existing one keeps the place it was made with")
     if existing and space is not None:
-        raise AutoFLError(f"--space: applies to a new study; --resume/--join {name} continues the study with its "
-                          f"own space and name")
+        raise AutoFLError(
+            f"--space: applies to a new study; --resume/--join {name} continues the study with its own space and name"
+        )
     if name is not None and not name.strip():
         raise AutoFLError("--name: empty; give a study name, or leave --name out for the space's `study`")
     home = studies_dir(dir)
@@ -413,8 +480,10 @@ def search(space: dict[str, Any] | SearchSpace | str | Path | None = None, *, na
         if sqlite:
             from autofl.errors import StorageError
 
-            raise StorageError(f"--join {folder.name}: the study is on SQLite, which takes one driver; create it "
-                               f"with PostgreSQL or journal storage (space `storage:` or AUTOFL_STORAGE) to run several")
+            raise StorageError(
+                f"--join {folder.name}: the study is on SQLite, which takes one driver; create it "
+                f"with PostgreSQL or journal storage (space `storage:` or AUTOFL_STORAGE) to run several"
+            )
     else:
         lock.acquire(sqlite=sqlite)
     try:
@@ -424,8 +493,17 @@ def search(space: dict[str, Any] | SearchSpace | str | Path | None = None, *, na
     return Study(folder)
 
 
-def _run_study(folder: Any, trials: int | None, address: str | None, resume: bool, join: bool, verbose: bool,
-               on_start: Callable[[Study, Path], None] | None, created: bool, lock: Any) -> None:
+def _run_study(
+    folder: Any,
+    trials: int | None,
+    address: str | None,
+    resume: bool,
+    join: bool,
+    verbose: bool,
+    on_start: Callable[[Study, Path], None] | None,
+    created: bool,
+    lock: Any,
+) -> None:
     """Start Ray and run the study's trials: the one place the API drives the tuning package."""
     from autofl.tuning.preflight import check_cluster_fits, rollback_if_unstarted, sigterm_as_ctrl_c
     from autofl.tuning.ray_start import start_ray
@@ -452,9 +530,17 @@ def _run_study(folder: Any, trials: int | None, address: str | None, resume: boo
 
 # ----- SLURM ---------------------------------------------------------------------------------------
 
-def submit_slurm(space: dict[str, Any] | SearchSpace | str | Path | None = None, *, name: str | None = None,
-          resume: bool = False, trials: int | None = None, dir: str | Path | None = None,
-          options: Any = None, dry_run: bool = False) -> Any:
+
+def submit_slurm(
+    space: dict[str, Any] | SearchSpace | str | Path | None = None,
+    *,
+    name: str | None = None,
+    resume: bool = False,
+    trials: int | None = None,
+    dir: str | Path | None = None,
+    options: Any = None,
+    dry_run: bool = False,
+) -> Any:
     """Run a study as a SLURM batch job, as `autofl slurm` does: a Ray cluster on the job's nodes
     (a head on the first, a worker on each other), the study driven on it, Ray stopped at the end;
     near the time limit the study is saved and the job requeued to resume it (autofl/slurm.py).
@@ -481,11 +567,14 @@ def submit_slurm(space: dict[str, Any] | SearchSpace | str | Path | None = None,
     home = studies_dir(dir)
     if resume:
         if space is not None:
-            raise AutoFLError(f"--space: applies to a new study; --resume {name} continues the study with its own "
-                              f"space")
+            raise AutoFLError(
+                f"--space: applies to a new study; --resume {name} continues the study with its own space"
+            )
         if trials is not None:
-            raise AutoFLError("--trials: applies to a new study here (every requeued run would add them again); "
-                              "add trials with autofl search --resume NAME --trials N, then submit --resume NAME")
+            raise AutoFLError(
+                "--trials: applies to a new study here (every requeued run would add them again); "
+                "add trials with autofl search --resume NAME --trials N, then submit --resume NAME"
+            )
         if name is None:
             raise AutoFLError("slurm: resume=True needs the study's name")
         folder = store.open_study(home, name)
@@ -499,8 +588,9 @@ def submit_slurm(space: dict[str, Any] | SearchSpace | str | Path | None = None,
         parsed, text = search_space(space)
         name = store.check_study_name(name or parsed.study, "--name" if name else "study")
         if (home / name / store.SPACE_FILE).exists():
-            raise AutoFLError(f"study {name!r} already exists in {home}; submit it with --resume {name}, or pick "
-                              f"another --name")
+            raise AutoFLError(
+                f"study {name!r} already exists in {home}; submit it with --resume {name}, or pick another --name"
+            )
         data = parsed.base_experiment().data
         if data.dataset != "digits":  # a missing dataset fails now, not on the cluster
             from autofl.data.datasets import load_raw_dataset

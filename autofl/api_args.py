@@ -34,7 +34,9 @@ class _Args(BaseModel):
 
 
 class TrainArgs(_Args):
-    out: str | Path | None = Field(None, description=f"the run's folder, {OPTIONAL_PATH} for autofl_runs/<method>-<time>")
+    out: str | Path | None = Field(
+        None, description=f"the run's folder, {OPTIONAL_PATH} for autofl_runs/<method>-<time>"
+    )
     overwrite: bool = Field(False, description=FLAG)
     overrides: list[str] | tuple[str, ...] = Field((), description="a list of 'key=value' strings")
     on_round: Callable[..., Any] | None = Field(None, description=CALLBACK)
@@ -56,8 +58,9 @@ class LoadStudyArgs(DirArgs):
 
 class SearchArgs(DirArgs):
     name: str | None = Field(None, description="a study name (str), or None for the space's `study`")
-    trials: int | None = Field(None, ge=1, le=MAX_TRIALS,
-                               description=f"a whole number from 1 to {MAX_TRIALS}, or None for the space's")
+    trials: int | None = Field(
+        None, ge=1, le=MAX_TRIALS, description=f"a whole number from 1 to {MAX_TRIALS}, or None for the space's"
+    )
     address: str | None = Field(None, description="a Ray address (str), or None to start a local Ray")
     resume: bool = Field(False, description=FLAG)
     join: bool = Field(False, description=FLAG)
@@ -81,8 +84,11 @@ class ReportArgs(_Args):
 
 
 class BestConfigArgs(_Args):
-    reeval: dict[str, Any] | None = Field(None, description="a re-evaluation summary as Study.reevaluate returns "
-                                          f"it (keys {', '.join(REEVAL_KEYS)}), or None for the stored one")
+    reeval: dict[str, Any] | None = Field(
+        None,
+        description="a re-evaluation summary as Study.reevaluate returns "
+        f"it (keys {', '.join(REEVAL_KEYS)}), or None for the stored one",
+    )
 
     @field_validator("reeval")
     @classmethod

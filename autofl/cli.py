@@ -38,13 +38,21 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise AutoFLError("--out: empty; give a folder, or leave --out out for autofl_runs/<method>-<time>")
     exp = api.load_config(args.config, args.set)
     out = Path(args.out) if args.out else api.default_run_dir(exp)
-    console.print(f"autofl train: {exp.method.name} on {exp.data.dataset} ({exp.data.num_clients} clients, "
-                  f"{exp.data.partition.kind}), {exp.model.arch}, {exp.fl.rounds} rounds -> {out}")
+    console.print(
+        f"autofl train: {exp.method.name} on {exp.data.dataset} ({exp.data.num_clients} clients, "
+        f"{exp.data.partition.kind}), {exp.model.arch}, {exp.fl.rounds} rounds -> {out}"
+    )
     table = Table(*_ROUND_COLUMNS, "seconds", title=f"{exp.method.name} / {exp.data.dataset}")
     # within a round: clients trained so far (a long round shows it is moving)
     per_round = exp.clients_per_round()
-    progress = Progress(TextColumn("round {task.fields[rnd]}/" + str(exp.fl.rounds)), BarColumn(),
-                        MofNCompleteColumn(), TextColumn("clients"), TimeElapsedColumn(), console=console)
+    progress = Progress(
+        TextColumn("round {task.fields[rnd]}/" + str(exp.fl.rounds)),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("clients"),
+        TimeElapsedColumn(),
+        console=console,
+    )
     task = progress.add_task("clients", total=per_round, rnd=1)
     live = Live(Group(table, progress), console=console, refresh_per_second=4) if console.is_terminal else None
     clients = [0, 1]  # trained in this round, the round
@@ -65,14 +73,18 @@ def cmd_train(args: argparse.Namespace) -> int:
     announce = lambda line: console.print(line, soft_wrap=True)  # noqa: E731
     if live is not None:
         with live:
-            run = api.train(exp, out=out, overwrite=args.overwrite, on_round=on_round, announce=announce,
-                            on_clients=on_clients)
+            run = api.train(
+                exp, out=out, overwrite=args.overwrite, on_round=on_round, announce=announce, on_clients=on_clients
+            )
     else:
         run = api.train(exp, out=out, overwrite=args.overwrite, on_round=on_round, announce=announce)
     last = run.final
-    console.print(f"done: personal_test_acc={_fmt(last.get('personal_test_acc'))} "
-                  f"personal_val_acc={_fmt(last.get('personal_val_acc'))}; wrote {out}/metrics.jsonl, config.yaml, "
-                  f"final_state.pt", soft_wrap=True)
+    console.print(
+        f"done: personal_test_acc={_fmt(last.get('personal_test_acc'))} "
+        f"personal_val_acc={_fmt(last.get('personal_val_acc'))}; wrote {out}/metrics.jsonl, config.yaml, "
+        f"final_state.pt",
+        soft_wrap=True,
+    )
     return 0
 
 
@@ -83,8 +95,10 @@ def cmd_search(args: argparse.Namespace) -> int:
     # the API raises the other flag errors; in the order they were checked (resume with join, --storage-path,
     # --space), before this one
     if existing and args.name is not None and not ((args.resume and args.join) or args.storage_path or args.space):
-        raise AutoFLError(f"--name: applies to a new study; --resume/--join {existing} continues the study "
-                          f"with its own space and name")
+        raise AutoFLError(
+            f"--name: applies to a new study; --resume/--join {existing} continues the study "
+            f"with its own space and name"
+        )
     record_before: list[dict] = []
 
     def on_start(study: api.Study, logs: Path) -> None:
@@ -95,30 +109,51 @@ def cmd_search(args: argparse.Namespace) -> int:
         space = study.space
         base = space.base_experiment()
         trial_device = resolve_device("cuda" if space.resources.gpu_share > 0 else "cpu")  # where Ray places the trials
-        console.print(f"autofl search: study {study.name} in {study.root}; trials' "
-                      f"{describe_executor(base, get_method_class(base.method.name), trial_device)}"
-                      f"{'; ' + space.resources.auto_line if space.resources.auto_line else ''}; Ray's logs: {logs}"
-                      f"{' (also shown here)' if args.verbose else ''}", soft_wrap=True)
+        console.print(
+            f"autofl search: study {study.name} in {study.root}; trials' "
+            f"{describe_executor(base, get_method_class(base.method.name), trial_device)}"
+            f"{'; ' + space.resources.auto_line if space.resources.auto_line else ''}; Ray's logs: {logs}"
+            f"{' (also shown here)' if args.verbose else ''}",
+            soft_wrap=True,
+        )
         record_before.append(study.record)  # unchanged after a --resume that found nothing to do
 
-    study = api.search(args.space, name=existing or args.name, trials=args.trials, dir=args.dir,
-                       address=args.address, resume=bool(args.resume), join=bool(args.join),
-                       storage_path=args.storage_path, verbose=args.verbose, on_start=on_start)
+    study = api.search(
+        args.space,
+        name=existing or args.name,
+        trials=args.trials,
+        dir=args.dir,
+        address=args.address,
+        resume=bool(args.resume),
+        join=bool(args.join),
+        storage_path=args.storage_path,
+        verbose=args.verbose,
+        on_start=on_start,
+    )
     _print_status(study)
     if args.resume and not args.trials and [study.record] == record_before:
-        console.print(f"study {study.name} has run all its trials; add more with: autofl search --resume "
-                      f"{study.name} --trials N", soft_wrap=True)
+        console.print(
+            f"study {study.name} has run all its trials; add more with: autofl search --resume {study.name} --trials N",
+            soft_wrap=True,
+        )
     if not any(r["state"] in ("COMPLETE", "PRUNED") for r in study.trials()):
-        err_console.print(f"autofl: error: study {study.name} has no finished trial (every trial failed or none "
-                          f"ran); see autofl status {study.name} and {study.root / 'logs'}", soft_wrap=True)
+        err_console.print(
+            f"autofl: error: study {study.name} has no finished trial (every trial failed or none "
+            f"ran); see autofl status {study.name} and {study.root / 'logs'}",
+            soft_wrap=True,
+        )
         return 1
     try:
         best = study.best_trial()
-        console.print(f"best trial #{best.number}: {study.space.objective}={study.best_value():.4f} "
-                      f"params={best.params}", soft_wrap=True)
+        console.print(
+            f"best trial #{best.number}: {study.space.objective}={study.best_value():.4f} params={best.params}",
+            soft_wrap=True,
+        )
         if study.space.multi_objective:
-            console.print(f"export the Pareto front with: autofl best-config export {study.name} --pareto "
-                          f"-o front.yaml", soft_wrap=True)
+            console.print(
+                f"export the Pareto front with: autofl best-config export {study.name} --pareto -o front.yaml",
+                soft_wrap=True,
+            )
         else:
             console.print(f"export it with: autofl best-config export {study.name} -o best.yaml", soft_wrap=True)
     except AutoFLError as err:
@@ -131,29 +166,36 @@ def _print_status(study) -> None:
 
     rows = study.trials()  # each row's state as shown: INTERRUPTED for what a stopped driver left
     space = study.stored_space  # a view: no experiment built, so no torch
-    table = Table("trial", "state", "round", " / ".join(space.metrics), "node", "params", "note",
-                  title=f"study {study.name}")
+    table = Table(
+        "trial", "state", "round", " / ".join(space.metrics), "node", "params", "note", title=f"study {study.name}"
+    )
     for r in rows:
         params = ", ".join(f"{k.split(':')[-1]}={_fmt(v)}" for k, v in r["params"].items())
         state = r["state"]
         node = str(r["user_attrs"].get("node_id") or "-")[:8]
         value = " / ".join(map(_fmt, r["values"])) if space.multi_objective and r["values"] else _fmt(r["objective"])
-        table.add_row(str(r["number"]), state, _fmt(r["round"]), value, node, params,
-                      str(r["user_attrs"].get("fail_reason", "")))
+        table.add_row(
+            str(r["number"]), state, _fmt(r["round"]), value, node, params, str(r["user_attrs"].get("fail_reason", ""))
+        )
     console.print(table)
     console.print(f"storage: {mask_url(study.storage_url)}", soft_wrap=True)
     if space.multi_objective:
         front = study.pareto_trials()
         goals = ", ".join(f"{m} ({d})" for m, d in zip(space.metrics, space.modes or []))
-        console.print(f"Pareto front of {goals}: " + ("; ".join(
-            f"trial {t.number} ({' / '.join(map(_fmt, t.values))})" for t in front) or "none yet"), soft_wrap=True)
+        console.print(
+            f"Pareto front of {goals}: "
+            + ("; ".join(f"trial {t.number} ({' / '.join(map(_fmt, t.values))})" for t in front) or "none yet"),
+            soft_wrap=True,
+        )
     if space.budget_rounds is not None:
         used = sum(r["round"] or 0 for r in rows)  # each trial's last reported round, as the budget counts
         console.print(f"budget: {used} of {space.budget_rounds} FL rounds used (budget_rounds)")
     if space.time_budget_s is not None:
         walls = [run.get("tune_wall_s", 0.0) for run in study.runs]
-        console.print(f"budget: runs took {', '.join(f'{w:.0f} s' for w in walls) or 'none'} of "
-                      f"{space.time_budget_s:.0f} s each (time_budget_s)")
+        console.print(
+            f"budget: runs took {', '.join(f'{w:.0f} s' for w in walls) or 'none'} of "
+            f"{space.time_budget_s:.0f} s each (time_budget_s)"
+        )
     counts = Counter(r["state"] for r in rows)
     console.print("trials: " + (", ".join(f"{v} {k.lower()}" for k, v in sorted(counts.items())) or "none"))
     summary = study.reeval_summary()
@@ -173,10 +215,14 @@ def cmd_studies(args: argparse.Namespace) -> int:
     if skipped:  # one line; the valid studies are still listed
         from autofl.tuning.study import STUDY_NAME_RULE
 
-        err_console.print(f"autofl: skipped {len(skipped)} folder{'s' if len(skipped) > 1 else ''} in {home} whose "
-                          f"name is not a study name: {', '.join(clean(repr(n)) for n in skipped)}; rename "
-                          f"{'them' if len(skipped) > 1 else 'it'} ({STUDY_NAME_RULE}) to use "
-                          f"{'them' if len(skipped) > 1 else 'it'}", highlight=False, soft_wrap=True)
+        err_console.print(
+            f"autofl: skipped {len(skipped)} folder{'s' if len(skipped) > 1 else ''} in {home} whose "
+            f"name is not a study name: {', '.join(clean(repr(n)) for n in skipped)}; rename "
+            f"{'them' if len(skipped) > 1 else 'it'} ({STUDY_NAME_RULE}) to use "
+            f"{'them' if len(skipped) > 1 else 'it'}",
+            highlight=False,
+            soft_wrap=True,
+        )
     if not names:
         console.print(f"no studies in {home}")
         return 0
@@ -193,8 +239,12 @@ def cmd_studies(args: argparse.Namespace) -> int:
             best = s.best_value()
         except AutoFLError:  # no completed trial yet
             best = None
-        table.add_row(name, str(len(rows)), *(str(counts.get(k, 0)) for k in
-                                              ("COMPLETE", "PRUNED", "FAIL", "INTERRUPTED", "RUNNING")), _fmt(best))
+        table.add_row(
+            name,
+            str(len(rows)),
+            *(str(counts.get(k, 0)) for k in ("COMPLETE", "PRUNED", "FAIL", "INTERRUPTED", "RUNNING")),
+            _fmt(best),
+        )
     console.print(table)
     return 0
 
@@ -206,22 +256,36 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
-def _reevaluate(study, seeds: int, top: int, vary_partition: bool, address: str | None,
-                show: Console = console, verbose: bool = False) -> dict:
+def _reevaluate(
+    study,
+    seeds: int,
+    top: int,
+    vary_partition: bool,
+    address: str | None,
+    show: Console = console,
+    verbose: bool = False,
+) -> dict:
     """Run what is missing of the study's re-evaluation (one driver at a time) and print its table
     on `show` (stderr when stdout carries an exported config)."""
     objective = study.space.objective
 
     def on_plan(missing: int, total: int) -> None:
-        show.print(f"re-evaluation of study {study.name}: {total} runs (configs x seeds), "
-                   f"{total - missing} already done, {missing} to run", soft_wrap=True)
+        show.print(
+            f"re-evaluation of study {study.name}: {total} runs (configs x seeds), "
+            f"{total - missing} already done, {missing} to run",
+            soft_wrap=True,
+        )
 
     def on_done(run, result: dict) -> None:
-        show.print(f"  {run.candidate.label} seed {run.seed}: {objective}={_fmt(result.get(objective))} "
-                   f"personal_test_acc={_fmt(result.get('personal_test_acc'))}", soft_wrap=True)
+        show.print(
+            f"  {run.candidate.label} seed {run.seed}: {objective}={_fmt(result.get(objective))} "
+            f"personal_test_acc={_fmt(result.get('personal_test_acc'))}",
+            soft_wrap=True,
+        )
 
-    summary = study.reevaluate(seeds, top, vary_partition=vary_partition, address=address, verbose=verbose,
-                               on_plan=on_plan, on_done=on_done)
+    summary = study.reevaluate(
+        seeds, top, vary_partition=vary_partition, address=address, verbose=verbose, on_plan=on_plan, on_done=on_done
+    )
     from autofl.views import reeval_table
 
     show.print(reeval_table(summary))
@@ -255,14 +319,19 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     try:
         import optuna_dashboard
     except ImportError:
-        raise AutoFLError('dashboard: optuna-dashboard is not installed; install the extra with '
-                          'pip install -e ".[dashboard]" (or pip install optuna-dashboard)') from None
+        raise AutoFLError(
+            "dashboard: optuna-dashboard is not installed; install the extra with "
+            'pip install -e ".[dashboard]" (or pip install optuna-dashboard)'
+        ) from None
     storage = open_storage(study.storage_url)
     from autofl.tuning.preflight import check_port
 
     check_port(args.port)  # a taken or impossible port is one line, before the server starts
-    console.print(f"optuna-dashboard for study {study.name} ({mask_url(study.storage_url)}) on "
-                  f"http://127.0.0.1:{args.port}/dashboard/ ; Ctrl-C stops it", soft_wrap=True)
+    console.print(
+        f"optuna-dashboard for study {study.name} ({mask_url(study.storage_url)}) on "
+        f"http://127.0.0.1:{args.port}/dashboard/ ; Ctrl-C stops it",
+        soft_wrap=True,
+    )
     optuna_dashboard.run_server(storage, host="127.0.0.1", port=args.port)  # this machine only
     return 0
 
@@ -292,15 +361,24 @@ def cmd_export(args: argparse.Namespace) -> int:
         study.best_trial()  # a study without a completed trial fails here, before any re-evaluation
         summary = None  # a stored re-evaluation still decides: its best by mean, not the single-seed best
         if args.reeval:
-            summary = _reevaluate(study, args.reeval, args.top, args.vary_partition, args.address,
-                                  show=console if out is not None else err_console, verbose=args.verbose)
+            summary = _reevaluate(
+                study,
+                args.reeval,
+                args.top,
+                args.vary_partition,
+                args.address,
+                show=console if out is not None else err_console,
+                verbose=args.verbose,
+            )
         text = dump_config(study.best_config(summary), args.format)
     if out is not None:
         try:
             write_atomic(out, text)
         except OSError as err:
             raise AutoFLError(f"-o {out}: cannot be written ({err.strerror})") from None
-        hint = "each entry's config runs with autofl train" if args.pareto else f"run it with: autofl train --config {out}"
+        hint = (
+            "each entry's config runs with autofl train" if args.pareto else f"run it with: autofl train --config {out}"
+        )
         console.print(f"wrote {out}; {hint}", soft_wrap=True)
     else:
         sys.stdout.write(text)
@@ -318,6 +396,7 @@ def _at_least(low: int, what: str, high: int | None = None):
         if value < low or (high is not None and value > high):
             raise argparse.ArgumentTypeError(f"{value} {what}; allowed: {allowed}")
         return value
+
     return parse
 
 
@@ -330,21 +409,43 @@ class _OneLineParser(argparse.ArgumentParser):
 
 
 def _reeval_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--top", type=_at_least(1, "configs", MAX_TOP), default=3,
-                        help="re-evaluate the N best completed trials besides the paper default (default 3)")
-    parser.add_argument("--vary-partition", action="store_true",
-                        help="also redraw the client partition and split with each seed")
+    parser.add_argument(
+        "--top",
+        type=_at_least(1, "configs", MAX_TOP),
+        default=3,
+        help="re-evaluate the N best completed trials besides the paper default (default 3)",
+    )
+    parser.add_argument(
+        "--vary-partition", action="store_true", help="also redraw the client partition and split with each seed"
+    )
     _ray_options(parser)
 
 
 def _ray_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
-    parser.add_argument("-v", "--verbose", action="store_true",
-                        help="also show Ray's and Tune's own log lines (always kept in the study's logs/ folder)")
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="also show Ray's and Tune's own log lines (always kept in the study's logs/ folder)",
+    )
 
 
-_SLURM_FLAGS = ("nodes", "cpus_per_node", "gpus_per_node", "time", "signal_before_s", "partition", "account", "qos",
-                "mem", "job_name", "sbatch", "setup", "python")
+_SLURM_FLAGS = (
+    "nodes",
+    "cpus_per_node",
+    "gpus_per_node",
+    "time",
+    "signal_before_s",
+    "partition",
+    "account",
+    "qos",
+    "mem",
+    "job_name",
+    "sbatch",
+    "setup",
+    "python",
+)
 
 
 def cmd_slurm(args: argparse.Namespace) -> int:
@@ -352,18 +453,28 @@ def cmd_slurm(args: argparse.Namespace) -> int:
     from autofl.slurm import parse_options
 
     if args.resume and args.name is not None:
-        raise AutoFLError(f"--name: applies to a new study; --resume {args.resume} continues the study with its "
-                          f"own name")
+        raise AutoFLError(
+            f"--name: applies to a new study; --resume {args.resume} continues the study with its own name"
+        )
     given = {k: getattr(args, k) for k in _SLURM_FLAGS if getattr(args, k) not in (None, [])}
     options = parse_options(given, flags=True)
-    job = api.submit_slurm(args.space, name=args.resume or args.name, resume=bool(args.resume), trials=args.trials,
-                           dir=args.dir, options=options, dry_run=args.dry_run)
+    job = api.submit_slurm(
+        args.space,
+        name=args.resume or args.name,
+        resume=bool(args.resume),
+        trials=args.trials,
+        dir=args.dir,
+        options=options,
+        dry_run=args.dry_run,
+    )
     if args.dry_run:
         sys.stdout.write(job.script)
         return 0
-    console.print(f"autofl slurm: submitted job {job.job_id} for study {job.study} ({job.script_path}); its output: "
-                  f"{job.script_path.parent}/slurm-{job.job_id}.out; follow it with: autofl status {job.study}",
-                  soft_wrap=True)
+    console.print(
+        f"autofl slurm: submitted job {job.job_id} for study {job.study} ({job.script_path}); its output: "
+        f"{job.script_path.parent}/slurm-{job.job_id}.out; follow it with: autofl status {job.study}",
+        soft_wrap=True,
+    )
     return 0
 
 
@@ -375,7 +486,9 @@ def cmd_list(args: argparse.Namespace) -> int:
         columns = ("name", "from", "about") + (("parameters: default, range",) if kind != "datasets" else ())
         table = Table(*columns, title=kind, title_justify="left")
         for row in listing([kind]):
-            table.add_row(row.name, row.source, row.facts, *(("\n".join(row.params) or "-",) if kind != "datasets" else ()))
+            table.add_row(
+                row.name, row.source, row.facts, *(("\n".join(row.params) or "-",) if kind != "datasets" else ())
+            )
         console.print(table)
     return 0
 
@@ -386,8 +499,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = sub.add_parser("train", help="run one FL experiment")
     train.add_argument("--config", help="experiment YAML (default: the built-in default, digits/mlp/fedavg)")
-    train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                       help="override a config key, e.g. --set fl.lr=0.05 (repeatable)")
+    train.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key, e.g. --set fl.lr=0.05 (repeatable)",
+    )
     train.add_argument("--out", help="output folder (default: autofl_runs/<method>-<time>)")
     train.add_argument("--overwrite", action="store_true", help="allow writing into a folder that holds files")
     train.set_defaults(func=cmd_train)
@@ -397,13 +515,23 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--space", help="search-space YAML (new study)")
     search.add_argument("--name", help="study name (default: the space's `study`)")
     search.add_argument("--resume", metavar="NAME", help="continue an interrupted study")
-    search.add_argument("--join", metavar="NAME", help="add a driver to a running study on PostgreSQL or journal "
-                        "storage (its own Tune experiment; the study's trial budget is shared)")
-    search.add_argument("--trials", type=_at_least(1, "trials", 100_000), help="trials to run (new study: overrides the space; "
-                        "with --resume: add this many to the study)")
+    search.add_argument(
+        "--join",
+        metavar="NAME",
+        help="add a driver to a running study on PostgreSQL or journal "
+        "storage (its own Tune experiment; the study's trial budget is shared)",
+    )
+    search.add_argument(
+        "--trials",
+        type=_at_least(1, "trials", 100_000),
+        help="trials to run (new study: overrides the space; with --resume: add this many to the study)",
+    )
     _ray_options(search)
-    search.add_argument("--storage-path", help="new study: where Tune keeps experiments and checkpoints, a folder "
-                        "or URI (s3://...) every Ray node reaches (default: the study folder)")
+    search.add_argument(
+        "--storage-path",
+        help="new study: where Tune keeps experiments and checkpoints, a folder "
+        "or URI (s3://...) every Ray node reaches (default: the study folder)",
+    )
     search.add_argument("--dir", help=dir_help)
     search.set_defaults(func=cmd_search)
 
@@ -424,12 +552,19 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--format", choices=["yaml", "json"], default="yaml")
     export.add_argument("--overwrite", action="store_true")
     export.add_argument("--dir", help=dir_help)
-    export.add_argument("--reeval", type=_at_least(2, "seeds", MAX_SEEDS), metavar="K",
-                        help=f"first re-run the best configs and the paper default over K fresh seeds (2-{MAX_SEEDS}) "
-                             "and export the best by mean (runs already done are reused)")
+    export.add_argument(
+        "--reeval",
+        type=_at_least(2, "seeds", MAX_SEEDS),
+        metavar="K",
+        help=f"first re-run the best configs and the paper default over K fresh seeds (2-{MAX_SEEDS}) "
+        "and export the best by mean (runs already done are reused)",
+    )
     _reeval_options(export)
-    export.add_argument("--pareto", action="store_true",
-                        help="multi-objective study: export its Pareto front (each trial's values and config)")
+    export.add_argument(
+        "--pareto",
+        action="store_true",
+        help="multi-objective study: export its Pareto front (each trial's values and config)",
+    )
     export.set_defaults(func=cmd_export)
 
     report = sub.add_parser("report", help="write a study's HTML report (and its figures as PNG)")
@@ -438,8 +573,10 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--dir", help=dir_help)
     report.set_defaults(func=cmd_report)
 
-    dashboard = sub.add_parser("dashboard", help="serve optuna-dashboard on a study's storage at 127.0.0.1 "
-                                                 "(extra: pip install -e \".[dashboard]\")")
+    dashboard = sub.add_parser(
+        "dashboard",
+        help='serve optuna-dashboard on a study\'s storage at 127.0.0.1 (extra: pip install -e ".[dashboard]")',
+    )
     dashboard.add_argument("name")
     dashboard.add_argument("--port", type=_at_least(1, "as port", 65535), default=8080, help="port (default 8080)")
     dashboard.add_argument("--dir", help=dir_help)
@@ -447,44 +584,72 @@ def build_parser() -> argparse.ArgumentParser:
 
     reeval = sub.add_parser("reeval", help="re-run a study's best configs and its paper default over fresh seeds")
     reeval.add_argument("name")
-    reeval.add_argument("--seeds", type=_at_least(2, "seeds", MAX_SEEDS), default=5,
-                        help=f"fresh seeds per config (default 5, at most {MAX_SEEDS})")
+    reeval.add_argument(
+        "--seeds",
+        type=_at_least(2, "seeds", MAX_SEEDS),
+        default=5,
+        help=f"fresh seeds per config (default 5, at most {MAX_SEEDS})",
+    )
     _reeval_options(reeval)
     reeval.add_argument("--dir", help=dir_help)
     reeval.set_defaults(func=cmd_reeval)
 
-    slurm = sub.add_parser("slurm", help="run a study as a SLURM batch job: Ray on the job's nodes, the study on a "
-                                         "journal in its folder, requeued to resume at the time limit")
+    slurm = sub.add_parser(
+        "slurm",
+        help="run a study as a SLURM batch job: Ray on the job's nodes, the study on a "
+        "journal in its folder, requeued to resume at the time limit",
+    )
     slurm.add_argument("--space", help="search-space YAML (new study: created now)")
     slurm.add_argument("--name", help="study name (default: the space's `study`)")
     slurm.add_argument("--resume", metavar="NAME", help="submit a job that continues an existing study")
     slurm.add_argument("--trials", type=_at_least(1, "trials", 100_000), help="new study: trials (overrides the space)")
     slurm.add_argument("--dir", help=dir_help + "; on a filesystem every node reaches")
-    slurm.add_argument("--nodes", type=_at_least(1, "nodes"), help="nodes (default 1): a Ray head on the first, a "
-                       "worker on each other")
-    slurm.add_argument("--cpus-per-node", dest="cpus_per_node", type=_at_least(1, "CPUs"),
-                       help="CPUs per node for Ray (default 4)")
-    slurm.add_argument("--gpus-per-node", dest="gpus_per_node", type=_at_least(0, "GPUs"),
-                       help="GPUs per node for Ray (default 0); a trial takes the space's resources.gpu")
+    slurm.add_argument(
+        "--nodes", type=_at_least(1, "nodes"), help="nodes (default 1): a Ray head on the first, a worker on each other"
+    )
+    slurm.add_argument(
+        "--cpus-per-node", dest="cpus_per_node", type=_at_least(1, "CPUs"), help="CPUs per node for Ray (default 4)"
+    )
+    slurm.add_argument(
+        "--gpus-per-node",
+        dest="gpus_per_node",
+        type=_at_least(0, "GPUs"),
+        help="GPUs per node for Ray (default 0); a trial takes the space's resources.gpu",
+    )
     slurm.add_argument("--time", help="time limit, e.g. 04:00:00 or 1-00:00:00 (default 01:00:00)")
-    slurm.add_argument("--signal-before", dest="signal_before_s", type=_at_least(30, "seconds"), metavar="SECONDS",
-                       help="SLURM sends USR1 this long before the time limit: the study is saved and the job "
-                            "requeued (default 300)")
+    slurm.add_argument(
+        "--signal-before",
+        dest="signal_before_s",
+        type=_at_least(30, "seconds"),
+        metavar="SECONDS",
+        help="SLURM sends USR1 this long before the time limit: the study is saved and the job requeued (default 300)",
+    )
     slurm.add_argument("--partition")
     slurm.add_argument("--account")
     slurm.add_argument("--qos")
     slurm.add_argument("--mem", help="memory per node, e.g. 64G")
     slurm.add_argument("--job-name", dest="job_name", help="default: autofl-<study>")
-    slurm.add_argument("--sbatch", action="append", default=[], metavar="OPTION",
-                       help="another sbatch option, e.g. --sbatch=--constraint=a100 (repeatable)")
-    slurm.add_argument("--setup", action="append", default=[], metavar="LINE",
-                       help="a shell line run first in the job, e.g. --setup 'module load cuda' (repeatable)")
+    slurm.add_argument(
+        "--sbatch",
+        action="append",
+        default=[],
+        metavar="OPTION",
+        help="another sbatch option, e.g. --sbatch=--constraint=a100 (repeatable)",
+    )
+    slurm.add_argument(
+        "--setup",
+        action="append",
+        default=[],
+        metavar="LINE",
+        help="a shell line run first in the job, e.g. --setup 'module load cuda' (repeatable)",
+    )
     slurm.add_argument("--python", help="the Python with autofl installed, as the nodes see it (default: this one)")
     slurm.add_argument("--dry-run", action="store_true", help="print the batch script; create and submit nothing")
     slurm.set_defaults(func=cmd_slurm)
 
-    listed = sub.add_parser("list", help="show the registered methods, models and datasets (built-in and plugins) "
-                                         "with their parameters")
+    listed = sub.add_parser(
+        "list", help="show the registered methods, models and datasets (built-in and plugins) with their parameters"
+    )
     listed.add_argument("kind", nargs="?", choices=["methods", "models", "datasets"], help="only this kind")
     listed.set_defaults(func=cmd_list)
     return parser
@@ -497,8 +662,12 @@ def _stdout_lost(err: OSError) -> int:
 
     with contextlib.suppress(OSError, ValueError, AttributeError):
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    err_console.print(f"autofl: error: cannot write the output ({err.strerror or type(err).__name__}); "
-                      f"send it to a file or a reader that stays open", highlight=False, soft_wrap=True)
+    err_console.print(
+        f"autofl: error: cannot write the output ({err.strerror or type(err).__name__}); "
+        f"send it to a file or a reader that stays open",
+        highlight=False,
+        soft_wrap=True,
+    )
     return 2
 
 
@@ -527,8 +696,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         if err.filename is not None and err.errno in (errno.ENOSPC, errno.EROFS, errno.EDQUOT):  # a named file
             from autofl.files import write_failed
 
-            err_console.print(f"autofl: error: {clean(str(write_failed(err.filename, err)))}", highlight=False,
-                              soft_wrap=True)
+            err_console.print(
+                f"autofl: error: {clean(str(write_failed(err.filename, err)))}", highlight=False, soft_wrap=True
+            )
             return 2
         if err.errno in (errno.EPIPE, errno.ENOSPC, errno.EBADF):
             return _stdout_lost(err)

@@ -21,6 +21,7 @@ from autofl.errors import ConfigError
 
 DATA_ROOT_ENV = "AUTOFL_DATA_ROOT"
 
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -37,13 +38,16 @@ class Strict(BaseModel):
 
 class PartitionConfig(Strict):
     kind: Literal["iid", "dirichlet", "pathological", "natural"] = Field(
-        "dirichlet", description="natural: the dataset's own client ids (e.g. the npz file's `client` array)")
+        "dirichlet", description="natural: the dataset's own client ids (e.g. the npz file's `client` array)"
+    )
     alpha: float = Field(0.5, gt=0, description="Dirichlet concentration (dirichlet only)")
     classes_per_client: int = Field(2, ge=1, description="k of pathological(k)")
     class_order: Literal["shuffled", "in_order"] = Field(
-        "shuffled", description="pathological: which k classes a client holds: k consecutive classes of a seeded "
+        "shuffled",
+        description="pathological: which k classes a client holds: k consecutive classes of a seeded "
         "shuffle of the labels, or of the labels in order (PFLlib's protocol, e.g. FedFCD's Table 1: clients hold "
-        "{0,1}, {2,3}, ...)")
+        "{0,1}, {2,3}, ...)",
+    )
 
 
 class SplitConfig(Strict):
@@ -93,8 +97,13 @@ class DataConfig(Strict):
     num_clients: int = Field(10, ge=1)
     split: SplitConfig = Field(default_factory=SplitConfig)
     min_size: int = Field(10, ge=0, description="dirichlet: fewest samples a client may hold")
-    seed: int | None = Field(None, ge=0, le=2**32 - 1, description="seed of the partition and split; None: the "
-                             "experiment's seed (re-evaluation over fresh seeds keeps the partition by fixing it)")
+    seed: int | None = Field(
+        None,
+        ge=0,
+        le=2**32 - 1,
+        description="seed of the partition and split; None: the "
+        "experiment's seed (re-evaluation over fresh seeds keeps the partition by fixing it)",
+    )
 
     @field_validator("dataset")
     @classmethod
@@ -155,18 +164,24 @@ class MethodConfig(BaseModel):
 
 class RuntimeConfig(Strict):
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="auto, cpu, cuda, cuda:N")
-    threads: int | None = Field(None, ge=1, le=1024, description="torch threads; None: leave torch's default "
-                                "(more than 1024 crashed torch)")
-    dtype: Literal["float32", "float64"] = Field("float32", description="floating-point type of data and models; "
-                                                 "float64 for exactness checks")
+    threads: int | None = Field(
+        None, ge=1, le=1024, description="torch threads; None: leave torch's default (more than 1024 crashed torch)"
+    )
+    dtype: Literal["float32", "float64"] = Field(
+        "float32", description="floating-point type of data and models; float64 for exactness checks"
+    )
     executor: Literal["auto", "sequential", "vectorized"] = Field(
-        "auto", description="how a round's clients train: auto = vectorized where the method and model support it")
-    client_chunk: int | None = Field(None, ge=1, description="vectorized: most clients stacked at once; "
-                                     "None: all sampled clients")
+        "auto", description="how a round's clients train: auto = vectorized where the method and model support it"
+    )
+    client_chunk: int | None = Field(
+        None, ge=1, description="vectorized: most clients stacked at once; None: all sampled clients"
+    )
     compile: Literal["auto", "off", "on"] = Field(
-        "auto", description="the executor's per-step function compiled with torch.compile (CUDA graphs on a GPU): "
+        "auto",
+        description="the executor's per-step function compiled with torch.compile (CUDA graphs on a GPU): "
         "auto = where it pays for its compile time (CPU: vectorized trials of enough lockstep steps; "
-        "CUDA: long trials), on, off")
+        "CUDA: long trials), on, off",
+    )
 
     @field_validator("compile", mode="before")
     @classmethod
@@ -182,8 +197,10 @@ class Experiment(Strict):
     fl: FLConfig = Field(default_factory=FLConfig)
     method: MethodConfig = Field(default_factory=MethodConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
-    metadata: dict[str, Any] = Field(default_factory=dict, description="free-form notes (e.g. where an exported "
-                                     "config came from); never read by the run")
+    metadata: dict[str, Any] = Field(
+        default_factory=dict,
+        description="free-form notes (e.g. where an exported config came from); never read by the run",
+    )
 
     def clients_per_round(self) -> int:
         """How many clients a round samples: participation x num_clients rounded half up, 1 to all."""
@@ -221,8 +238,11 @@ class Experiment(Strict):
             params = spec.Params(**self.model.params())
         except ValidationError as err:
             line = format_validation_error(err, spec.Params, prefix="model.", context=f" for arch {arch}")
-            raise ValueError(line.replace("allowed keys: ", f"allowed keys: {', '.join(ModelConfig.model_fields)}, ")
-                             if "unknown key" in line else line) from None
+            raise ValueError(
+                line.replace("allowed keys: ", f"allowed keys: {', '.join(ModelConfig.model_fields)}, ")
+                if "unknown key" in line
+                else line
+            ) from None
         split = {k: getattr(self.model, k) for k in ModelConfig.model_fields}
         self.model = ModelConfig(**split, **params.model_dump())
         limit = spec.linear_layers
@@ -233,32 +253,44 @@ class Experiment(Strict):
         side = min(input_shape[1:]) if len(input_shape) > 1 else 1
         if side < spec.min_side:
             fits = ", ".join(n for n, m in MODELS.as_dict().items() if m.min_side <= side)
-            raise ValueError(f"model.arch: {arch} needs images of at least {spec.min_side}px; "
-                             f"for {self.data.dataset} allowed: {fits}")
+            raise ValueError(
+                f"model.arch: {arch} needs images of at least {spec.min_side}px; "
+                f"for {self.data.dataset} allowed: {fits}"
+            )
 
     def _check_partition(self, facts: Any) -> None:
         part, num_classes = self.data.partition, facts.num_classes
         if part.kind == "natural":
             if facts.natural_clients is None:
-                raise ValueError(f"data.partition.kind: natural needs a dataset with client ids (npz: a client "
-                                 f"array); {self.data.dataset} has none; allowed: iid, dirichlet, pathological")
+                raise ValueError(
+                    f"data.partition.kind: natural needs a dataset with client ids (npz: a client "
+                    f"array); {self.data.dataset} has none; allowed: iid, dirichlet, pathological"
+                )
             if "num_clients" not in self.data.model_fields_set:
                 self.data.num_clients = facts.natural_clients
             elif self.data.num_clients != facts.natural_clients:
-                raise ValueError(f"data.num_clients: the natural partition of {self.data.dataset} has "
-                                 f"{facts.natural_clients} clients (got {self.data.num_clients}); allowed: "
-                                 f"{facts.natural_clients}, or leave it out")
+                raise ValueError(
+                    f"data.num_clients: the natural partition of {self.data.dataset} has "
+                    f"{facts.natural_clients} clients (got {self.data.num_clients}); allowed: "
+                    f"{facts.natural_clients}, or leave it out"
+                )
             if self.data.pool == "train+test" and facts.natural_test is False:
-                raise ValueError("data.pool: train+test with the natural partition needs the test samples' client "
-                                 "ids (npz: client_test); allowed here: train")
+                raise ValueError(
+                    "data.pool: train+test with the natural partition needs the test samples' client "
+                    "ids (npz: client_test); allowed here: train"
+                )
         if part.kind == "pathological":
             k = part.classes_per_client
             if k > num_classes:
-                raise ValueError(f"data.partition.classes_per_client: {k} exceeds the {num_classes} classes "
-                                 f"of {self.data.dataset}; allowed 1..{num_classes}")
+                raise ValueError(
+                    f"data.partition.classes_per_client: {k} exceeds the {num_classes} classes "
+                    f"of {self.data.dataset}; allowed 1..{num_classes}"
+                )
             if k * self.data.num_clients < num_classes:
-                raise ValueError(f"data.partition.classes_per_client: num_clients x classes_per_client must "
-                                 f"cover all {num_classes} classes (got {self.data.num_clients} x {k})")
+                raise ValueError(
+                    f"data.partition.classes_per_client: num_clients x classes_per_client must "
+                    f"cover all {num_classes} classes (got {self.data.num_clients} x {k})"
+                )
 
     @property
     def num_classes(self) -> int:

@@ -58,14 +58,28 @@ def class_mean_pairs(stats: list[ClassStats]) -> tuple[torch.Tensor, torch.Tenso
     return feats, labels
 
 
-def encoded_class_stats(encoder: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor,
-                        num_classes: int, with_cov: bool = False) -> ClassStats:
+def encoded_class_stats(
+    encoder: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    idx: torch.Tensor,
+    num_classes: int,
+    with_cov: bool = False,
+) -> ClassStats:
     """Class statistics of the encoder features of rows `idx` (a client's train split)."""
     return class_stats(encode(encoder, x[idx]), y[idx], num_classes, with_cov)
 
 
-def train_head(head: torch.nn.Module, feats: torch.Tensor, labels: torch.Tensor, lr: float, batch_size: int,
-               generator: torch.Generator, epochs: int = 1, momentum: float = 0.0) -> None:
+def train_head(
+    head: torch.nn.Module,
+    feats: torch.Tensor,
+    labels: torch.Tensor,
+    lr: float,
+    batch_size: int,
+    generator: torch.Generator,
+    epochs: int = 1,
+    momentum: float = 0.0,
+) -> None:
     """Plain SGD of a head on (feature, label) pairs, shuffled each epoch (FedECCR's correction,
     FedFCD's server-trained global head)."""
     import torch.nn.functional as F

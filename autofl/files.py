@@ -52,8 +52,10 @@ def check_output_file(path: Path, flag: str = "") -> None:
     """OutputError (one line, naming `flag` and `path`) unless `path` is new or a regular file."""
     what = not_a_regular_file(Path(path))
     if what is not None:
-        raise OutputError(f"{flag + ' ' if flag else ''}{path}: is {what}; autofl writes its output only as a new "
-                          f"or regular file, never through or over a link, FIFO or device; give another name")
+        raise OutputError(
+            f"{flag + ' ' if flag else ''}{path}: is {what}; autofl writes its output only as a new "
+            f"or regular file, never through or over a link, FIFO or device; give another name"
+        )
 
 
 def write_atomic(path: Path, data: str | bytes) -> None:
@@ -82,9 +84,13 @@ def write_atomic(path: Path, data: str | bytes) -> None:
 def write_failed(path: Path, err: OSError) -> OutputError:
     """One line for a write that failed: the path and the cause (issue 42: a full disk was reported
     as a closed output pipe, and left its temp file)."""
-    causes = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exhausted",
-              errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied",
-              errno.EPERM: "permission denied"}
+    causes = {
+        errno.ENOSPC: "the disk is full",
+        errno.EDQUOT: "the disk quota is exhausted",
+        errno.EROFS: "the file system is read-only",
+        errno.EACCES: "permission denied",
+        errno.EPERM: "permission denied",
+    }
     cause = causes.get(err.errno or 0) or err.strerror or type(err).__name__
     return OutputError(f"{path}: cannot be written: {cause}; nothing was written there")
 

@@ -63,8 +63,13 @@ def squared_distance(p: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
     return (d2.reshape(d2.shape[0], -1).sum(dim=1) if d2.dim() >= 2 else d2).sum()
 
 
-def prototype_distance(features: torch.Tensor, y: torch.Tensor, prototypes: torch.Tensor,
-                       has_prototype: torch.Tensor, per_dim: bool = False) -> torch.Tensor:
+def prototype_distance(
+    features: torch.Tensor,
+    y: torch.Tensor,
+    prototypes: torch.Tensor,
+    has_prototype: torch.Tensor,
+    per_dim: bool = False,
+) -> torch.Tensor:
     """mean over the batch of ||f(x) - P_y||^2 (divided by the feature width d when `per_dim`, as
     torch's MSELoss); samples whose class has no prototype add 0 (FedProto, FedFCD's GFR term)."""
     dist = ((features - prototypes[y]) ** 2).sum(dim=1)

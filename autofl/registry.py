@@ -41,8 +41,9 @@ class Entry(Generic[T]):
 class Registry(Generic[T]):
     """Named entries of one kind (`kind` is what error lines call them: method, model, dataset)."""
 
-    def __init__(self, kind: str, field: str, group: str, builtin_modules: Callable[[], list[str]],
-                 name_of: Callable[[T], str]):
+    def __init__(
+        self, kind: str, field: str, group: str, builtin_modules: Callable[[], list[str]], name_of: Callable[[T], str]
+    ):
         self.kind = kind
         self.field = field  # the config key that names an entry (method.name, model.arch, data.dataset)
         self.group = group  # the entry-point group of plugins
@@ -140,8 +141,10 @@ class Registry(Generic[T]):
 
 def _same_declaration(old: Any, new: Any) -> bool:
     """Whether `new` is `old` declared again (its module re-imported), not a second declaration."""
-    return (getattr(old, "__module__", None), getattr(old, "__qualname__", None)) == \
-        (getattr(new, "__module__", None), getattr(new, "__qualname__", None)) and isinstance(old, type)
+    return (getattr(old, "__module__", None), getattr(old, "__qualname__", None)) == (
+        getattr(new, "__module__", None),
+        getattr(new, "__qualname__", None),
+    ) and isinstance(old, type)
 
 
 def _method_modules() -> list[str]:
@@ -150,16 +153,26 @@ def _method_modules() -> list[str]:
     import autofl.methods as package
 
     skip = {"base", "registry"}
-    return [f"autofl.methods.{m.name}" for m in pkgutil.iter_modules(package.__path__)
-            if m.name not in skip and not m.name.startswith("_")]
+    return [
+        f"autofl.methods.{m.name}"
+        for m in pkgutil.iter_modules(package.__path__)
+        if m.name not in skip and not m.name.startswith("_")
+    ]
 
 
-METHODS: Registry[Any] = Registry("method", "method.name", "autofl.methods", _method_modules,
-                                  lambda cls: getattr(cls, "name", ""))
-MODELS: Registry[Any] = Registry("model", "model.arch", "autofl.models", lambda: ["autofl.models.archs"],
-                                 lambda spec: getattr(spec, "name", ""))
-DATASETS: Registry[Any] = Registry("dataset", "data.dataset", "autofl.datasets", lambda: ["autofl.data.catalog"],
-                                   lambda spec: getattr(spec, "name", ""))
+METHODS: Registry[Any] = Registry(
+    "method", "method.name", "autofl.methods", _method_modules, lambda cls: getattr(cls, "name", "")
+)
+MODELS: Registry[Any] = Registry(
+    "model", "model.arch", "autofl.models", lambda: ["autofl.models.archs"], lambda spec: getattr(spec, "name", "")
+)
+DATASETS: Registry[Any] = Registry(
+    "dataset",
+    "data.dataset",
+    "autofl.datasets",
+    lambda: ["autofl.data.catalog"],
+    lambda spec: getattr(spec, "name", ""),
+)
 REGISTRIES: dict[str, Registry[Any]] = {"methods": METHODS, "models": MODELS, "datasets": DATASETS}
 
 # ----- plugins -------------------------------------------------------------------------------
@@ -184,8 +197,7 @@ def _check_kind(registry: Registry[Any], value: Any) -> None:
     else:
         ok, want = isinstance(value, kind), f"an autofl {kind.__name__}"
     if not ok:
-        raise TypeError(f"is {type(value).__name__ if not isinstance(value, type) else value.__qualname__}, "
-                        f"not {want}")
+        raise TypeError(f"is {type(value).__name__ if not isinstance(value, type) else value.__qualname__}, not {want}")
 
 
 def load_plugins() -> None:
@@ -206,15 +218,19 @@ def load_plugins() -> None:
                 _check_kind(registry, value)
                 declared = registry._name_of(value)
                 if declared != ep.name:
-                    raise ValueError(f"the entry point is named {ep.name!r} but the {registry.kind} is named "
-                                     f"{declared!r}")
+                    raise ValueError(
+                        f"the entry point is named {ep.name!r} but the {registry.kind} is named {declared!r}"
+                    )
                 registry.add(value, source=dist)
             except KeyboardInterrupt:  # the user's Ctrl-C while a plugin imports stops the command
                 raise
             except BaseException as err:  # noqa: BLE001 - any failure of a plugin skips that plugin only,
                 # SystemExit included: a plugin module calling sys.exit() at import must not end the command
-                detail = (f"the plugin's module exited at import (code {err.code})" if isinstance(err, SystemExit)
-                          else str(err))
+                detail = (
+                    f"the plugin's module exited at import (code {err.code})"
+                    if isinstance(err, SystemExit)
+                    else str(err)
+                )
                 line = f"{where} skipped: {type(err).__name__}: {' '.join(detail.split())[:300]}"
                 _problems.append(line)
                 print(f"autofl: {line}", file=sys.stderr)

@@ -80,8 +80,12 @@ def readable(fig) -> None:
             if scale == "log":
                 major, minor = axis.get_major_formatter(), axis.get_minor_formatter()
                 axis.set_major_formatter(LogFormatter(labelOnlyBase=getattr(major, "labelOnlyBase", True)))
-                axis.set_minor_formatter(LogFormatter(labelOnlyBase=getattr(minor, "labelOnlyBase", False),
-                                                      minor_thresholds=getattr(minor, "minor_thresholds", None)))
+                axis.set_minor_formatter(
+                    LogFormatter(
+                        labelOnlyBase=getattr(minor, "labelOnlyBase", False),
+                        minor_thresholds=getattr(minor, "minor_thresholds", None),
+                    )
+                )
         for mappable in ax.collections:
             cmap = mappable.get_cmap() if hasattr(mappable, "get_cmap") else None
             if cmap is not None and mappable.get_array() is not None:
@@ -122,8 +126,11 @@ def asha_milestones(space) -> list[int]:
         return []
     from autofl.tuning.asha import milestones
 
-    return [int(m) for m in milestones(space.scheduler.grace_period, space.max_rounds,
-                                       space.scheduler.reduction_factor) if m < space.max_rounds]
+    return [
+        int(m)
+        for m in milestones(space.scheduler.grace_period, space.max_rounds, space.scheduler.reduction_factor)
+        if m < space.max_rounds
+    ]
 
 
 def _best_so_far(space, ot, trials: list, compute: dict[int, float]) -> list[Figure]:
@@ -151,8 +158,11 @@ def _best_so_far(space, ot, trials: list, compute: dict[int, float]) -> list[Fig
         return fig
 
     return [
-        _figure("best_vs_trial", "Best so far vs trial (Optuna optimization history)",
-                lambda: ovm.plot_optimization_history(ot, target=_target(space), target_name=space.objective)),
+        _figure(
+            "best_vs_trial",
+            "Best so far vs trial (Optuna optimization history)",
+            lambda: ovm.plot_optimization_history(ot, target=_target(space), target_name=space.objective),
+        ),
         _figure("best_vs_compute", "Best so far vs compute", compute_plot),
     ]
 
@@ -162,9 +172,11 @@ def _round_curves(space, trials: list) -> Figure:
 
     def draw():
         fig, ax = plt.subplots(figsize=(8, 4.5))
-        styles: dict[str, dict[str, Any]] = {"COMPLETE": dict(color="tab:blue", alpha=0.8, lw=1.4),
-                  "PRUNED": dict(color="tab:gray", alpha=0.6, lw=1.0, ls="--"),
-                  "FAIL": dict(color="tab:red", alpha=0.6, lw=1.0, ls=":")}
+        styles: dict[str, dict[str, Any]] = {
+            "COMPLETE": dict(color="tab:blue", alpha=0.8, lw=1.4),
+            "PRUNED": dict(color="tab:gray", alpha=0.6, lw=1.0, ls="--"),
+            "FAIL": dict(color="tab:red", alpha=0.6, lw=1.0, ls=":"),
+        }
         labelled = set()
         for t in trials:
             if not t.intermediate_values or t.state.name not in styles:
@@ -193,18 +205,37 @@ def _optuna_figures(space, ot, trials: list) -> list[Figure]:
     target = _target(space)
     figures = []
     if space.multi_objective and len(space.metrics) <= 3:
-        figures.append(_figure("pareto_front", "Pareto front",
-                               lambda: ovm.plot_pareto_front(ot, target_names=space.metrics)))
-    figures.append(_figure("importances", "Parameter importances (fANOVA)",
-                           lambda: ovm.plot_param_importances(
-                               ot, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0), target=target,
-                               target_name=space.objective)))
+        figures.append(
+            _figure("pareto_front", "Pareto front", lambda: ovm.plot_pareto_front(ot, target_names=space.metrics))
+        )
+    figures.append(
+        _figure(
+            "importances",
+            "Parameter importances (fANOVA)",
+            lambda: ovm.plot_param_importances(
+                ot,
+                evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0),
+                target=target,
+                target_name=space.objective,
+            ),
+        )
+    )
     for name in names:
         stem = "slice_" + "".join(c if c.isalnum() else "_" for c in name)
-        figures.append(_figure(stem, f"Slice: {name}", functools.partial(
-            ovm.plot_slice, ot, params=[name], target=target, target_name=space.objective)))
-    figures.append(_figure("parallel_coordinates", "Parallel coordinates",
-                           lambda: ovm.plot_parallel_coordinate(ot, target=target, target_name=space.objective)))
+        figures.append(
+            _figure(
+                stem,
+                f"Slice: {name}",
+                functools.partial(ovm.plot_slice, ot, params=[name], target=target, target_name=space.objective),
+            )
+        )
+    figures.append(
+        _figure(
+            "parallel_coordinates",
+            "Parallel coordinates",
+            lambda: ovm.plot_parallel_coordinate(ot, target=target, target_name=space.objective),
+        )
+    )
     return figures
 
 
@@ -238,22 +269,32 @@ def _reeval_figure(summary: dict[str, Any]) -> Figure:
     return _figure("reeval", "Re-evaluation: mean and 95% CI per config", draw)
 
 
-def leaderboard(space, trials: list, compute: dict[int, float],
-                summary: dict[str, Any] | None) -> list[dict[str, Any]]:
+def leaderboard(space, trials: list, compute: dict[int, float], summary: dict[str, Any] | None) -> list[dict[str, Any]]:
     """Cross-method studies: per method, its best trial, re-evaluated mean (if one of its configs
     was re-evaluated), trials run and compute spent."""
     methods: dict[str, dict[str, Any]] = {}
     for t in trials:
         if "method.name" not in t.params or not t.state.is_finished():
             continue
-        row = methods.setdefault(t.params["method.name"], {"method": t.params["method.name"], "best": None,
-                                                          "best_trial": None, "trials": 0, "compute": 0.0,
-                                                          "reeval_mean": None})
+        row = methods.setdefault(
+            t.params["method.name"],
+            {
+                "method": t.params["method.name"],
+                "best": None,
+                "best_trial": None,
+                "trials": 0,
+                "compute": 0.0,
+                "reeval_mean": None,
+            },
+        )
         row["trials"] += 1
         row["compute"] += compute[t.number]
         value = t.values[0] if t.values else None
-        if t.state.name == "COMPLETE" and value is not None and (row["best"] is None or
-                                                                not better(row["best"], value, space.mode)):  # ties: the later trial
+        if (
+            t.state.name == "COMPLETE"
+            and value is not None
+            and (row["best"] is None or not better(row["best"], value, space.mode))
+        ):  # ties: the later trial
             row["best"], row["best_trial"] = value, t.number
     for r in (summary or {}).get("rows", []):
         method = r["params"].get("method.name")
@@ -305,12 +346,16 @@ def build_report(study: Study, out_dir: Path) -> Path:
     if not any(t.state.name == "COMPLETE" for t in trials):
         from autofl.errors import AutoFLError
 
-        raise AutoFLError(f"study {study.name!r} has no completed trial yet; nothing to report "
-                          f"(see autofl status {study.name})")
+        raise AutoFLError(
+            f"study {study.name!r} has no completed trial yet; nothing to report (see autofl status {study.name})"
+        )
     summary = load_summary(study)
     compute = trial_compute(space, trials)
-    figures = [*_best_so_far(space, ot, trials, compute), _round_curves(space, trials),
-               *_optuna_figures(space, ot, trials)]
+    figures = [
+        *_best_so_far(space, ot, trials, compute),
+        _round_curves(space, trials),
+        *_optuna_figures(space, ot, trials),
+    ]
     if summary is not None:
         figures.append(_reeval_figure(summary))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -319,47 +364,92 @@ def build_report(study: Study, out_dir: Path) -> Path:
             write_atomic(out_dir / f"{f.name}.png", f.png)  # never through a link planted there
 
     counts = Counter(t.state.name for t in trials)
-    parts = [f"<h1>autofl study {html.escape(study.name)}</h1>",
-             f"<p>objective: <b>{html.escape(space.objective)}</b> ({space.mode}), "
-             f"{space.max_rounds} rounds per trial; trials: "
-             + html.escape(", ".join(f"{v} {k.lower()}" for k, v in sorted(counts.items()))) + "</p>"]
+    parts = [
+        f"<h1>autofl study {html.escape(study.name)}</h1>",
+        f"<p>objective: <b>{html.escape(space.objective)}</b> ({space.mode}), "
+        f"{space.max_rounds} rounds per trial; trials: "
+        + html.escape(", ".join(f"{v} {k.lower()}" for k, v in sorted(counts.items())))
+        + "</p>",
+    ]
     top = best_of(trials, space.mode)
-    parts.append(f"<p>best trial #{top.number}: {space.objective} = {top.values[0]:.4f} "
-                 f"({html.escape(format_params(top.params, short=False))})</p>")
+    parts.append(
+        f"<p>best trial #{top.number}: {space.objective} = {top.values[0]:.4f} "
+        f"({html.escape(format_params(top.params, short=False))})</p>"
+    )
     if space.multi_objective:
         parts.append("<h2>Pareto front</h2>")
-        parts.append(_table(["trial", *(f"{m} ({d})" for m, d in zip(space.metrics, space.modes or [])), "params"],
-                            [[t.number, *t.values, format_params(t.params, short=False)]
-                             for t in pareto_trials(study)]))
+        parts.append(
+            _table(
+                ["trial", *(f"{m} ({d})" for m, d in zip(space.metrics, space.modes or [])), "params"],
+                [[t.number, *t.values, format_params(t.params, short=False)] for t in pareto_trials(study)],
+            )
+        )
     if summary is not None:
         parts.append("<h2>Re-evaluation over fresh seeds</h2>")
         parts.append(f"<p class='verdict'>{html.escape(summary['verdict'])}</p>")
-        parts.append(_table(
-            ["config", "search value", f"{space.objective} mean [95% CI]", "personal_test_acc mean [95% CI]",
-             f"Δ {space.objective} vs default [95% CI]", "seeds"],
-            [[r["candidate"] + (" (best)" if r["candidate"] == summary["best"] else ""), r.get("search_value"),
-              _interval(r.get(space.objective)), _interval(r.get("personal_test_acc")),
-              _interval(r.get(f"diff_{space.objective}")), len(r["seeds"])] for r in summary["rows"]]))
+        parts.append(
+            _table(
+                [
+                    "config",
+                    "search value",
+                    f"{space.objective} mean [95% CI]",
+                    "personal_test_acc mean [95% CI]",
+                    f"Δ {space.objective} vs default [95% CI]",
+                    "seeds",
+                ],
+                [
+                    [
+                        r["candidate"] + (" (best)" if r["candidate"] == summary["best"] else ""),
+                        r.get("search_value"),
+                        _interval(r.get(space.objective)),
+                        _interval(r.get("personal_test_acc")),
+                        _interval(r.get(f"diff_{space.objective}")),
+                        len(r["seeds"]),
+                    ]
+                    for r in summary["rows"]
+                ],
+            )
+        )
     board = leaderboard(space, trials, compute, summary)
     if board:
         parts.append("<h2>Leaderboard (cross-method)</h2>")
-        parts.append(_table(["method", f"best {space.objective}", "best trial", "re-evaluated mean", "trials",
-                             "compute (rounds x clients)"],
-                            [[r["method"], r["best"], r["best_trial"], r["reeval_mean"], r["trials"],
-                              int(r["compute"])] for r in board]))
+        parts.append(
+            _table(
+                [
+                    "method",
+                    f"best {space.objective}",
+                    "best trial",
+                    "re-evaluated mean",
+                    "trials",
+                    "compute (rounds x clients)",
+                ],
+                [
+                    [r["method"], r["best"], r["best_trial"], r["reeval_mean"], r["trials"], int(r["compute"])]
+                    for r in board
+                ],
+            )
+        )
     parts.append("<h2>Figures</h2><div class='figures'>")
     for f in figures:
         wide = " class='wide'" if f.name in WIDE else ""
         if f.png is None:
-            parts.append(f"<figure{wide}><figcaption>{html.escape(f.title)}</figcaption>"
-                         f"<p class='note'>{html.escape(f.note)}</p></figure>")
+            parts.append(
+                f"<figure{wide}><figcaption>{html.escape(f.title)}</figcaption>"
+                f"<p class='note'>{html.escape(f.note)}</p></figure>"
+            )
         else:
             data = base64.b64encode(f.png).decode()
-            parts.append(f"<figure{wide}><figcaption>{html.escape(f.title)}</figcaption>"
-                         f"<img alt='{html.escape(f.title)}' src='data:image/png;base64,{data}'></figure>")
+            parts.append(
+                f"<figure{wide}><figcaption>{html.escape(f.title)}</figcaption>"
+                f"<img alt='{html.escape(f.title)}' src='data:image/png;base64,{data}'></figure>"
+            )
     parts.append("</div>")
     page = out_dir / "report.html"
-    write_atomic(page, "<!doctype html><html><head><meta charset='utf-8'>"
-                    f"<title>autofl study {html.escape(study.name)}</title><style>{CSS}</style></head><body>"
-                    + "\n".join(parts) + "</body></html>\n")
+    write_atomic(
+        page,
+        "<!doctype html><html><head><meta charset='utf-8'>"
+        f"<title>autofl study {html.escape(study.name)}</title><style>{CSS}</style></head><body>"
+        + "\n".join(parts)
+        + "</body></html>\n",
+    )
     return page

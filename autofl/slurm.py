@@ -40,8 +40,9 @@ SCRIPT_FILE = "job.sbatch"
 DEFAULT_JOURNAL = "journal://optuna.log"  # a journal file in the study folder
 SLURM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+:-]{0,127}")  # partitions, accounts, QOS
 MEMORY = re.compile(r"[0-9]+[KMGT]?")
-TIME_FORMATS = ("MINUTES, MINUTES:SECONDS, HOURS:MINUTES:SECONDS, DAYS-HOURS, DAYS-HOURS:MINUTES "
-                "or DAYS-HOURS:MINUTES:SECONDS")
+TIME_FORMATS = (
+    "MINUTES, MINUTES:SECONDS, HOURS:MINUTES:SECONDS, DAYS-HOURS, DAYS-HOURS:MINUTES or DAYS-HOURS:MINUTES:SECONDS"
+)
 SUBMIT_TIMEOUT_S = 60
 CLI_FLAGS = {"signal_before_s": "--signal-before"}  # where `autofl slurm` spells an option otherwise than --a-b
 BASE_PORT, PORT_SPAN = 20000, 20000  # the Ray head's port: BASE_PORT + job id mod PORT_SPAN (and that + 2)
@@ -76,18 +77,27 @@ class SlurmOptions(BaseModel):
     cpus_per_node: int = Field(4, ge=1, le=100_000, description="CPUs per node given to Ray")
     gpus_per_node: int = Field(0, ge=0, le=64, description="GPUs per node given to Ray (--gpus-per-task)")
     time: str = Field("01:00:00", description=f"the job's time limit ({TIME_FORMATS})")
-    signal_before_s: int = Field(300, ge=30, description="seconds before the time limit that SLURM sends USR1: "
-                                 "the study is saved and the job requeued (SLURM may send it up to 60 s early)")
+    signal_before_s: int = Field(
+        300,
+        ge=30,
+        description="seconds before the time limit that SLURM sends USR1: "
+        "the study is saved and the job requeued (SLURM may send it up to 60 s early)",
+    )
     partition: str | None = None
     account: str | None = None
     qos: str | None = None
     mem: str | None = Field(None, description="memory per node (sbatch --mem), e.g. 64G")
     job_name: str | None = Field(None, description="default: autofl-<study>")
     sbatch: list[str] = Field(default_factory=list, description="more sbatch options, e.g. --constraint=a100")
-    setup: list[str] = Field(default_factory=list, description="shell lines run first on the nodes' batch shell, "
-                             "e.g. 'module load cuda' or 'source ~/venv/bin/activate'")
-    python: str = Field(default_factory=lambda: sys.executable, description="the Python with autofl and Ray "
-                        "installed, as every node sees it (default: this one)")
+    setup: list[str] = Field(
+        default_factory=list,
+        description="shell lines run first on the nodes' batch shell, "
+        "e.g. 'module load cuda' or 'source ~/venv/bin/activate'",
+    )
+    python: str = Field(
+        default_factory=lambda: sys.executable,
+        description="the Python with autofl and Ray installed, as every node sees it (default: this one)",
+    )
 
     @field_validator("time")
     @classmethod
@@ -117,8 +127,9 @@ class SlurmOptions(BaseModel):
         for option in value:
             _one_line(option, "each sbatch option")
             if not option.startswith("--") or len(option) < 3 or option.strip() != option:
-                raise ValueError(f"{option!r} is not an sbatch option; allowed: --NAME or --NAME=VALUE, "
-                                 f"e.g. --constraint=a100")
+                raise ValueError(
+                    f"{option!r} is not an sbatch option; allowed: --NAME or --NAME=VALUE, e.g. --constraint=a100"
+                )
         return value
 
     @field_validator("setup")
@@ -140,8 +151,10 @@ class SlurmOptions(BaseModel):
     def _signal_within_limit(self) -> SlurmOptions:
         limit = time_limit_seconds(self.time)
         if self.signal_before_s >= limit:
-            raise ValueError(f"signal_before_s: {self.signal_before_s} s is not before the time limit "
-                             f"{self.time} ({limit} s); allowed: 30 to {limit - 1}")
+            raise ValueError(
+                f"signal_before_s: {self.signal_before_s} s is not before the time limit "
+                f"{self.time} ({limit} s); allowed: 30 to {limit - 1}"
+            )
         return self
 
     @property
@@ -168,12 +181,16 @@ def parse_options(options: SlurmOptions | dict[str, Any] | None, flags: bool = F
 def check_fits(options: SlurmOptions, cpu: float, gpu: float) -> None:
     """One trial of the space must fit on one node of the job."""
     if cpu > options.cpus_per_node:
-        raise ConfigError(f"cpus_per_node: {options.cpus_per_node}, but one trial asks for resources.cpu: {cpu:g}; "
-                          f"allowed: at least {cpu:g}")
+        raise ConfigError(
+            f"cpus_per_node: {options.cpus_per_node}, but one trial asks for resources.cpu: {cpu:g}; "
+            f"allowed: at least {cpu:g}"
+        )
     if gpu > options.gpus_per_node:
-        raise ConfigError(f"gpus_per_node: {options.gpus_per_node}, but one trial asks for resources.gpu: {gpu:g}; "
-                          f"allowed: at least {gpu:g} (give trials GPUs with gpus_per_node and the space's "
-                          f"resources.gpu)")
+        raise ConfigError(
+            f"gpus_per_node: {options.gpus_per_node}, but one trial asks for resources.gpu: {gpu:g}; "
+            f"allowed: at least {gpu:g} (give trials GPUs with gpus_per_node and the space's "
+            f"resources.gpu)"
+        )
 
 
 def ray_command(python: str) -> str:
@@ -211,41 +228,47 @@ def render_script(study_root: Path, options: SlurmOptions) -> str:
         f"RAY={ray_command(options.python)}",
         f"export AUTOFL_HOME={q(str(home))}",
         "export RAY_AUTH_MODE=token  # only this job's processes may use its Ray cluster",
-        'RAY_AUTH_TOKEN="$(od -An -tx1 -N16 /dev/urandom | tr -d \' \\n\')"',
+        "RAY_AUTH_TOKEN=\"$(od -An -tx1 -N16 /dev/urandom | tr -d ' \\n')\"",
         "export RAY_AUTH_TOKEN",
         'echo "autofl slurm: job $SLURM_JOB_ID (run $((${SLURM_RESTART_COUNT:-0} + 1))) on $SLURM_JOB_NODELIST"',
         "driver=''",
         "near_limit=0",
         "on_usr1() {",
-        '    near_limit=1',
+        "    near_limit=1",
         '    echo "autofl slurm: the time limit is near (USR1): saving the study; the job is requeued to resume it"',
         '    if [ -n "$driver" ]; then kill -TERM "$driver" 2>/dev/null; fi',
         "}",
         "trap on_usr1 USR1",
-        "trap 'if [ -n \"$driver\" ]; then kill -TERM \"$driver\" 2>/dev/null; fi' TERM  # scancel, preemption: "
+        'trap \'if [ -n "$driver" ]; then kill -TERM "$driver" 2>/dev/null; fi\' TERM  # scancel, preemption: '
         "the study is saved as well",
         "",
         "# Ray's SLURM pattern: a head on the first node, a worker on each other node, one task per node",
         'mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST")',
-        'head_node=${nodes[0]}',
+        "head_node=${nodes[0]}",
         'head_ip=$(srun --nodes=1 --ntasks=1 -w "$head_node" hostname --ip-address | tr " " "\\n" | '
         "grep -m1 -E '^[0-9.]+$')",
-        'head_ip=${head_ip:-$head_node}',
+        "head_ip=${head_ip:-$head_node}",
         f"port=$(({BASE_PORT} + SLURM_JOB_ID % {PORT_SPAN}))  # per job: jobs sharing a node do not collide",
         'address="$head_ip:$port"',
-        f"ray_options=(--num-cpus=\"$SLURM_CPUS_PER_TASK\" --num-gpus={options.gpus_per_node} "
+        f'ray_options=(--num-cpus="$SLURM_CPUS_PER_TASK" --num-gpus={options.gpus_per_node} '
         "--dashboard-agent-listen-port=$((port + 2)) --disable-usage-stats --block)",
         'srun --nodes=1 --ntasks=1 -w "$head_node" $RAY start --head --node-ip-address="$head_ip" --port="$port" \\',
         '    --include-dashboard=false --temp-dir="/tmp/autofl-ray-$SLURM_JOB_ID" "${ray_options[@]}" &',
         "ray_steps=($!)",
         '"$PYTHON" -m autofl.slurm wait-ray "$address" 1 120 "$ray_steps" || { echo "autofl slurm: the Ray head did '
         'not start"; kill "${ray_steps[@]}" 2>/dev/null; exit 1; }',
-        'for ((i = 1; i < ${#nodes[@]}; i++)); do',
+        "for ((i = 1; i < ${#nodes[@]}; i++)); do",
         '    srun --nodes=1 --ntasks=1 -w "${nodes[$i]}" $RAY start --address="$address" "${ray_options[@]}" &',
         "    ray_steps+=($!)",
         "done",
-        *(['"$PYTHON" -m autofl.slurm wait-ray "$address" "${#nodes[@]}" 300 || echo "autofl slurm: not every node '
-           'joined Ray; the study runs on those that did"'] if options.nodes > 1 else []),
+        *(
+            [
+                '"$PYTHON" -m autofl.slurm wait-ray "$address" "${#nodes[@]}" 300 || echo "autofl slurm: not every node '
+                'joined Ray; the study runs on those that did"'
+            ]
+            if options.nodes > 1
+            else []
+        ),
         "",
         "# the study: created at submission, so the first run and every requeued run resume it",
         "status=130",
@@ -284,16 +307,18 @@ class Submission:
 def sbatch_command() -> str:
     found = shutil.which("sbatch")
     if found is None:
-        raise AutoFLError("sbatch: not found; run autofl slurm on a SLURM login node (or print the script with "
-                          "--dry-run)")
+        raise AutoFLError(
+            "sbatch: not found; run autofl slurm on a SLURM login node (or print the script with --dry-run)"
+        )
     return found
 
 
 def submit_script(path: Path) -> str:
     """`sbatch` the script; its job id, or one AutoFLError line with sbatch's reason."""
     try:
-        proc = subprocess.run([sbatch_command(), "--parsable", str(path)], capture_output=True, text=True,
-                              timeout=SUBMIT_TIMEOUT_S)
+        proc = subprocess.run(
+            [sbatch_command(), "--parsable", str(path)], capture_output=True, text=True, timeout=SUBMIT_TIMEOUT_S
+        )
     except subprocess.TimeoutExpired:
         raise AutoFLError(f"sbatch: no answer within {SUBMIT_TIMEOUT_S} s; is slurmctld up? (sinfo)") from None
     if proc.returncode != 0:

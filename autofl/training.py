@@ -31,8 +31,10 @@ def check_out_dir(out: Path, overwrite: bool) -> None:
     """Everything about `--out` that can fail, checked before any work: not a file, not under a
     file, writable, and not an earlier run's folder unless --overwrite."""
     if out.is_symlink():
-        raise AutoFLError(f"--out {out}: is a symbolic link; autofl writes a run only into a real folder, never "
-                          f"through a link; give the folder itself")
+        raise AutoFLError(
+            f"--out {out}: is a symbolic link; autofl writes a run only into a real folder, never "
+            f"through a link; give the folder itself"
+        )
     if out.exists() and not out.is_dir():
         from autofl.files import not_a_regular_file
 
@@ -47,13 +49,17 @@ def check_out_dir(out: Path, overwrite: bool) -> None:
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise AutoFLError(f"--out {out}: folder already holds files; choose another folder or pass --overwrite")
     if out.is_dir() and any(out.iterdir()) and Path.cwd().resolve().is_relative_to(out.resolve()):
-        raise AutoFLError(f"--out {out}: --overwrite replaces the folder as a whole, and this one holds the current "
-                          f"folder; give a subfolder, e.g. --out runs/new")
+        raise AutoFLError(
+            f"--out {out}: --overwrite replaces the folder as a whole, and this one holds the current "
+            f"folder; give a subfolder, e.g. --out runs/new"
+        )
     if out.is_dir():  # --overwrite replaces the folder as a whole: only an earlier run's folder
         others = sorted(p.name for p in out.iterdir() if p.name not in RUN_FILES)
         if others:
-            raise AutoFLError(f"--out {out}: --overwrite replaces an earlier run's folder, but this one also holds "
-                              f"{', '.join(others[:3])}{' ...' if len(others) > 3 else ''}; choose another folder")
+            raise AutoFLError(
+                f"--out {out}: --overwrite replaces an earlier run's folder, but this one also holds "
+                f"{', '.join(others[:3])}{' ...' if len(others) > 3 else ''}; choose another folder"
+            )
 
 
 def check_device(name: str) -> None:
@@ -64,13 +70,18 @@ def check_device(name: str) -> None:
     index = int(name.split(":", 1)[1]) if ":" in name else 0
     if index >= count:
         seen = f"torch sees {count} GPU{'s' if count != 1 else ''}" + (f" (cuda:0..cuda:{count - 1})" if count else "")
-        raise AutoFLError(f"runtime.device: {name!r} but {seen}; allowed: auto or cpu"
-                          + (f", cuda:0..cuda:{count - 1}" if count else ""))
+        raise AutoFLError(
+            f"runtime.device: {name!r} but {seen}; allowed: auto or cpu"
+            + (f", cuda:0..cuda:{count - 1}" if count else "")
+        )
 
 
 def run_training(
-    exp: Experiment, out: Path, on_round: Callable[[dict[str, float], float], None] | None = None,
-    overwrite: bool = False, announce: Callable[[str], None] | None = None,
+    exp: Experiment,
+    out: Path,
+    on_round: Callable[[dict[str, float], float], None] | None = None,
+    overwrite: bool = False,
+    announce: Callable[[str], None] | None = None,
     on_clients: Callable[[int], None] | None = None,
 ) -> list[dict[str, float]]:
     """Run `exp` to the end, appending each evaluated round to `out/metrics.jsonl`; `announce`
@@ -103,7 +114,9 @@ def run_training(
     try:
         history = _train_into(sim, exp, work, on_round)
     except BaseException as err:  # an interrupted or failed --overwrite leaves no hidden half-run folder
-        if (replacing and not isinstance(err, RunDiverged)) or (made and isinstance(err, OutputError)):  # (a diverged run's message points at its rounds)
+        if (replacing and not isinstance(err, RunDiverged)) or (
+            made and isinstance(err, OutputError)
+        ):  # (a diverged run's message points at its rounds)
             shutil.rmtree(work, ignore_errors=True)
         raise
     if replacing:
@@ -125,8 +138,9 @@ def _remove_stale_work(out: Path) -> None:
             pass
 
 
-def _train_into(sim: Simulation, exp: Experiment, work: Path,
-                on_round: Callable[[dict[str, float], float], None] | None) -> list[dict[str, float]]:
+def _train_into(
+    sim: Simulation, exp: Experiment, work: Path, on_round: Callable[[dict[str, float], float], None] | None
+) -> list[dict[str, float]]:
     write_atomic(work / CONFIG_FILE, yaml.safe_dump(experiment_to_dict(exp), sort_keys=False))
     history: list[dict[str, float]] = []
     metrics_path = work / METRICS_FILE
@@ -144,8 +158,10 @@ def _train_into(sim: Simulation, exp: Experiment, work: Path,
                 raise write_failed(metrics_path, err) from None
             history.append(metrics)
             if not math.isfinite(metrics["train_loss"]):
-                raise RunDiverged(f"training diverged at round {metrics['round']}: train_loss is "
-                                  f"{metrics['train_loss']} (try a lower fl.lr); rounds so far are in {work / METRICS_FILE}")
+                raise RunDiverged(
+                    f"training diverged at round {metrics['round']}: train_loss is "
+                    f"{metrics['train_loss']} (try a lower fl.lr); rounds so far are in {work / METRICS_FILE}"
+                )
             if on_round is not None:
                 on_round(metrics, time.perf_counter() - start)
     buffer = io.BytesIO()  # saved in memory, then written by the one writer (a full disk: one line)

@@ -31,23 +31,41 @@ def format_params(params: dict[str, Any], short: bool = True) -> str:
     name = (lambda k: k.split(":")[-1].split(".")[-1]) if short else (lambda k: k)
     from autofl.text import clean  # user values reach the terminal: control characters escaped
 
-    return clean(", ".join(f"{name(k)}={v:.4g}" if isinstance(v, float) else f"{name(k)}={v}"
-                           for k, v in params.items()))
+    return clean(
+        ", ".join(f"{name(k)}={v:.4g}" if isinstance(v, float) else f"{name(k)}={v}" for k, v in params.items())
+    )
 
 
 def reeval_table(summary: dict[str, Any]) -> Table:
     objective = summary["objective"]
     seeds = summary["seeds"]
     partition = "partition redrawn per seed" if summary["vary_partition"] else "the study's partition"
-    title = (f"re-evaluation over {len(seeds)} fresh seeds ({seeds[0]}..{seeds[-1]}, {partition}): "
-             f"mean ± 95% CI half-width; Δ = paired difference to the paper default")
-    table = Table("config", "search", objective, "personal_test_acc", f"Δ {objective}", "Δ personal_test_acc",
-                  "seeds", "params", title=title)
+    title = (
+        f"re-evaluation over {len(seeds)} fresh seeds ({seeds[0]}..{seeds[-1]}, {partition}): "
+        f"mean ± 95% CI half-width; Δ = paired difference to the paper default"
+    )
+    table = Table(
+        "config",
+        "search",
+        objective,
+        "personal_test_acc",
+        f"Δ {objective}",
+        "Δ personal_test_acc",
+        "seeds",
+        "params",
+        title=title,
+    )
     for row in summary["rows"]:
         name = row["candidate"] + (" (best)" if row["candidate"] == summary["best"] else "")
         search = "-" if row.get("search_value") is None else f"{row['search_value']:.4f}"
-        table.add_row(name, search, _interval(row.get(objective)), _interval(row.get("personal_test_acc")),
-                      _interval(row.get(f"diff_{objective}"), signed=True),
-                      _interval(row.get("diff_personal_test_acc"), signed=True),
-                      str(len(row["seeds"])), format_params(row["params"]) or "(paper default)")
+        table.add_row(
+            name,
+            search,
+            _interval(row.get(objective)),
+            _interval(row.get("personal_test_acc")),
+            _interval(row.get(f"diff_{objective}"), signed=True),
+            _interval(row.get("diff_personal_test_acc"), signed=True),
+            str(len(row["seeds"])),
+            format_params(row["params"]) or "(paper default)",
+        )
     return table

@@ -19,8 +19,19 @@ from autofl.engine.server import MethodClass
 from autofl.errors import ConfigError
 
 # module types whose forward is known to run under torch.func.vmap with per-client tensors
-_VMAP_SAFE = (nn.Linear, nn.Conv2d, nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.ReLU, nn.MaxPool2d, nn.AdaptiveAvgPool2d,
-              nn.Flatten, nn.Identity, nn.Sequential)
+_VMAP_SAFE = (
+    nn.Linear,
+    nn.Conv2d,
+    nn.BatchNorm1d,
+    nn.BatchNorm2d,
+    nn.BatchNorm3d,
+    nn.ReLU,
+    nn.MaxPool2d,
+    nn.AdaptiveAvgPool2d,
+    nn.Flatten,
+    nn.Identity,
+    nn.Sequential,
+)
 
 
 def vectorizable(ws: Workspace) -> str | None:
@@ -45,27 +56,37 @@ def sequential(ws: Workspace, compile_steps: bool) -> SequentialExecutor:
     return CompiledSequentialExecutor(ws) if compile_steps else SequentialExecutor(ws)
 
 
-def make_executor(choice: str, ws: Workspace, client_chunk: int | None,
-                  device: torch.device = torch.device("cpu"), compile_choice: str = "off",
-                  rounds: int = 1, steps_per_round: int | None = None) -> tuple[Executor, str]:
+def make_executor(
+    choice: str,
+    ws: Workspace,
+    client_chunk: int | None,
+    device: torch.device = torch.device("cpu"),
+    compile_choice: str = "off",
+    rounds: int = 1,
+    steps_per_round: int | None = None,
+) -> tuple[Executor, str]:
     """The executor for runtime.executor = `choice` and runtime.compile = `compile_choice` on
     `device` for a trial of `rounds` rounds of `steps_per_round` lockstep steps (None: not known
     yet), and a line saying which and why."""
     unsupported = vectorizable(ws) if choice != "sequential" else None
     if unsupported is not None and choice == "vectorized":
-        raise ConfigError(f"runtime.executor: vectorized cannot run this model: {unsupported}; "
-                          f"allowed here: auto, sequential")
+        raise ConfigError(
+            f"runtime.executor: vectorized cannot run this model: {unsupported}; allowed here: auto, sequential"
+        )
     blocker = unsupported or (slower_vectorized(ws, device) if choice == "auto" else None)
     vectorized = choice != "sequential" and blocker is None
-    compile_steps, compile_why = choose_compile(compile_choice, device, rounds,
-                                                "vectorized" if vectorized else "sequential", steps_per_round)
+    compile_steps, compile_why = choose_compile(
+        compile_choice, device, rounds, "vectorized" if vectorized else "sequential", steps_per_round
+    )
     steps = f"; steps: {'compiled' if compile_steps else 'eager'} ({compile_why})"
     if choice == "sequential":
         return sequential(ws, compile_steps), f"executor: sequential (runtime.executor=sequential){steps}"
     if vectorized:
         chunk = f", {client_chunk} clients per chunk" if client_chunk else ""
-        return (VectorizedExecutor(ws, client_chunk, compile_steps),
-                f"executor: vectorized (runtime.executor={choice}{chunk}){steps}")
+        return (
+            VectorizedExecutor(ws, client_chunk, compile_steps),
+            f"executor: vectorized (runtime.executor={choice}{chunk}){steps}",
+        )
     return sequential(ws, compile_steps), f"executor: sequential (runtime.executor=auto: {blocker}){steps}"
 
 
@@ -76,5 +97,6 @@ def describe_executor(exp: Any, method_cls: MethodClass, device: torch.device | 
     if device is None:
         device = resolve_device(exp.runtime.device)
     workspace = Workspace(method.build_model(), method_cls.copies)
-    return make_executor(exp.runtime.executor, workspace, exp.runtime.client_chunk, device, exp.runtime.compile,
-                         exp.fl.rounds)[1]
+    return make_executor(
+        exp.runtime.executor, workspace, exp.runtime.client_chunk, device, exp.runtime.compile, exp.fl.rounds
+    )[1]

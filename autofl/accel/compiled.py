@@ -88,25 +88,48 @@ MAX_STEPS_PER_CALL = 16
 MAX_GRAPH_NODES = 128
 
 
-def batched_grads(ws: torch.nn.Module, loss: Callable[..., torch.Tensor], rest_dims: dict[str, int | None],
-                  tr: dict[str, torch.Tensor], rest: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
-                  flags: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+def batched_grads(
+    ws: torch.nn.Module,
+    loss: Callable[..., torch.Tensor],
+    rest_dims: dict[str, int | None],
+    tr: dict[str, torch.Tensor],
+    rest: dict[str, torch.Tensor],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    flags: dict[str, torch.Tensor],
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """Per-client gradients of `loss` w.r.t. the trained tensors `tr`, and each client's loss:
     `vmap(grad(functional_call(ws, ...)))` over the leading client dimension."""
 
-    def one_client(tr: dict[str, torch.Tensor], rest: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
-                   flags: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def one_client(
+        tr: dict[str, torch.Tensor],
+        rest: dict[str, torch.Tensor],
+        x: torch.Tensor,
+        y: torch.Tensor,
+        flags: dict[str, torch.Tensor],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         value = functional_call(ws, (tr, rest), (x, y, flags, loss), strict=True)
         return value, value.detach()
 
     return vmap(grad(one_client, has_aux=True), in_dims=(0, rest_dims, 0, 0, 0))(tr, rest, x, y, flags)
 
 
-def probed_grads(ws: torch.nn.Module, loss: Callable[..., torch.Tensor], rest_dims: dict[str, int | None],
-                 tr: dict[str, torch.Tensor], rest: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
-                 flags: dict[str, torch.Tensor], plan: ProbePlan
-                 ) -> tuple[dict[str, torch.Tensor], dict[str, list[tuple[torch.Tensor, torch.Tensor]]],
-                            dict[str, list[tuple[torch.Tensor, torch.Tensor]]], torch.Tensor]:
+def probed_grads(
+    ws: torch.nn.Module,
+    loss: Callable[..., torch.Tensor],
+    rest_dims: dict[str, int | None],
+    tr: dict[str, torch.Tensor],
+    rest: dict[str, torch.Tensor],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    flags: dict[str, torch.Tensor],
+    plan: ProbePlan,
+) -> tuple[
+    dict[str, torch.Tensor],
+    dict[str, list[tuple[torch.Tensor, torch.Tensor]]],
+    dict[str, list[tuple[torch.Tensor, torch.Tensor]]],
+    torch.Tensor,
+]:
     """`batched_grads` with the weights of `plan` (`linear_probes.probe_plan`) probed: the gradients of the
     other trained tensors; each probed weight's linear calls as (output gradient, input) pairs and its
     proximal terms as (the loss's weight on the term, anchor) pairs, stacked over clients; and each
@@ -116,17 +139,26 @@ def probed_grads(ws: torch.nn.Module, loss: Callable[..., torch.Tensor], rest_di
         return grads, {}, {}, value
     holder = getattr(ws, PROBES_ATTRIBUTE)  # LinearProbes.of(ws), made before compiling
     k = x.shape[0]
-    probes = {w.name: [torch.zeros(k, *shape, dtype=tr[w.name].dtype, device=x.device) for shape in w.calls]
-              for w in plan if w.calls}
+    probes = {
+        w.name: [torch.zeros(k, *shape, dtype=tr[w.name].dtype, device=x.device) for shape in w.calls]
+        for w in plan
+        if w.calls
+    }
     pulls = {i: torch.zeros(k, dtype=tr[w.name].dtype, device=x.device) for w in plan for i in w.pulls}
     names = {w.name for w in plan}
     tr_d = {n: t for n, t in tr.items() if n not in names}
     rest_p = {**rest, **{n: tr[n] for n in names}}
     dims_p = {**rest_dims, **{n: 0 for n in names}}
 
-    def one_client(tr: dict[str, torch.Tensor], probes: dict[str, list[torch.Tensor]], pulls: dict[int, torch.Tensor],
-                   rest: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
-                   flags: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Any]:
+    def one_client(
+        tr: dict[str, torch.Tensor],
+        probes: dict[str, list[torch.Tensor]],
+        pulls: dict[int, torch.Tensor],
+        rest: dict[str, torch.Tensor],
+        x: torch.Tensor,
+        y: torch.Tensor,
+        flags: dict[str, torch.Tensor],
+    ) -> tuple[torch.Tensor, Any]:
         holder.start(probes, pulls)
         value = functional_call(ws, (tr, rest), (x, y, flags, loss), strict=True)
         inputs, anchors = holder.inputs, holder.anchors
@@ -134,27 +166,39 @@ def probed_grads(ws: torch.nn.Module, loss: Callable[..., torch.Tensor], rest_di
         return value, (value.detach(), inputs, anchors)
 
     (grads, out_grads, coefs), (value, inputs, anchors) = vmap(
-        grad(one_client, argnums=(0, 1, 2), has_aux=True),
-        in_dims=(0, 0, 0, dims_p, 0, 0, 0))(tr_d, probes, pulls, rest_p, x, y, flags)
+        grad(one_client, argnums=(0, 1, 2), has_aux=True), in_dims=(0, 0, 0, dims_p, 0, 0, 0)
+    )(tr_d, probes, pulls, rest_p, x, y, flags)
     linear = {n: list(zip(out_grads[n], inputs[n])) for n in out_grads}
     proximal = {w.name: [(coefs[i], anchors[i]) for i in w.pulls] for w in plan if w.pulls}
     return grads, linear, proximal, value
 
 
-def sgd_with_probes(tr: dict[str, torch.Tensor], grads: dict[str, torch.Tensor],
-                    linear: dict[str, list[tuple[torch.Tensor, torch.Tensor]]],
-                    proximal: dict[str, list[tuple[torch.Tensor, torch.Tensor]]], lr: torch.Tensor,
-                    group: dict[str, Any]) -> None:
+def sgd_with_probes(
+    tr: dict[str, torch.Tensor],
+    grads: dict[str, torch.Tensor],
+    linear: dict[str, list[tuple[torch.Tensor, torch.Tensor]]],
+    proximal: dict[str, list[tuple[torch.Tensor, torch.Tensor]]],
+    lr: torch.Tensor,
+    group: dict[str, Any],
+) -> None:
     """`torch.optim.sgd.sgd` (the function `torch.optim.SGD.step` runs) on the tensors of `tr` that have
     gradients, then each probed weight's proximal terms (`proximal_sgd_`, reading the weight before
     this step's change, as its gradient does) and its linear calls (`linear_sgd_`, one in-place product
     each)."""
     names = list(grads)
     with torch.no_grad():
-        sgd_update([tr[n] for n in names], [grads[n] for n in names], [None] * len(names),
-                   weight_decay=group["weight_decay"], momentum=group["momentum"], lr=lr,
-                   dampening=group["dampening"], nesterov=group["nesterov"], maximize=group["maximize"],
-                   foreach=False)
+        sgd_update(
+            [tr[n] for n in names],
+            [grads[n] for n in names],
+            [None] * len(names),
+            weight_decay=group["weight_decay"],
+            momentum=group["momentum"],
+            lr=lr,
+            dampening=group["dampening"],
+            nesterov=group["nesterov"],
+            maximize=group["maximize"],
+            foreach=False,
+        )
         for n, terms in proximal.items():
             for coef, anchor in terms:
                 proximal_sgd_(tr[n], anchor, coef, lr)
@@ -163,10 +207,20 @@ def sgd_with_probes(tr: dict[str, torch.Tensor], grads: dict[str, torch.Tensor],
                 linear_sgd_(tr[n], out_grad.flatten(1, -2), inp.flatten(1, -2), lr)
 
 
-def batched_sgd_step(ws: torch.nn.Module, loss: Callable[..., torch.Tensor], rest_dims: dict[str, int | None],
-                     tr: dict[str, torch.Tensor], rest: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
-                     rows: torch.Tensor, flags: dict[str, torch.Tensor], lr: torch.Tensor,
-                     group: dict[str, Any], plan: ProbePlan = NO_PROBES) -> torch.Tensor:
+def batched_sgd_step(
+    ws: torch.nn.Module,
+    loss: Callable[..., torch.Tensor],
+    rest_dims: dict[str, int | None],
+    tr: dict[str, torch.Tensor],
+    rest: dict[str, torch.Tensor],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    rows: torch.Tensor,
+    flags: dict[str, torch.Tensor],
+    lr: torch.Tensor,
+    group: dict[str, Any],
+    plan: ProbePlan = NO_PROBES,
+) -> torch.Tensor:
     """One whole lockstep step of the vectorized executor (CPU), for plain SGD (no momentum, no weight
     decay): each client's batch gathered from the pooled data by `rows` (K, batch), the per-client
     gradients (`probed_grads`), and the update of the stacked tensors `tr` in place by
@@ -179,15 +233,29 @@ def batched_sgd_step(ws: torch.nn.Module, loss: Callable[..., torch.Tensor], res
     return value
 
 
-def batched_sgd_step_run(ws: torch.nn.Module, loss: Callable[..., torch.Tensor], rest_dims: dict[str, int | None],
-                         tr: dict[str, torch.Tensor], rest: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
-                         rows: torch.Tensor, flags: dict[str, torch.Tensor], lr: torch.Tensor,
-                         group: dict[str, Any], plan: ProbePlan = NO_PROBES) -> torch.Tensor:
+def batched_sgd_step_run(
+    ws: torch.nn.Module,
+    loss: Callable[..., torch.Tensor],
+    rest_dims: dict[str, int | None],
+    tr: dict[str, torch.Tensor],
+    rest: dict[str, torch.Tensor],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    rows: torch.Tensor,
+    flags: dict[str, torch.Tensor],
+    lr: torch.Tensor,
+    group: dict[str, Any],
+    plan: ProbePlan = NO_PROBES,
+) -> torch.Tensor:
     """`batched_sgd_step` on each of the (steps, K, batch) `rows` in turn, in one compiled call (steps too
     small to pay a call's overhead alone: `steps_per_call`); each step reads what the one before wrote.
     Returns the (steps, K) losses."""
-    return torch.stack([batched_sgd_step(ws, loss, rest_dims, tr, rest, x, y, rows[i], flags, lr, group, plan)
-                        for i in range(rows.shape[0])])
+    return torch.stack(
+        [
+            batched_sgd_step(ws, loss, rest_dims, tr, rest, x, y, rows[i], flags, lr, group, plan)
+            for i in range(rows.shape[0])
+        ]
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,6 +263,7 @@ class StepSize:
     """One client's step of an update: its FLOPs (torch's `FlopCounterMode`: matrix products and
     convolutions, forward and backward) and its autograd graph's nodes (about the ops a compiled graph
     of the step holds)."""
+
     flops: int
     nodes: int
 
@@ -205,15 +274,25 @@ def steps_per_call(step: StepSize, clients: int) -> int:
     MAX_GRAPH_NODES of autograd nodes (a power of two, so a stage compiles few variants); 1 for a step
     as large as either."""
     steps = 1
-    while (steps * 2 <= MAX_STEPS_PER_CALL and steps * 2 * step.flops * clients <= CALL_FLOPS
-           and steps * 2 * step.nodes <= MAX_GRAPH_NODES):
+    while (
+        steps * 2 <= MAX_STEPS_PER_CALL
+        and steps * 2 * step.flops * clients <= CALL_FLOPS
+        and steps * 2 * step.nodes <= MAX_GRAPH_NODES
+    ):
         steps *= 2
     return steps
 
 
-def client_step_size(ws: torch.nn.Module, loss: Callable[..., torch.Tensor], trained: list[str] | tuple[str, ...],
-                     state: dict[str, torch.Tensor], dims: dict[str, int | None], x: torch.Tensor, y: torch.Tensor,
-                     flags: dict[str, torch.Tensor]) -> StepSize:
+def client_step_size(
+    ws: torch.nn.Module,
+    loss: Callable[..., torch.Tensor],
+    trained: list[str] | tuple[str, ...],
+    state: dict[str, torch.Tensor],
+    dims: dict[str, int | None],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    flags: dict[str, torch.Tensor],
+) -> StepSize:
     """The `StepSize` of one client's forward and backward of `loss` on batch (x, y), run eagerly on
     copies of client 0's tensors (`state`, stacked along dim 0 where `dims` says 0), so nothing in
     `state` changes."""
@@ -238,12 +317,21 @@ def autograd_nodes(root: Any) -> int:
     return len(seen)
 
 
-def batched_sgd_steps(ws: torch.nn.Module, losses: tuple[Callable[..., torch.Tensor], ...],
-                      trained: tuple[tuple[str, ...], ...], frozen: tuple[tuple[str, ...], ...],
-                      dims: dict[str, int | None], state: dict[str, torch.Tensor],
-                      x: torch.Tensor, y: torch.Tensor, rows: torch.Tensor, flags: dict[str, torch.Tensor],
-                      lr: torch.Tensor, group: dict[str, Any],
-                      plans: tuple[ProbePlan, ...] | None = None) -> list[torch.Tensor]:
+def batched_sgd_steps(
+    ws: torch.nn.Module,
+    losses: tuple[Callable[..., torch.Tensor], ...],
+    trained: tuple[tuple[str, ...], ...],
+    frozen: tuple[tuple[str, ...], ...],
+    dims: dict[str, int | None],
+    state: dict[str, torch.Tensor],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    rows: torch.Tensor,
+    flags: dict[str, torch.Tensor],
+    lr: torch.Tensor,
+    group: dict[str, Any],
+    plans: tuple[ProbePlan, ...] | None = None,
+) -> list[torch.Tensor]:
     """All the updates of one lockstep step of a stage with several (Ditto's w then v, FedFCD's
     extractor then head, FedSiam-DA's f' then the local model) in one compiled call, for plain SGD:
     `batched_sgd_step` for each update in declaration order (with its probe plan, `plans[i]`), on the
@@ -261,15 +349,21 @@ def batched_sgd_steps(ws: torch.nn.Module, losses: tuple[Callable[..., torch.Ten
     for i, (loss, names, frozen_names) in enumerate(zip(losses, trained, frozen)):
         tr = {n: state[n] for n in names}
         rest = {n: t.clone() if n in frozen_names else t for n, t in state.items() if n not in tr}
-        grads, linear, proximal, value = probed_grads(ws, loss, {n: dims[n] for n in rest}, tr, rest, xb, yb, flags,
-                                                      plans[i] if plans is not None else NO_PROBES)
+        grads, linear, proximal, value = probed_grads(
+            ws, loss, {n: dims[n] for n in rest}, tr, rest, xb, yb, flags, plans[i] if plans is not None else NO_PROBES
+        )
         sgd_with_probes(tr, grads, linear, proximal, lr, group)
         values.append(value)
     return values
 
 
-def client_loss(ws: torch.nn.Module, loss: Callable[..., torch.Tensor], x: torch.Tensor, y: torch.Tensor,
-                flags: dict[str, torch.Tensor]) -> torch.Tensor:
+def client_loss(
+    ws: torch.nn.Module,
+    loss: Callable[..., torch.Tensor],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    flags: dict[str, torch.Tensor],
+) -> torch.Tensor:
     """One client's loss on one batch (the sequential executor's step before backward)."""
     return loss(ws, x, y, flags)
 
@@ -293,8 +387,9 @@ def small_step_options(device: torch.device) -> dict[str, Any] | None:
     return None
 
 
-def compiled(fn: Callable[..., Any], key: Hashable, device: torch.device,
-             options: dict[str, Any] | None = None) -> Callable[..., Any]:
+def compiled(
+    fn: Callable[..., Any], key: Hashable, device: torch.device, options: dict[str, Any] | None = None
+) -> Callable[..., Any]:
     """`fn` compiled for `key` on `device` (with inductor `options`, CPU only: torch.compile takes a
     mode or options), made once per process and reused (see the module doc)."""
     full_key = (fn.__qualname__, key, device.type, compile_mode(device), tuple(sorted((options or {}).items())))
@@ -334,34 +429,47 @@ def cpu_compiler() -> str | None:
     return shutil.which(name)
 
 
-def choose_compile(choice: str, device: torch.device, rounds: int, executor: str = "vectorized",
-                   steps_per_round: int | None = None) -> tuple[bool, str]:
+def choose_compile(
+    choice: str, device: torch.device, rounds: int, executor: str = "vectorized", steps_per_round: int | None = None
+) -> tuple[bool, str]:
     """Whether to compile under runtime.compile = `choice`, and the reason for the log line.
     `steps_per_round`: the executor's lockstep steps a round (the longest client's batches times its
     epochs), None where the data is not loaded yet (the search's banner)."""
     graphs = executor == "vectorized" and cuda_graphs.graphs_on(device)
     if choice == "on":
-        return True, ("runtime.compile=on, whole steps replayed as CUDA graphs" if graphs
-                      else f"runtime.compile=on, {compile_mode(device)} mode")
+        return True, (
+            "runtime.compile=on, whole steps replayed as CUDA graphs"
+            if graphs
+            else f"runtime.compile=on, {compile_mode(device)} mode"
+        )
     if choice == "off":
         return False, "runtime.compile=off"
     if graphs:
-        return True, ("runtime.compile=auto: whole steps replayed as CUDA graphs (nothing to compile: a round "
-                      "captures each stage's step once, at about the cost of one eager step)")
+        return True, (
+            "runtime.compile=auto: whole steps replayed as CUDA graphs (nothing to compile: a round "
+            "captures each stage's step once, at about the cost of one eager step)"
+        )
     if device.type != "cuda":
         if executor != "vectorized":
             return False, "runtime.compile=auto: eager, per-client steps on CPU gain nothing from compiling"
         if cpu_compiler() is None:
-            return False, ("runtime.compile=auto: eager, no C++ compiler for inductor's CPU kernels "
-                           f"({os.environ.get('CXX', 'g++')} not found; install it or set $CXX)")
+            return False, (
+                "runtime.compile=auto: eager, no C++ compiler for inductor's CPU kernels "
+                f"({os.environ.get('CXX', 'g++')} not found; install it or set $CXX)"
+            )
         if steps_per_round is None:
-            return False, (f"runtime.compile=auto: each trial compiles if it runs at least {AUTO_MIN_STEPS_CPU} "
-                           f"lockstep steps")
+            return False, (
+                f"runtime.compile=auto: each trial compiles if it runs at least {AUTO_MIN_STEPS_CPU} lockstep steps"
+            )
         steps = rounds * steps_per_round
         if steps < AUTO_MIN_STEPS_CPU:
-            return False, (f"runtime.compile=auto: eager, {steps} lockstep steps are too few to pay the compile "
-                           f"time on CPU (compiles from {AUTO_MIN_STEPS_CPU})")
+            return False, (
+                f"runtime.compile=auto: eager, {steps} lockstep steps are too few to pay the compile "
+                f"time on CPU (compiles from {AUTO_MIN_STEPS_CPU})"
+            )
         return True, f"runtime.compile=auto: compiled with inductor ({steps} lockstep steps pay the compile time)"
-    return False, ("runtime.compile=auto: eager, the sequential executor's per-client steps on CUDA gain little "
-                   "from compiling (runtime.compile=on compiles them in reduce-overhead mode; the vectorized "
-                   "executor replays whole steps as CUDA graphs)")
+    return False, (
+        "runtime.compile=auto: eager, the sequential executor's per-client steps on CUDA gain little "
+        "from compiling (runtime.compile=on compiles them in reduce-overhead mode; the vectorized "
+        "executor replays whole steps as CUDA graphs)"
+    )

@@ -20,8 +20,9 @@ class CompiledSequentialExecutor(SequentialExecutor):
         """loss(x, y, flags) of one update on the workspace, compiled for full batches of `batch_size`
         (one static shape); a smaller last batch runs eager."""
         ws = self.ws
-        step = compiled.compiled(compiled.client_loss, compiled.step_key(update.loss, *where),
-                                 next(ws.parameters()).device)
+        step = compiled.compiled(
+            compiled.client_loss, compiled.step_key(update.loss, *where), next(ws.parameters()).device
+        )
 
         def run(xb: torch.Tensor, yb: torch.Tensor, flags: dict[str, torch.Tensor]) -> torch.Tensor:
             if len(xb) != batch_size:

@@ -56,6 +56,7 @@ import torch
 
 T = TypeVar("T")
 
+
 def graphs_on(device: torch.device) -> bool:
     """Whether runtime.compile replays the vectorized executor's whole steps as CUDA graphs on `device`
     (rather than compiling them): the one place `choose_compile` and the executor ask."""
@@ -88,8 +89,14 @@ class StepGraphs:
         self.failed: str | None = None
         self.captures = self.replays = 0
 
-    def run(self, holds: tuple[Any, ...], rows: torch.Tensor, step: Callable[[torch.Tensor], T],
-            values: tuple[Hashable, ...] = (), warm_up: bool = False) -> T:
+    def run(
+        self,
+        holds: tuple[Any, ...],
+        rows: torch.Tensor,
+        step: Callable[[torch.Tensor], T],
+        values: tuple[Hashable, ...] = (),
+        warm_up: bool = False,
+    ) -> T:
         if self.failed is not None:
             return step(rows)
         if not self.warmed or warm_up:
@@ -148,8 +155,11 @@ class StepGraphs:
         if error is not None:
             self.failed = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
             self.graphs.clear()
-            warnings.warn(f"runtime.compile: a step could not be captured as a CUDA graph ({self.failed}); "
-                          f"it runs eagerly", RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"runtime.compile: a step could not be captured as a CUDA graph ({self.failed}); it runs eagerly",
+                RuntimeWarning,
+                stacklevel=3,
+            )
             torch.cuda.synchronize()
             return
         current.wait_stream(stream)

@@ -118,8 +118,9 @@ class RoundArena:
                     kept[1][i].copy_(cells[i])
             return kept[0]
         own = [v.detach().clone() if i in tensors else v for i, v in enumerate(cells)]
-        rebound = types.FunctionType(loss.__code__, loss.__globals__, loss.__name__, loss.__defaults__,
-                                     tuple(types.CellType(v) for v in own))
+        rebound = types.FunctionType(
+            loss.__code__, loss.__globals__, loss.__name__, loss.__defaults__, tuple(types.CellType(v) for v in own)
+        )
         rebound.__kwdefaults__ = loss.__kwdefaults__
         rebound.__qualname__ = loss.__qualname__
         self.losses[key] = (rebound, own)
@@ -136,8 +137,13 @@ class RoundArena:
         """The tensor kept under `key`, holding `value` (copied in); a new one when shapes differ."""
         source = value.tensor if isinstance(value, _Copy) else value
         old = kept.get(key)
-        if (old is not None and old.shape == source.shape and old.dtype == source.dtype
-                and old.device == source.device and old.stride() == source.stride()):
+        if (
+            old is not None
+            and old.shape == source.shape
+            and old.dtype == source.dtype
+            and old.device == source.device
+            and old.stride() == source.stride()
+        ):
             with torch.no_grad():
                 old.copy_(source)
             return old
@@ -166,15 +172,22 @@ def _resettable_sgd(kept: torch.optim.Optimizer, fresh: torch.optim.Optimizer) -
 def _same_closure(kept: types.FunctionType, kept_cells: list[Any], loss: types.FunctionType, cells: list[Any]) -> bool:
     """Whether `loss` is `kept` made again: the same code, globals and defaults, tensors of the same layout
     where `kept` holds its own, and the same values elsewhere (the same object, or an equal number or string)."""
-    if (kept.__code__ is not loss.__code__ or kept.__globals__ is not loss.__globals__
-            or not _identical(kept.__defaults__ or (), loss.__defaults__ or ())
-            or not _identical(tuple((kept.__kwdefaults__ or {}).items()), tuple((loss.__kwdefaults__ or {}).items()))
-            or len(kept_cells) != len(cells)):
+    if (
+        kept.__code__ is not loss.__code__
+        or kept.__globals__ is not loss.__globals__
+        or not _identical(kept.__defaults__ or (), loss.__defaults__ or ())
+        or not _identical(tuple((kept.__kwdefaults__ or {}).items()), tuple((loss.__kwdefaults__ or {}).items()))
+        or len(kept_cells) != len(cells)
+    ):
         return False
     for old, new in zip(kept_cells, cells):
         if isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor):
-            if (old.shape != new.shape or old.dtype != new.dtype or old.device != new.device
-                    or old.stride() != new.stride()):
+            if (
+                old.shape != new.shape
+                or old.dtype != new.dtype
+                or old.device != new.device
+                or old.stride() != new.stride()
+            ):
                 return False
         elif not (old is new or (type(old) is type(new) and type(new) in (int, float, bool, str) and old == new)):
             return False
@@ -182,8 +195,9 @@ def _same_closure(kept: types.FunctionType, kept_cells: list[Any], loss: types.F
 
 
 def _identical(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
-    return len(a) == len(b) and all(x is y or (isinstance(x, tuple) and isinstance(y, tuple) and _identical(x, y))
-                                    for x, y in zip(a, b))
+    return len(a) == len(b) and all(
+        x is y or (isinstance(x, tuple) and isinstance(y, tuple) and _identical(x, y)) for x, y in zip(a, b)
+    )
 
 
 def loss_holds(loss: Callable[..., Any]) -> tuple[Any, ...]:
@@ -199,8 +213,12 @@ def loss_holds(loss: Callable[..., Any]) -> tuple[Any, ...]:
     levels down) must not be replaced between rounds: a kept graph would not see it (autofl/methods/base.py)."""
     # objects, not tuples made here: `holds` are keyed by identity and kept alive by the graph
     if isinstance(loss, functools.partial):
-        return (functools.partial, *loss_holds(loss.func), *_inside(loss.args),
-                *_inside(tuple(itertools.chain.from_iterable(loss.keywords.items()))))
+        return (
+            functools.partial,
+            *loss_holds(loss.func),
+            *_inside(loss.args),
+            *_inside(tuple(itertools.chain.from_iterable(loss.keywords.items()))),
+        )
     if isinstance(loss, types.MethodType):
         return (*_inside((loss.__self__,)), *loss_holds(loss.__func__))
     if isinstance(loss, types.FunctionType):

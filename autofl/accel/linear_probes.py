@@ -138,8 +138,9 @@ class LinearProbes:
             ws.term_probe = probes.term  # the workspace's proximal terms go through `term` (Workspace.proximal)
         return probes
 
-    def term(self, p: torch.Tensor, anchor: torch.Tensor,
-             distance: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    def term(
+        self, p: torch.Tensor, anchor: torch.Tensor, distance: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor:
         """`distance(p, anchor)`, the squared distance of a proximal term (`Workspace.proximal`). In a
         probed step, where `p` is a probed weight, it is `distance(p.detach(), anchor) + probe`: `probe` a
         zero scalar that the step differentiates, so its gradient is the loss's weight on the term, and the
@@ -163,8 +164,9 @@ class LinearProbes:
         return module.register_forward_hook(functools.partial(_probe_hook, self, weight_name))
 
 
-def _probe_hook(probes: LinearProbes, weight_name: str, module: nn.Linear, args: tuple[Any, ...],
-                output: torch.Tensor) -> torch.Tensor | None:
+def _probe_hook(
+    probes: LinearProbes, weight_name: str, module: nn.Linear, args: tuple[Any, ...], output: torch.Tensor
+) -> torch.Tensor | None:
     if not torch.is_grad_enabled():
         return None
     if probes.shapes is not None and weight_name in probes.shapes and output.dim() >= 2:
@@ -174,8 +176,10 @@ def _probe_hook(probes: LinearProbes, weight_name: str, module: nn.Linear, args:
         return None
     calls = probes.inputs.setdefault(weight_name, [])
     if len(calls) == len(probes.active[weight_name]):
-        raise RuntimeError(f"{weight_name}: more linear calls than probe_plan found (a loss whose layer calls "
-                           "change between steps cannot be probed)")
+        raise RuntimeError(
+            f"{weight_name}: more linear calls than probe_plan found (a loss whose layer calls "
+            "change between steps cannot be probed)"
+        )
     x = args[0]
     probe = probes.active[weight_name][len(calls)]
     calls.append(x.detach())
@@ -196,9 +200,17 @@ def end_probes_on_error(ws: nn.Module) -> Iterator[None]:
         raise
 
 
-def probe_plan(ws: Workspace, key: Any, loss: Callable[..., torch.Tensor], trained: list[str] | tuple[str, ...],
-               state: dict[str, torch.Tensor], dims: dict[str, int | None], x: torch.Tensor, y: torch.Tensor,
-               flags: dict[str, torch.Tensor]) -> ProbePlan:
+def probe_plan(
+    ws: Workspace,
+    key: Any,
+    loss: Callable[..., torch.Tensor],
+    trained: list[str] | tuple[str, ...],
+    state: dict[str, torch.Tensor],
+    dims: dict[str, int | None],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    flags: dict[str, torch.Tensor],
+) -> ProbePlan:
     """The trained linear weights (of at least MIN_PROBED_WEIGHT elements) that the loss reads only
     through linear calls with gradients enabled, with those calls' output shapes for one client: found
     eagerly on client 0 of the stack (`state`, stacked along dim 0 where `dims` says 0; `x`, `y` its
@@ -224,9 +236,12 @@ def probe_plan(ws: Workspace, key: Any, loss: Callable[..., torch.Tensor], train
     return plan
 
 
-def client_zero_copies(state: dict[str, torch.Tensor], dims: dict[str, int | None],
-                       trained: list[str] | tuple[str, ...], flags: dict[str, torch.Tensor]
-                       ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+def client_zero_copies(
+    state: dict[str, torch.Tensor],
+    dims: dict[str, int | None],
+    trained: list[str] | tuple[str, ...],
+    flags: dict[str, torch.Tensor],
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """Client 0's tensors of a stack (`state`, stacked along dim 0 where `dims` says 0) as copies, for an
     eager look at one client's step that changes nothing in `state`: the trained ones (requiring
     gradients), the rest, and client 0's flags."""
@@ -235,10 +250,18 @@ def client_zero_copies(state: dict[str, torch.Tensor], dims: dict[str, int | Non
     return tr, {n: t for n, t in one.items() if n not in tr}, {n: f[0] for n, f in flags.items()}
 
 
-def _find_plan(ws: nn.Module, probes: LinearProbes, loss: Callable[..., torch.Tensor],
-               trained: list[str] | tuple[str, ...], watched: list[str], state: dict[str, torch.Tensor],
-               dims: dict[str, int | None], x: torch.Tensor, y: torch.Tensor,
-               flags: dict[str, torch.Tensor]) -> ProbePlan:
+def _find_plan(
+    ws: nn.Module,
+    probes: LinearProbes,
+    loss: Callable[..., torch.Tensor],
+    trained: list[str] | tuple[str, ...],
+    watched: list[str],
+    state: dict[str, torch.Tensor],
+    dims: dict[str, int | None],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    flags: dict[str, torch.Tensor],
+) -> ProbePlan:
     if not watched:
         return NO_PROBES
     tr, rest, flags0 = client_zero_copies(state, dims, trained, flags)
@@ -264,14 +287,23 @@ def _find_plan(ws: nn.Module, probes: LinearProbes, loss: Callable[..., torch.Te
             return NO_PROBES
         # second look, with every candidate probed: a weight autograd no longer reaches is read through
         # its probed calls and terms alone
-        probes.start({n: [torch.zeros(s, dtype=tr[n].dtype, device=tr[n].device, requires_grad=True)
-                          for s in calls] for n, calls in shapes.items()},
-                     {i: torch.zeros((), dtype=tr[n].dtype, device=tr[n].device, requires_grad=True)
-                      for i, n in term_weights.items()})
+        probes.start(
+            {
+                n: [torch.zeros(s, dtype=tr[n].dtype, device=tr[n].device, requires_grad=True) for s in calls]
+                for n, calls in shapes.items()
+            },
+            {
+                i: torch.zeros((), dtype=tr[n].dtype, device=tr[n].device, requires_grad=True)
+                for i, n in term_weights.items()
+            },
+        )
         try:
             value = call()
         finally:
             probes.stop()
         grads = torch.autograd.grad(value, [tr[n] for n in candidates], allow_unused=True)
-    return tuple(ProbedWeight(n, tuple(shapes.get(n, ())), pulls[n]) for n, g in zip(candidates, grads)
-                 if g is None and tr[n].numel() >= MIN_PROBED_WEIGHT)
+    return tuple(
+        ProbedWeight(n, tuple(shapes.get(n, ())), pulls[n])
+        for n, g in zip(candidates, grads)
+        if g is None and tr[n].numel() >= MIN_PROBED_WEIGHT
+    )

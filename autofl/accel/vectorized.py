@@ -84,8 +84,10 @@ class VectorizedExecutor:
         for start in range(0, len(order), chunk):
             members = order[start : start + chunk]
             arena = self.arenas.setdefault(len(members), RoundArena())
-            for i, outcome in zip(members, _ChunkRun(self.ws, plan, [jobs[i] for i in members], x, y,
-                                                        self.compile_steps, arena, start).run()):
+            for i, outcome in zip(
+                members,
+                _ChunkRun(self.ws, plan, [jobs[i] for i in members], x, y, self.compile_steps, arena, start).run(),
+            ):
                 outcomes[i] = outcome
             plan.finished(len(members))
         return [outcomes[i] for i in range(len(jobs))]
@@ -94,8 +96,17 @@ class VectorizedExecutor:
 class _ChunkRun:
     """One chunk of clients, already sorted by (batches, last batch size) descending."""
 
-    def __init__(self, ws: Workspace, plan: RoundPlan, jobs: list[ClientJob], x: torch.Tensor, y: torch.Tensor,
-                 compile_steps: bool = False, arena: RoundArena | None = None, chunk: int = 0):
+    def __init__(
+        self,
+        ws: Workspace,
+        plan: RoundPlan,
+        jobs: list[ClientJob],
+        x: torch.Tensor,
+        y: torch.Tensor,
+        compile_steps: bool = False,
+        arena: RoundArena | None = None,
+        chunk: int = 0,
+    ):
         self.ws, self.plan, self.jobs, self.x, self.y = ws, plan, jobs, x, y
         self.compile_steps = compile_steps
         self.k = len(jobs)
@@ -111,8 +122,10 @@ class _ChunkRun:
         self.stacked_buffers = [n for n, _ in ws.named_buffers() if self.batched.get(n, False)]
         self._lr: tuple[float, torch.Tensor] | None = None  # the SGD rate as a tensor, one per stage's rate
         flag_names = list(jobs[0].start.flags)
-        self.flags = {n: self._flag(n, torch.tensor([job.start.flags[n] for job in jobs], dtype=x.dtype,
-                                                    device=self.device)) for n in flag_names}
+        self.flags = {
+            n: self._flag(n, torch.tensor([job.start.flags[n] for job in jobs], dtype=x.dtype, device=self.device))
+            for n in flag_names
+        }
         # report key -> each step's (lo, hi, batch size, first client of `losses`, per-client mean losses)
         self.meters: dict[str, list[tuple[int, int, int, int, torch.Tensor]]] = {}
         self._lockstep_plan: list[tuple[int, list[tuple[int, int, int]], int]] | None = None
@@ -194,12 +207,22 @@ class _ChunkRun:
             self._lr = (group["lr"], torch.tensor(group["lr"], dtype=group["params"][0].dtype))
         return self._lr[1], {k: group[k] for k in ("weight_decay", "momentum", "dampening", "nesterov", "maximize")}
 
-    def probe_plan(self, key: Any, update: Update, trained: list[str] | tuple[str, ...],
-                   rows: torch.Tensor) -> ProbePlan:
+    def probe_plan(
+        self, key: Any, update: Update, trained: list[str] | tuple[str, ...], rows: torch.Tensor
+    ) -> ProbePlan:
         """`linear_probes.probe_plan` for an update's compiled whole step (`key`: its step's), on client 0's
         batch of `rows`."""
-        return probe_plan(self.ws, key, update.loss, trained, self.stage_state, self.stage_dims, self.x[rows[0]],
-                          self.y[rows[0]], self.flags)
+        return probe_plan(
+            self.ws,
+            key,
+            update.loss,
+            trained,
+            self.stage_state,
+            self.stage_dims,
+            self.x[rows[0]],
+            self.y[rows[0]],
+            self.flags,
+        )
 
     # ----- training ------------------------------------------------------------------------------
     def run(self) -> list[ClientOutcome]:
@@ -241,7 +264,7 @@ class _ChunkRun:
         prefix = f"{stage.inputs}."
         # the module's tensors as the stage reads them (the stage neither trains nor overwrites them)
         state, dims = self._read_view()
-        tensors = {n[len(prefix):]: (t, dims[n]) for n, t in state.items() if n.startswith(prefix)}
+        tensors = {n[len(prefix) :]: (t, dims[n]) for n, t in state.items() if n.startswith(prefix)}
         if all(dim is None for _, dim in tensors.values()):  # one module for all: one call over every row
             idx = [every_row]
         table: torch.Tensor | None = None
@@ -267,9 +290,15 @@ class _ChunkRun:
         steps = [self._make_step(u, names, (s, i)) for i, (u, names) in enumerate(zip(stage.updates, param_names))]
         # runtime.compile on CPU, several updates a step with plain SGD at one learning rate: all of them
         # in one call on the steps where every active client has a full batch
-        together = (_StageStep(self, stage, param_names, s, opts)
-                    if self.compile_steps and not self.graph_steps and self.device.type == "cpu"
-                    and len(stage.updates) > 1 and _StageStep.fuses(opts) else None)
+        together = (
+            _StageStep(self, stage, param_names, s, opts)
+            if self.compile_steps
+            and not self.graph_steps
+            and self.device.type == "cpu"
+            and len(stage.updates) > 1
+            and _StageStep.fuses(opts)
+            else None
+        )
         n_steps = [len(c) for c in self.cuts]
         max_steps = max(n_steps, default=0)
         calls: dict[int, int] | None = None  # step -> the steps its call runs (the same in every epoch)
@@ -277,8 +306,9 @@ class _ChunkRun:
         for e in range(self.plan.epochs(stage)):
             batch_rows = self._batch_rows(s, e, max_steps)
             finished_early = sum(1 for c in n_steps if c == max_steps)  # rows past this finish early
-            saved = ({n: torch.empty_like(self.state[n]) for n in self._stacked_names()}
-                     if finished_early < self.k else {})  # nothing to restore when all end together
+            saved = (
+                {n: torch.empty_like(self.state[n]) for n in self._stacked_names()} if finished_early < self.k else {}
+            )  # nothing to restore when all end together
             saved_momentum: dict[tuple[int, str], torch.Tensor] = {}
             idle = sum(1 for c in n_steps if c > 0)  # clients with no batch at all keep their start
             if idle < self.k:
@@ -306,7 +336,7 @@ class _ChunkRun:
                     continue
                 if step in calls:
                     self.ws.enter(trained_models, stage.updates[0])
-                    losses = steps[0].whole_step(active, batch_rows[step:step + calls[step]], opts[0])
+                    losses = steps[0].whole_step(active, batch_rows[step : step + calls[step]], opts[0])
                     if stage.updates[0].report is not None:
                         for loss in losses:
                             self._meter(stage.updates[0].report, 0, active, self.plan.batch_size, loss)
@@ -334,8 +364,9 @@ class _ChunkRun:
                 if key in self.flags:  # in place: a step's CUDA graphs read the flags where they are
                     self.flags[key].fill_(value)
                 else:
-                    self.flags[key] = self._flag(key, torch.full((self.k,), value, dtype=self.x.dtype,
-                                                                 device=self.device))
+                    self.flags[key] = self._flag(
+                        key, torch.full((self.k,), value, dtype=self.x.dtype, device=self.device)
+                    )
         if self.arena is not None and max_steps:
             for step_fn, opt in zip(steps, opts):
                 self.arena.seen[(self.chunk, *step_fn.where)] = (step_fn.loss_holds, _settings(opt), patterns)
@@ -368,8 +399,11 @@ class _ChunkRun:
                 while done and n_steps[done - 1] <= step + 1:
                     done -= 1
                 # all but their last batches are full: most steps are one run of every active client
-                runs = ([(0, active, self.plan.batch_size)] if active and step < n_steps[active - 1] - 1
-                        else self._runs(step, active))
+                runs = (
+                    [(0, active, self.plan.batch_size)]
+                    if active and step < n_steps[active - 1] - 1
+                    else self._runs(step, active)
+                )
                 plan.append((active, runs, done))
             self._lockstep_plan = plan
         assert len(self._lockstep_plan) == max_steps  # cuts, hence steps, are fixed per chunk
@@ -393,8 +427,9 @@ class _ChunkRun:
             start = step if groupable else step + 1
         return calls
 
-    def _graphed_runs(self, lock: list[tuple[int, list[tuple[int, int, int]], int]]
-                      ) -> set[tuple[tuple[int, int, int], ...]]:
+    def _graphed_runs(
+        self, lock: list[tuple[int, list[tuple[int, int, int]], int]]
+    ) -> set[tuple[tuple[int, int, int], ...]]:
         """With CUDA-graph steps, the patterns of runs (the steps where some active clients have shorter
         batches) that may replay as graphs of their own (`_Step.graphed` with runs), if they fit among a
         step's graphs (`MAX_PATTERN_GRAPHS`, fewer than `cuda_graphs.MAX_GRAPHS`). A pattern takes its graph
@@ -417,8 +452,11 @@ class _ChunkRun:
         if seen is None:
             return set()
         holds, settings, patterns = seen
-        same = (len(holds) == len(step.loss_holds) and all(a is b for a, b in zip(holds, step.loss_holds))
-                and settings == _settings(opt))
+        same = (
+            len(holds) == len(step.loss_holds)
+            and all(a is b for a, b in zip(holds, step.loss_holds))
+            and settings == _settings(opt)
+        )
         return patterns if same else set()
 
     def _runs(self, step: int, active: int) -> list[tuple[int, int, int]]:
@@ -435,8 +473,16 @@ class _ChunkRun:
     def _make_step(self, update: Update, trained: list[str], where: tuple[int, int]) -> _Step:
         return _Step(self, update, trained, where)
 
-    def _update(self, update: Update, names: list[str], step: _Step, opt: torch.optim.Optimizer,
-                runs: list[tuple[int, int, int]], rows: torch.Tensor, active: int) -> None:
+    def _update(
+        self,
+        update: Update,
+        names: list[str],
+        step: _Step,
+        opt: torch.optim.Optimizer,
+        runs: list[tuple[int, int, int]],
+        rows: torch.Tensor,
+        active: int,
+    ) -> None:
         lo0, hi0, size0 = runs[0] if runs else (0, 0, 0)
         if step.graphs is not None and len(runs) == 1 and size0 == self.plan.batch_size:
             # runtime.compile on CUDA: every active client has a full batch, so the whole step
@@ -453,8 +499,12 @@ class _ChunkRun:
                 for (lo, hi, size), loss in zip(runs, losses):
                     self._meter(update.report, lo, hi, size, loss, start=lo)
             return
-        if (step.graphs is not None and step.graphs.failed is None and size0 == self.plan.batch_size
-                and _slices_step(opt, names, self.state)):
+        if (
+            step.graphs is not None
+            and step.graphs.failed is None
+            and size0 == self.plan.batch_size
+            and _slices_step(opt, names, self.state)
+        ):
             # runtime.compile on CUDA, clients 0:hi0 on full batches and the others on shorter last ones:
             # the full batches replay the whole step's graph, the shorter ones step eagerly (_mixed_step)
             self._mixed_step(update, names, step, opt, runs, rows)
@@ -497,8 +547,15 @@ class _ChunkRun:
                 self._meter(update.report, lo, hi, size, loss, start=lo)
         opt.step()
 
-    def _mixed_step(self, update: Update, names: list[str], step: _Step, opt: torch.optim.Optimizer,
-                    runs: list[tuple[int, int, int]], rows: torch.Tensor) -> None:
+    def _mixed_step(
+        self,
+        update: Update,
+        names: list[str],
+        step: _Step,
+        opt: torch.optim.Optimizer,
+        runs: list[tuple[int, int, int]],
+        rows: torch.Tensor,
+    ) -> None:
         """One step where clients 0:hi0 (the first run) have full batches and the later runs shorter last
         batches, with CUDA-graph steps: the eager step would run one `vmap(grad)` call per run, each a few
         milliseconds of Python and kernel launches on a GPU, once per epoch for each such step. Here the
@@ -524,11 +581,18 @@ class _ChunkRun:
             idx = rows[lo:hi, :size]
             grads, loss = step(lo, hi)(self.x[idx], self.y[idx])
             with torch.no_grad():
-                sgd_update([self.state[n][lo:hi] for n in names], [grads[n] for n in names],
-                           [m[lo:hi] for m in momentum] if momentum else [None] * len(names),
-                           foreach=group["foreach"], weight_decay=group["weight_decay"], momentum=group["momentum"],
-                           lr=group["lr"], dampening=group["dampening"], nesterov=group["nesterov"],
-                           maximize=group["maximize"])
+                sgd_update(
+                    [self.state[n][lo:hi] for n in names],
+                    [grads[n] for n in names],
+                    [m[lo:hi] for m in momentum] if momentum else [None] * len(names),
+                    foreach=group["foreach"],
+                    weight_decay=group["weight_decay"],
+                    momentum=group["momentum"],
+                    lr=group["lr"],
+                    dampening=group["dampening"],
+                    nesterov=group["nesterov"],
+                    maximize=group["maximize"],
+                )
             if update.report is not None:
                 self._meter(update.report, lo, hi, size, loss, start=lo)
 
@@ -552,7 +616,7 @@ class _ChunkRun:
             totals = torch.zeros(self.k, dtype=self.x.dtype, device=self.device)
             counts = [0] * self.k
             for (lo, hi, size, start, _), same in alike.items():
-                totals[lo:hi] += torch.stack(same).sum(0)[lo - start:hi - start] * size
+                totals[lo:hi] += torch.stack(same).sum(0)[lo - start : hi - start] * size
                 for i in range(lo, hi):
                     counts[i] += size * len(same)
             metered[key] = (totals.tolist(), counts)
@@ -566,8 +630,15 @@ class _ChunkRun:
                 if isinstance(buf, torch.Tensor):
                     yield (u, n), buf
 
-    def _save_rows(self, saved: dict[str, torch.Tensor], saved_momentum: dict[tuple[int, str], torch.Tensor],
-                   opts: list[torch.optim.Optimizer], param_names: list[list[str]], lo: int, hi: int) -> None:
+    def _save_rows(
+        self,
+        saved: dict[str, torch.Tensor],
+        saved_momentum: dict[tuple[int, str], torch.Tensor],
+        opts: list[torch.optim.Optimizer],
+        param_names: list[list[str]],
+        lo: int,
+        hi: int,
+    ) -> None:
         for n, buf in saved.items():
             buf[lo:hi] = self.state[n][lo:hi]
         for key, mom in self._momentum(opts, param_names):
@@ -575,8 +646,14 @@ class _ChunkRun:
                 saved_momentum[key] = torch.zeros_like(mom)  # rows saved before it existed: none yet
             saved_momentum[key][lo:hi] = mom[lo:hi]
 
-    def _restore_rows(self, saved: dict[str, torch.Tensor], saved_momentum: dict[tuple[int, str], torch.Tensor],
-                      opts: list[torch.optim.Optimizer], param_names: list[list[str]], lo: int) -> None:
+    def _restore_rows(
+        self,
+        saved: dict[str, torch.Tensor],
+        saved_momentum: dict[tuple[int, str], torch.Tensor],
+        opts: list[torch.optim.Optimizer],
+        param_names: list[list[str]],
+        lo: int,
+    ) -> None:
         with torch.no_grad():
             for n, buf in saved.items():
                 self.state[n][lo:] = buf[lo:]
@@ -607,12 +684,21 @@ def _slices_step(opt: torch.optim.Optimizer, names: list[str], state: dict[str, 
     if group.get("differentiable") or group.get("fused"):
         return False
     return group["momentum"] == 0 or all(
-        isinstance(opt.state.get(state[n], {}).get("momentum_buffer"), torch.Tensor) for n in names)
+        isinstance(opt.state.get(state[n], {}).get("momentum_buffer"), torch.Tensor) for n in names
+    )
 
 
-def _rows_step(ws: Workspace, loss: Callable[..., torch.Tensor], rest_dims: dict[str, int | None],
-               tr: dict[str, torch.Tensor], rest: dict[str, torch.Tensor], flags: dict[str, torch.Tensor], lo: int,
-               hi: int, k: int) -> Callable[..., Any]:
+def _rows_step(
+    ws: Workspace,
+    loss: Callable[..., torch.Tensor],
+    rest_dims: dict[str, int | None],
+    tr: dict[str, torch.Tensor],
+    rest: dict[str, torch.Tensor],
+    flags: dict[str, torch.Tensor],
+    lo: int,
+    hi: int,
+    k: int,
+) -> Callable[..., Any]:
     """The eager batched step of clients lo:hi of a stack of k: on views of their rows of the trained
     tensors `tr`, of the stacked ones of `rest` (client dimension 0 in `rest_dims`; the others whole) and
     of the flags."""
@@ -650,8 +736,9 @@ class _Step:
             key = self.key = compiled.step_key(update.loss, *where)
             if run.device.type == "cpu":
                 self.whole = compiled.compiled(compiled.batched_sgd_step, key, run.device)
-                self.whole_run = compiled.compiled(compiled.batched_sgd_step_run, key, run.device,
-                                                   compiled.small_step_options(run.device))
+                self.whole_run = compiled.compiled(
+                    compiled.batched_sgd_step_run, key, run.device, compiled.small_step_options(run.device)
+                )
             self.compiled = compiled.compiled(compiled.batched_grads, key, run.device)
         self.probes: ProbePlan | None = None  # the whole step's linear probes, found at its first call
         # `graphed`'s optimizer and the names of its hashable settings (`_setting_names`), found once per optimizer
@@ -666,18 +753,36 @@ class _Step:
             return 1
         sizes = run.ws.client_step_sizes
         if self.key not in sizes:
-            sizes[self.key] = compiled.client_step_size(run.ws, self.update.loss, self.trained, run.stage_state,
-                                                        run.stage_dims, run.x[rows[0]], run.y[rows[0]], run.flags)
+            sizes[self.key] = compiled.client_step_size(
+                run.ws,
+                self.update.loss,
+                self.trained,
+                run.stage_state,
+                run.stage_dims,
+                run.x[rows[0]],
+                run.y[rows[0]],
+                run.flags,
+            )
         return compiled.steps_per_call(sizes[self.key], run.k)
 
     def __call__(self, lo: int, hi: int) -> Callable[..., Any]:
         """The eager step of clients lo:hi (views of their rows)."""
         run = self.run
-        return _rows_step(run.ws, self.update.loss, self.rest_dims, {n: run.state[n] for n in self.trained},
-                          {n: run.stage_state[n] for n in self.rest_names}, run.flags, lo, hi, run.k)
+        return _rows_step(
+            run.ws,
+            self.update.loss,
+            self.rest_dims,
+            {n: run.state[n] for n in self.trained},
+            {n: run.stage_state[n] for n in self.rest_names},
+            run.flags,
+            lo,
+            hi,
+            run.k,
+        )
 
-    def graphed(self, rows: torch.Tensor, opt: torch.optim.Optimizer,
-                runs: tuple[tuple[int, int, int], ...] | None = None) -> Any:
+    def graphed(
+        self, rows: torch.Tensor, opt: torch.optim.Optimizer, runs: tuple[tuple[int, int, int], ...] | None = None
+    ) -> Any:
         """The stack's step on (K, batch) rows as a CUDA graph (`cuda_graphs.StepGraphs`): the eager step's
         gradients (`batched_grads`, set as the gradients) and `opt.step()`, captured together and replayed,
         whatever the optimizer's settings. Returns each client's loss.
@@ -766,16 +871,33 @@ class _Step:
             rest = {**{n: run.stage_state[n] for n in self.rest_names}, **copies}
             fn = self.whole if rows.dim() == 2 else self.whole_run
             assert fn is not None  # compiled together with self.whole
-            return fn(run.ws, self.update.loss, self.rest_dims, tr, rest, run.x, run.y, rows, run.flags, lr, settings,
-                      self.probes)
+            return fn(
+                run.ws,
+                self.update.loss,
+                self.rest_dims,
+                tr,
+                rest,
+                run.x,
+                run.y,
+                rows,
+                run.flags,
+                lr,
+                settings,
+                self.probes,
+            )
 
     @staticmethod
     def fuses(opt: torch.optim.Optimizer) -> bool:
         """Whether `whole_step` runs `opt`'s update: plain SGD, one param group, no momentum and no weight
         decay (either would be a constant of the compiled graph: one compile per value a search tries)."""
         group = opt.param_groups[0]
-        return (type(opt) is torch.optim.SGD and len(opt.param_groups) == 1 and group["momentum"] == 0
-                and group["weight_decay"] == 0 and not group["maximize"])
+        return (
+            type(opt) is torch.optim.SGD
+            and len(opt.param_groups) == 1
+            and group["momentum"] == 0
+            and group["weight_decay"] == 0
+            and not group["maximize"]
+        )
 
 
 class _StageStep:
@@ -785,8 +907,9 @@ class _StageStep:
     0.95-1.1 s a fedfcd-t1 round as two calls, 0.62-0.71 s as one). The workspace runs with every
     BatchNorm tracking its statistics; the statistics an update freezes reach it as copies."""
 
-    def __init__(self, run: _ChunkRun, stage: Stage, param_names: list[list[str]], s: int,
-                 opts: list[torch.optim.Optimizer]):
+    def __init__(
+        self, run: _ChunkRun, stage: Stage, param_names: list[list[str]], s: int, opts: list[torch.optim.Optimizer]
+    ):
         for opt, names in zip(opts, param_names):  # the optimizers step the stack's own tensors
             assert all(p is run.state[n] for p, n in zip(opt.param_groups[0]["params"], names))
         self.run, self.updates = run, stage.updates
@@ -794,8 +917,9 @@ class _StageStep:
         # the workspace's modes for the call: every BatchNorm tracking; each update's frozen ones get
         # copies of their statistics (compiled.batched_sgd_steps)
         self.tracking = dataclasses.replace(stage.updates[0], frozen_stats=())
-        self.frozen = tuple(tuple(n for n in run.ws.frozen_buffer_names(u.frozen_stats) if n in run.state)
-                            for u in stage.updates)
+        self.frozen = tuple(
+            tuple(n for n in run.ws.frozen_buffer_names(u.frozen_stats) if n in run.state) for u in stage.updates
+        )
         self.keys = tuple(compiled.step_key(u.loss, s, i) for i, u in enumerate(stage.updates))
         self.fn = compiled.compiled(compiled.batched_sgd_steps, self.keys, run.device)
         self.probes: tuple[ProbePlan, ...] | None = None  # each update's linear probes, found at the first call
@@ -813,9 +937,23 @@ class _StageStep:
         run = self.run
         lr, settings = run.sgd_inputs(opts[0].param_groups[0])
         if self.probes is None:
-            self.probes = tuple(run.probe_plan(key, u, names, rows)
-                                for key, u, names in zip(self.keys, self.updates, self.trained))
+            self.probes = tuple(
+                run.probe_plan(key, u, names, rows) for key, u, names in zip(self.keys, self.updates, self.trained)
+            )
         with run.kept_buffers(hi) as copies, end_probes_on_error(run.ws):
             state = {**run.stage_state, **copies} if copies else run.stage_state
-            return self.fn(run.ws, tuple(u.loss for u in self.updates), self.trained, self.frozen, run.stage_dims,
-                           state, run.x, run.y, rows, run.flags, lr, settings, self.probes)
+            return self.fn(
+                run.ws,
+                tuple(u.loss for u in self.updates),
+                self.trained,
+                self.frozen,
+                run.stage_dims,
+                state,
+                run.x,
+                run.y,
+                rows,
+                run.flags,
+                lr,
+                settings,
+                self.probes,
+            )

@@ -50,8 +50,9 @@ def _to_tensor_images(data: object) -> torch.Tensor:
     return images.contiguous().float().div_(255.0)
 
 
-def load_torchvision(name: str, cls_name: str, layout: str, mean: tuple[float, ...], std: tuple[float, ...],
-                     cfg: DataConfig) -> RawDataset:
+def load_torchvision(
+    name: str, cls_name: str, layout: str, mean: tuple[float, ...], std: tuple[float, ...], cfg: DataConfig
+) -> RawDataset:
     """torchvision's `cls_name` from `cfg`'s root (files under `root/layout`), normalized by mean / std."""
     import pickle
 
@@ -65,8 +66,10 @@ def load_torchvision(name: str, cls_name: str, layout: str, mean: tuple[float, .
     except RuntimeError as err:
         message = str(err).lower()
         if download and ("download" in message or "urlopen" in message):
-            raise DataError(f"data.download: could not download {name} into {root} ({_one_line(err)}); check the "
-                            f"network, or copy the files to {root}/{layout} and set data.download=false") from None
+            raise DataError(
+                f"data.download: could not download {name} into {root} ({_one_line(err)}); check the "
+                f"network, or copy the files to {root}/{layout} and set data.download=false"
+            ) from None
         if "not found" not in message and "corrupted" not in message:  # the files are there but unreadable
             raise _corrupt(name, root, layout, err) from None
         raise DataError(
@@ -77,7 +80,13 @@ def load_torchvision(name: str, cls_name: str, layout: str, mean: tuple[float, .
     except OSError as err:  # no network, refused connection, unreadable file
         what = "download" if download else "read"
         raise DataError(f"data.dataset: could not {what} {name} under {root} ({_one_line(err)})") from None
-    except (ValueError, EOFError, IndexError, AssertionError, pickle.UnpicklingError) as err:  # torchvision asserts on bad headers
+    except (
+        ValueError,
+        EOFError,
+        IndexError,
+        AssertionError,
+        pickle.UnpicklingError,
+    ) as err:  # torchvision asserts on bad headers
         raise _corrupt(name, root, layout, err) from None
     mean_t, std_t = (torch.tensor(v).view(1, -1, 1, 1) for v in (mean, std))
     tx = (_to_tensor_images(train.data) - mean_t) / std_t
@@ -88,8 +97,10 @@ def load_torchvision(name: str, cls_name: str, layout: str, mean: tuple[float, .
 
 
 def _corrupt(name: str, root: Path, layout: str, err: BaseException) -> DataError:
-    return DataError(f"data.dataset: the {name} files under {root}/{layout} are corrupt ({type(err).__name__}: "
-                     f"{_one_line(err)}); delete them and fetch them again (data.download=true)")
+    return DataError(
+        f"data.dataset: the {name} files under {root}/{layout} are corrupt ({type(err).__name__}: "
+        f"{_one_line(err)}); delete them and fetch them again (data.download=true)"
+    )
 
 
 def _one_line(err: BaseException) -> str:

@@ -40,9 +40,12 @@ class FederatedData:
     def to(self, device: torch.device, dtype: torch.dtype = torch.float32) -> FederatedData:
         """On `device`, with inputs of `dtype` (labels and indices stay int64)."""
         return FederatedData(
-            self.x.to(device, dtype), self.y.to(device),
+            self.x.to(device, dtype),
+            self.y.to(device),
             [ClientSplit(c.train.to(device), c.val.to(device), c.test.to(device)) for c in self.clients],
-            self.test_x.to(device, dtype), self.test_y.to(device), self.num_classes,
+            self.test_x.to(device, dtype),
+            self.test_y.to(device),
+            self.num_classes,
         )
 
 
@@ -85,8 +88,10 @@ def check_split_reaches_a_client(cfg: DataConfig, sizes: list[int], clients: lis
         if fraction > 0 and not any(len(getattr(c, part)) for c in clients):
             need = f"; allowed: at least {1 / largest:.2g} (one sample of the largest client)" if largest else ""
             off = ", or 0 for none" if part != "train" else ""
-            raise ConfigError(f"data.split.{part}: {fraction:g} gives no client a {what} sample (the largest of the "
-                              f"{len(sizes)} clients holds {largest} samples){need}{off}")
+            raise ConfigError(
+                f"data.split.{part}: {fraction:g} gives no client a {what} sample (the largest of the "
+                f"{len(sizes)} clients holds {largest} samples){need}{off}"
+            )
 
 
 def build_federated(raw: RawDataset, cfg: DataConfig, seed: int) -> FederatedData:

@@ -48,13 +48,17 @@ def _read(path: Path) -> dict[str, np.ndarray]:
                 raise DataError(f"{where}: is an empty .npz archive; expected {_LAYOUT}")
             total = sum(info.file_size for info in found.values())
             if total > MAX_NPZ_BYTES:
-                raise DataError(f"{where}: its arrays unpack to {_size(total)}; allowed: at most "
-                                f"{_size(MAX_NPZ_BYTES)} (autofl.data.npz.MAX_NPZ_BYTES)")
+                raise DataError(
+                    f"{where}: its arrays unpack to {_size(total)}; allowed: at most "
+                    f"{_size(MAX_NPZ_BYTES)} (autofl.data.npz.MAX_NPZ_BYTES)"
+                )
             return {name: _read_entry(archive, info, f"{where}: array {name}") for name, info in found.items()}
     except zipfile.BadZipFile as err:
         raise DataError(f"{where}: {_not_a_zip(path, err)}") from None
     except (OSError, EOFError, RuntimeError, NotImplementedError) as err:
-        raise DataError(f"{where}: cannot be read as an .npz archive ({type(err).__name__}: {_one_line(err)})") from None
+        raise DataError(
+            f"{where}: cannot be read as an .npz archive ({type(err).__name__}: {_one_line(err)})"
+        ) from None
 
 
 def _not_a_zip(path: Path, err: Exception) -> str:
@@ -97,16 +101,22 @@ def _read_entry(archive: zipfile.ZipFile, info: zipfile.ZipInfo, where: str) -> 
     if any(d < 0 for d in shape):
         raise DataError(f"{where} is not a valid .npy array (its header declares shape {shape})")
     if dtype.hasobject:
-        raise DataError(f"{where} holds pickled Python objects (dtype {dtype}), which autofl does not load; "
-                        f"store numbers (e.g. float32 x, int64 y)")
+        raise DataError(
+            f"{where} holds pickled Python objects (dtype {dtype}), which autofl does not load; "
+            f"store numbers (e.g. float32 x, int64 y)"
+        )
     count = math.prod(shape)
     declared = count * dtype.itemsize
     if declared > MAX_NPZ_BYTES or count * 4 > MAX_NPZ_BYTES:  # x becomes float32 as well
-        raise DataError(f"{where} declares shape {shape} of {dtype} ({_size(max(declared, count * 4))}); allowed: "
-                        f"at most {_size(MAX_NPZ_BYTES)} (autofl.data.npz.MAX_NPZ_BYTES)")
+        raise DataError(
+            f"{where} declares shape {shape} of {dtype} ({_size(max(declared, count * 4))}); allowed: "
+            f"at most {_size(MAX_NPZ_BYTES)} (autofl.data.npz.MAX_NPZ_BYTES)"
+        )
     if declared > info.file_size:
-        raise DataError(f"{where} declares shape {shape} of {dtype} ({_size(declared)}) but its entry holds "
-                        f"{_size(info.file_size)}; the file is truncated or corrupt")
+        raise DataError(
+            f"{where} declares shape {shape} of {dtype} ({_size(declared)}) but its entry holds "
+            f"{_size(info.file_size)}; the file is truncated or corrupt"
+        )
     with archive.open(info) as entry:
         try:
             return np.lib.format.read_array(entry, allow_pickle=False)
@@ -133,8 +143,10 @@ def _check_integers(where: str, name: str, a: np.ndarray, n: int, what: str) -> 
     if n and a.min() < 0:
         raise DataError(f"{where}: array {name} holds {a.min()}; {what}s must be >= 0")
     if n and what == "label" and a.max() >= MAX_CLASSES:  # in its own dtype: uint64 >= 2**63 would wrap in int64
-        raise DataError(f"{where}: array {name} holds label {a.max()}; allowed 0..{MAX_CLASSES - 1} (classes are "
-                        f"0 .. the largest label, so relabel them 0..C-1)")
+        raise DataError(
+            f"{where}: array {name} holds label {a.max()}; allowed 0..{MAX_CLASSES - 1} (classes are "
+            f"0 .. the largest label, so relabel them 0..C-1)"
+        )
     if n and a.max() > np.iinfo(np.int64).max:
         raise DataError(f"{where}: array {name} holds {a.max()}; {what}s must fit in int64")
 
@@ -143,8 +155,9 @@ def _samples(where: str, name: str, a: np.ndarray) -> torch.Tensor:
     if a.dtype == np.bool_ or not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer)):
         raise DataError(f"{where}: array {name} has dtype {a.dtype}; expected numbers (float or integer)")
     if a.ndim not in (2, 3, 4) or a.shape[0] == 0 or 0 in a.shape[1:]:
-        raise DataError(f"{where}: array {name} has shape {a.shape}; expected (N, F), (N, H, W) or (N, C, H, W) "
-                        f"with N >= 1")
+        raise DataError(
+            f"{where}: array {name} has shape {a.shape}; expected (N, F), (N, H, W) or (N, C, H, W) with N >= 1"
+        )
     x = torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
     if not torch.isfinite(x).all():
         raise DataError(f"{where}: array {name} holds NaN or infinite values")
@@ -173,8 +186,9 @@ def load_npz(cfg: DataConfig) -> RawDataset:
     arrays = _read(path)
     for name in ("x", "y"):
         if name not in arrays:
-            raise DataError(f"{where}: has no array {name!r} (has: {', '.join(sorted(arrays)) or 'none'}); "
-                            f"expected {_LAYOUT}")
+            raise DataError(
+                f"{where}: has no array {name!r} (has: {', '.join(sorted(arrays)) or 'none'}); expected {_LAYOUT}"
+            )
     x = _samples(where, "x", arrays["x"])
     n = len(x)
     _check_integers(where, "y", arrays["y"], n, "label")
@@ -189,8 +203,10 @@ def load_npz(cfg: DataConfig) -> RawDataset:
     if has_test:
         test_x = _samples(where, "x_test", arrays["x_test"])
         if test_x.shape[1:] != x.shape[1:]:
-            raise DataError(f"{where}: x_test has samples of shape {tuple(arrays['x_test'].shape[1:])} but x has "
-                            f"{tuple(arrays['x'].shape[1:])}; they must agree")
+            raise DataError(
+                f"{where}: x_test has samples of shape {tuple(arrays['x_test'].shape[1:])} but x has "
+                f"{tuple(arrays['x'].shape[1:])}; they must agree"
+            )
         _check_integers(where, "y_test", arrays["y_test"], len(test_x), "label")
         test_y = torch.from_numpy(arrays["y_test"].astype(np.int64))
     else:  # no test split: global test metrics are not reported
@@ -208,6 +224,8 @@ def load_npz(cfg: DataConfig) -> RawDataset:
     y = torch.from_numpy(arrays["y"].astype(np.int64))
     num_classes = int(max(int(y.max()), int(test_y.max()) if len(test_y) else 0)) + 1
     if num_classes > MAX_CLASSES:
-        raise DataError(f"{where}: labels go up to {num_classes - 1}; allowed 0..{MAX_CLASSES - 1} (classes are "
-                        f"0 .. the largest label, so relabel them 0..C-1)")
+        raise DataError(
+            f"{where}: labels go up to {num_classes - 1}; allowed 0..{MAX_CLASSES - 1} (classes are "
+            f"0 .. the largest label, so relabel them 0..C-1)"
+        )
     return RawDataset("npz", x, y, test_x, test_y, num_classes, train_client, test_client)

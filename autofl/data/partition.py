@@ -19,8 +19,10 @@ def partition_dirichlet(
 ) -> list[np.ndarray]:
     """Per class, proportions ~ Dir(alpha) over clients; resample until every client has min_size."""
     if min_size * num_clients > len(labels):
-        raise ConfigError(f"data.min_size: {min_size} x {num_clients} clients exceeds the "
-                          f"{len(labels)} samples; allowed 0..{len(labels) // num_clients}")
+        raise ConfigError(
+            f"data.min_size: {min_size} x {num_clients} clients exceeds the "
+            f"{len(labels)} samples; allowed 0..{len(labels) // num_clients}"
+        )
     classes = np.unique(labels)
     by_class = [np.flatnonzero(labels == c) for c in classes]
     for _ in range(_MAX_DIRICHLET_TRIES):
@@ -34,8 +36,10 @@ def partition_dirichlet(
         result = [np.sort(np.concatenate(p)) for p in parts]
         if min(len(p) for p in result) >= min_size:
             return result
-    raise ConfigError(f"data.min_size: no Dirichlet(alpha={alpha}) draw gave every client {min_size} samples "
-                      f"in {_MAX_DIRICHLET_TRIES} tries; lower data.min_size or raise data.partition.alpha")
+    raise ConfigError(
+        f"data.min_size: no Dirichlet(alpha={alpha}) draw gave every client {min_size} samples "
+        f"in {_MAX_DIRICHLET_TRIES} tries; lower data.min_size or raise data.partition.alpha"
+    )
 
 
 def partition_pathological(
@@ -47,8 +51,10 @@ def partition_pathological(
     the pairs {0,1}, {2,3}, ... {8,9})."""
     classes = np.unique(labels)
     if k > len(classes) or k * num_clients < len(classes):
-        raise ConfigError(f"data.partition.classes_per_client: {k} does not fit {num_clients} clients and "
-                          f"{len(classes)} classes; allowed {-(-len(classes) // num_clients)}..{len(classes)}")
+        raise ConfigError(
+            f"data.partition.classes_per_client: {k} does not fit {num_clients} clients and "
+            f"{len(classes)} classes; allowed {-(-len(classes) // num_clients)}..{len(classes)}"
+        )
     order = classes if in_order else rng.permutation(classes)
     # client i takes k consecutive classes of a shuffled cycle: distinct, and every class is held
     held = [order[(i * k + j) % len(classes)] for i in range(num_clients) for j in range(k)]
@@ -70,5 +76,6 @@ def partition_indices(
         return partition_iid(labels, num_clients, rng)
     if cfg.kind == "dirichlet":
         return partition_dirichlet(labels, num_clients, cfg.alpha, min_size, rng)
-    return partition_pathological(labels, num_clients, cfg.classes_per_client, rng,
-                                  in_order=cfg.class_order == "in_order")
+    return partition_pathological(
+        labels, num_clients, cfg.classes_per_client, rng, in_order=cfg.class_order == "in_order"
+    )

@@ -105,10 +105,38 @@ def stage_models(stage: Stage) -> set[str]:
 # stage's `inputs` module made only of these is computed once per client for the whole stage (exact
 # types: a subclass may override forward)
 PER_SAMPLE_LAYERS: tuple[type[nn.Module], ...] = (
-    nn.Sequential, nn.Identity, nn.Flatten, nn.Unflatten, nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d,
-    nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d, nn.AdaptiveAvgPool1d,
-    nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU,
-    nn.GELU, nn.SiLU, nn.Mish, nn.Tanh, nn.Sigmoid, nn.Softplus, nn.Hardswish, nn.LayerNorm, nn.GroupNorm)
+    nn.Sequential,
+    nn.Identity,
+    nn.Flatten,
+    nn.Unflatten,
+    nn.Linear,
+    nn.Conv1d,
+    nn.Conv2d,
+    nn.Conv3d,
+    nn.MaxPool1d,
+    nn.MaxPool2d,
+    nn.MaxPool3d,
+    nn.AvgPool1d,
+    nn.AvgPool2d,
+    nn.AvgPool3d,
+    nn.AdaptiveAvgPool1d,
+    nn.AdaptiveAvgPool2d,
+    nn.AdaptiveMaxPool1d,
+    nn.AdaptiveMaxPool2d,
+    nn.ReLU,
+    nn.ReLU6,
+    nn.LeakyReLU,
+    nn.ELU,
+    nn.GELU,
+    nn.SiLU,
+    nn.Mish,
+    nn.Tanh,
+    nn.Sigmoid,
+    nn.Softplus,
+    nn.Hardswish,
+    nn.LayerNorm,
+    nn.GroupNorm,
+)
 
 
 def stage_inputs(ws: Workspace, stage: Stage) -> nn.Module | None:
@@ -118,10 +146,14 @@ def stage_inputs(ws: Workspace, stage: Stage) -> nn.Module | None:
     if stage.inputs is None:
         return None
     trained = ws.param_names(tuple(p for update in stage.updates for p in update.trains))
-    if (any(n.startswith(stage.inputs + ".") for n in trained)
-            or stage.inputs.split(".", 1)[0] in stage.snapshot_after_epoch):
-        raise ValueError(f"Stage.inputs {stage.inputs!r}: the stage trains or overwrites it; "
-                         "it must be a module the stage only reads")
+    if (
+        any(n.startswith(stage.inputs + ".") for n in trained)
+        or stage.inputs.split(".", 1)[0] in stage.snapshot_after_epoch
+    ):
+        raise ValueError(
+            f"Stage.inputs {stage.inputs!r}: the stage trains or overwrites it; "
+            "it must be a module the stage only reads"
+        )
     module = ws.get_submodule(stage.inputs)
     return module if all(_per_sample(m) for m in module.modules()) else None
 
@@ -142,8 +174,9 @@ def _per_sample(layer: nn.Module) -> bool:
 INPUTS_SLICE = 1024
 
 
-def outputs_by_slices(module: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, rows: torch.Tensor
-                      ) -> torch.Tensor:
+def outputs_by_slices(
+    module: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, rows: torch.Tensor
+) -> torch.Tensor:
     """`module(x[rows])` without gradients, computed on slices of `INPUTS_SLICE` rows, each written into
     the result as it is made. The rows are gathered by `index_select` (the same values as `x[rows]`,
     several times faster on CPU: 55 us against 320 us for 1,024 Fashion-MNIST rows)."""
@@ -152,10 +185,10 @@ def outputs_by_slices(module: Callable[[torch.Tensor], torch.Tensor], x: torch.T
             return module(x[:0])
         out: torch.Tensor | None = None
         for i in range(0, len(rows), INPUTS_SLICE):
-            part = module(torch.index_select(x, 0, rows[i:i + INPUTS_SLICE]))
+            part = module(torch.index_select(x, 0, rows[i : i + INPUTS_SLICE]))
             if out is None:
                 out = part.new_empty(len(rows), *part.shape[1:])
-            out[i:i + len(part)] = part
+            out[i : i + len(part)] = part
     assert out is not None  # rows is not empty
     return out
 
@@ -165,8 +198,13 @@ def losses_on_inputs(stage: Stage) -> Stage:
     gradients): how a stage runs whose inputs are not computed ahead (`stage_inputs`)."""
     if stage.inputs is None:
         return stage
-    return dataclasses.replace(stage, inputs=None, updates=tuple(
-        dataclasses.replace(u, loss=_loss_on_module_outputs(stage.inputs, u.loss)) for u in stage.updates))
+    return dataclasses.replace(
+        stage,
+        inputs=None,
+        updates=tuple(
+            dataclasses.replace(u, loss=_loss_on_module_outputs(stage.inputs, u.loss)) for u in stage.updates
+        ),
+    )
 
 
 def _loss_on_module_outputs(name: str, loss: LossFn) -> LossFn:
@@ -204,6 +242,7 @@ class Workspace(nn.Module):
         self.term_probe: Callable[..., torch.Tensor] | None = None
 
     if TYPE_CHECKING:  # for type checkers: the attributes not declared here are the model copies
+
         def __getattr__(self, name: str) -> SplitModel: ...
 
     def forward(self, x: torch.Tensor, y: torch.Tensor, flags: dict[str, torch.Tensor], loss: Any) -> torch.Tensor:
@@ -252,16 +291,23 @@ class Workspace(nn.Module):
         (cached per tuple of names; read before `enter` changes any of them)."""
         if frozen_stats not in self._frozen_by_names:
             self._frozen_by_names[frozen_stats] = [
-                module for name in frozen_stats for module in self.get_submodule(name).modules()
-                if isinstance(module, (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)) and module.track_running_stats]
+                module
+                for name in frozen_stats
+                for module in self.get_submodule(name).modules()
+                if isinstance(module, (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)) and module.track_running_stats
+            ]
         return self._frozen_by_names[frozen_stats]
 
     def frozen_buffer_names(self, frozen_stats: tuple[str, ...]) -> tuple[str, ...]:
         """The workspace names of the running-statistics buffers `frozen_stats` freezes (what an
         update in those modes must not write: running mean, variance and batch count)."""
         frozen = {id(m) for m in self.frozen_batchnorms(frozen_stats)}
-        return tuple(f"{name}.{b}" for name, m in self.named_modules() if id(m) in frozen
-                     for b, _ in m.named_buffers(recurse=False))
+        return tuple(
+            f"{name}.{b}"
+            for name, m in self.named_modules()
+            if id(m) in frozen
+            for b, _ in m.named_buffers(recurse=False)
+        )
 
     def leave(self) -> None:
         for module in self._frozen_bn:

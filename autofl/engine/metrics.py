@@ -34,8 +34,6 @@ def eval_batch(device: torch.device) -> int:
     return 2048 if device.type == "cuda" else 256
 
 
-
-
 @torch.no_grad()
 def count_correct(predict: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> int:
     correct = torch.zeros((), dtype=torch.int64, device=y.device)

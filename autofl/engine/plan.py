@@ -32,7 +32,6 @@ class ModelCopies(Protocol):
 LossFn = Callable[[ModelCopies, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]], torch.Tensor]
 
 
-
 @dataclass(frozen=True)
 class Update:
     """One optimizer step per batch: the tensors it trains and the loss they minimise.
@@ -72,8 +71,9 @@ class Stage:
     inputs: str | None = None
 
 
-def check_trained_copies(method: str, stages: list[Stage], copies: tuple[str, ...],
-                         scratch_copies: tuple[str, ...]) -> None:
+def check_trained_copies(
+    method: str, stages: list[Stage], copies: tuple[str, ...], scratch_copies: tuple[str, ...]
+) -> None:
     """Raise one line when an update trains a workspace copy that nothing keeps: an executor returns
     the trained `model` alone, so a trained copy's weights are dropped at the end of the round. A
     copy may be trained only when the method declares it `scratch_copies` (rebuilt every round on
@@ -82,8 +82,10 @@ def check_trained_copies(method: str, stages: list[Stage], copies: tuple[str, ..
     check is made once, here, before any client trains."""
     unknown = [c for c in scratch_copies if c not in copies]
     if unknown:
-        raise MethodDefinitionError(f"method {method}: scratch_copies {unknown[0]!r} is not in copies {copies}; "
-                                    "a scratch copy must also be listed in copies")
+        raise MethodDefinitionError(
+            f"method {method}: scratch_copies {unknown[0]!r} is not in copies {copies}; "
+            "a scratch copy must also be listed in copies"
+        )
     for stage in stages:
         for update in stage.updates:
             for prefix in update.trains:
@@ -93,7 +95,8 @@ def check_trained_copies(method: str, stages: list[Stage], copies: tuple[str, ..
                         f"method {method}: an Update trains workspace copy {target!r} (trains {prefix!r}), which "
                         f"nothing keeps, so its trained weights are dropped after every round; to keep it per "
                         f"client declare private_models = ({target!r},) and train 'model.{target}.', or, if it is "
-                        f"rebuilt every round on purpose, declare scratch_copies = ({target!r},)")
+                        f"rebuilt every round on purpose, declare scratch_copies = ({target!r},)"
+                    )
 
 
 @dataclass

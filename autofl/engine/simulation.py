@@ -31,8 +31,13 @@ from autofl.seeding import SeedPurpose, derived_seed
 
 
 class Simulation:
-    def __init__(self, exp: Experiment, method_cls: MethodClass, raw: RawDataset | None = None,
-                 device: torch.device | None = None):
+    def __init__(
+        self,
+        exp: Experiment,
+        method_cls: MethodClass,
+        raw: RawDataset | None = None,
+        device: torch.device | None = None,
+    ):
         self.exp = exp
         self.device = device or resolve_device(exp.runtime.device)
         if exp.runtime.threads:
@@ -48,10 +53,15 @@ class Simulation:
         self.shared = self.method.shared_keys(self.model)
         self.global_state: StateDict = clone_state(self.model)
         self.workspace = Workspace(self.model, self.method.copies)
-        self.executor, self.executor_line = make_executor(exp.runtime.executor, self.workspace,
-                                                          exp.runtime.client_chunk, self.device,
-                                                          exp.runtime.compile, exp.fl.rounds,
-                                                          self.lockstep_steps_per_round())
+        self.executor, self.executor_line = make_executor(
+            exp.runtime.executor,
+            self.workspace,
+            exp.runtime.client_chunk,
+            self.device,
+            exp.runtime.compile,
+            exp.fl.rounds,
+            self.lockstep_steps_per_round(),
+        )
         self.client_states: dict[int, dict[str, Any]] = {}
         self.round = 0  # rounds completed
         self.history: list[dict[str, float]] = []
@@ -82,24 +92,41 @@ class Simulation:
         fl = self.exp.fl
         stages = self.method.local_stages(self.round, self.server_state)
         check_trained_copies(self.method.name, stages, self.method.copies, self.method.scratch_copies)
-        return RoundPlan(stages, lr=fl.lr * fl.lr_decay**self.round,
-                         momentum=fl.momentum, weight_decay=fl.weight_decay, batch_size=fl.batch_size,
-                         local_epochs=fl.local_epochs, clients_done=self.clients_done)
+        return RoundPlan(
+            stages,
+            lr=fl.lr * fl.lr_decay**self.round,
+            momentum=fl.momentum,
+            weight_decay=fl.weight_decay,
+            batch_size=fl.batch_size,
+            local_epochs=fl.local_epochs,
+            clients_done=self.clients_done,
+        )
 
     def client_job(self, cid: int) -> ClientJob:
         state = self.client_states.setdefault(cid, {})
-        return ClientJob(cid, self.method.client_start(self.global_state, state, self.server_state),
-                         self.data.clients[cid].train, torch.Generator().manual_seed(
-                             derived_seed(self.exp.seed, self.round, cid, SeedPurpose.CLIENT_BATCHES)))
+        return ClientJob(
+            cid,
+            self.method.client_start(self.global_state, state, self.server_state),
+            self.data.clients[cid].train,
+            torch.Generator().manual_seed(derived_seed(self.exp.seed, self.round, cid, SeedPurpose.CLIENT_BATCHES)),
+        )
 
     def server_context(self, trained: bool) -> ServerContext:
         """What the method's server hooks read about round `self.round`: before it is trained
         (`init_server`) or after (`server_update`)."""
         completed = self.round + 1 if trained else self.round
-        return ServerContext(round=self.round, completed=completed, rounds=self.exp.fl.rounds,
-                             evaluated=trained and self.will_evaluate(completed),
-                             seed=self.exp.seed, global_state=MappingProxyType(self.global_state),
-                             state=self.server_state, data=self.data, model=self.model, device=self.device)
+        return ServerContext(
+            round=self.round,
+            completed=completed,
+            rounds=self.exp.fl.rounds,
+            evaluated=trained and self.will_evaluate(completed),
+            seed=self.exp.seed,
+            global_state=MappingProxyType(self.global_state),
+            state=self.server_state,
+            data=self.data,
+            model=self.model,
+            device=self.device,
+        )
 
     def apply(self, update: ServerUpdate) -> None:
         """Take a server hook's result: new global-state entries, the method's new server state."""
@@ -115,11 +142,22 @@ class Simulation:
         uploads: list[Upload] = []
         for job, outcome in zip(jobs, outcomes):
             self.model.load_state_dict(outcome.state)
-            trained = TrainedClient(job.cid, self.round, self.model, self.data.x, self.data.y, job.train_idx,
-                                    self.data.num_classes)
-            payload = {**self.method.upload_payload(trained), **{k: v for k, v in outcome.losses.items() if k != "loss"}}
-            uploads.append(Upload(job.cid, len(job.train_idx), {k: outcome.state[k] for k in self.shared}, payload,
-                                  outcome.losses["loss"]))
+            trained = TrainedClient(
+                job.cid, self.round, self.model, self.data.x, self.data.y, job.train_idx, self.data.num_classes
+            )
+            payload = {
+                **self.method.upload_payload(trained),
+                **{k: v for k, v in outcome.losses.items() if k != "loss"},
+            }
+            uploads.append(
+                Upload(
+                    job.cid,
+                    len(job.train_idx),
+                    {k: outcome.state[k] for k in self.shared},
+                    payload,
+                    outcome.losses["loss"],
+                )
+            )
             self.method.keep_private(outcome.state, self.client_states[job.cid], self.shared)
         self.global_state.update(self.method.aggregate(uploads))
         self.apply(self.method.server_update(self.server_context(trained=True), uploads))

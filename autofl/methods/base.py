@@ -71,8 +71,20 @@ from autofl.registry import METHODS
 if TYPE_CHECKING:
     from autofl.config import Experiment
 
-__all__ = ["ClientStart", "LossFn", "Method", "MethodParams", "ServerContext", "ServerState",
-           "ServerUpdate", "Stage", "StateDict", "TrainedClient", "Update", "Upload"]
+__all__ = [
+    "ClientStart",
+    "LossFn",
+    "Method",
+    "MethodParams",
+    "ServerContext",
+    "ServerState",
+    "ServerUpdate",
+    "Stage",
+    "StateDict",
+    "TrainedClient",
+    "Update",
+    "Upload",
+]
 
 ModuleT = TypeVar("ModuleT", bound=torch.nn.Module)
 
@@ -130,17 +142,20 @@ class Method:
         try:
             params = cls.Params(**exp.method.params())
         except ValidationError as err:
-            raise ValueError(format_validation_error(
-                err, cls.Params, prefix="method.", context=f" for method {cls.name}")) from None
+            raise ValueError(
+                format_validation_error(err, cls.Params, prefix="method.", context=f" for method {cls.name}")
+            ) from None
         exp.method = MethodConfig(name=cls.name, **params.model_dump())
         model = exp.model
         from autofl.registry import MODELS
 
         arch = MODELS.get(model.arch)
         if cls.trains_encoder_features and arch.linear_only and model.head_layers >= arch.linear_layers:
-            raise ValueError(f"model.head_layers: {model.head_layers} leaves arch {model.arch} no trainable encoder, "
-                             f"so method {cls.name}'s feature loss would be a constant; allowed: "
-                             f"1..{arch.linear_layers - 1}")
+            raise ValueError(
+                f"model.head_layers: {model.head_layers} leaves arch {model.arch} no trainable encoder, "
+                f"so method {cls.name}'s feature loss would be a constant; allowed: "
+                f"1..{arch.linear_layers - 1}"
+            )
         if not cls.uses_projector:
             for key in ("projector_depth", "projector_dim"):
                 if getattr(model, key) is not None:
@@ -152,8 +167,9 @@ class Method:
         if model.projector_dim is None:
             model.projector_dim = 256
         if model.projector_depth < cls.min_projector_depth:
-            raise ValueError(f"model.projector_depth: method {cls.name} needs a projector; "
-                             f"allowed {cls.min_projector_depth}..8")
+            raise ValueError(
+                f"model.projector_depth: method {cls.name} needs a projector; allowed {cls.min_projector_depth}..8"
+            )
         return exp
 
     # ----- model -----------------------------------------------------------------------------
@@ -220,9 +236,14 @@ class Method:
         previous local model (`ws.prev`, kept by `keep_private` as client_state["prev"]): before a
         client's first participation there is none, and `flags["has_prev"]` is 0 (the term is off)."""
         prev = client_state.get("prev")
-        return ClientStart({"model": self.start_state(global_state, client_state), "glob": global_state,
-                            "prev": prev if prev is not None else global_state},
-                           {"has_prev": float(prev is not None)})
+        return ClientStart(
+            {
+                "model": self.start_state(global_state, client_state),
+                "glob": global_state,
+                "prev": prev if prev is not None else global_state,
+            },
+            {"has_prev": float(prev is not None)},
+        )
 
     def local_stages(self, rnd: int, server: ServerState) -> list[Stage]:
         """The local step of round `rnd` (0-based); default: all of the model on `loss`."""
@@ -243,12 +264,14 @@ class Method:
             client_state["private"] = private
 
     # ----- evaluation ------------------------------------------------------------------------
-    def load_personal(self, model: SplitModel, global_state: StateDict, client_state: dict[str, Any],
-                      server: ServerState) -> None:
+    def load_personal(
+        self, model: SplitModel, global_state: StateDict, client_state: dict[str, Any], server: ServerState
+    ) -> None:
         model.load_state_dict(self.start_state(global_state, client_state))
 
-    def predict(self, model: SplitModel, x: torch.Tensor, client_state: dict[str, Any],
-                server: ServerState) -> torch.Tensor:
+    def predict(
+        self, model: SplitModel, x: torch.Tensor, client_state: dict[str, Any], server: ServerState
+    ) -> torch.Tensor:
         """Logits of a client's personal model (already loaded into `model`)."""
         return model(x)
 

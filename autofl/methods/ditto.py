@@ -30,10 +30,16 @@ _GLOBAL_PARTS = ("model.encoder.", "model.projector.", "model.head.")
 
 
 class DittoParams(MethodParams):
-    lam: float = Field(0.1, ge=0, description="lambda: weight of the personal model's proximal term to the "
-                       "received global model")
-    personal_epochs: int | None = Field(None, ge=1, le=1000, description="epochs of the personal model per "
-                                        "round, trained before w; None: v steps with w on the same batches")
+    lam: float = Field(
+        0.1, ge=0, description="lambda: weight of the personal model's proximal term to the received global model"
+    )
+    personal_epochs: int | None = Field(
+        None,
+        ge=1,
+        le=1000,
+        description="epochs of the personal model per "
+        "round, trained before w; None: v steps with w on the same batches",
+    )
 
 
 @register

@@ -45,9 +45,11 @@ class DualFed(Method):
         return [k for k in model.state_dict() if k.startswith(("encoder.", "global_head."))]
 
     def keep_private(self, trained: StateDict, client_state: dict, shared: list[str]) -> None:
-        client_state["private"] = {k: v for k, v in trained.items()
-                                   if k.startswith(("projector.", "head.")) or (k.startswith("encoder.")
-                                                                                and k.endswith(_BN_BUFFERS))}
+        client_state["private"] = {
+            k: v
+            for k, v in trained.items()
+            if k.startswith(("projector.", "head.")) or (k.startswith("encoder.") and k.endswith(_BN_BUFFERS))
+        }
 
     def aggregate(self, uploads: list[Upload]) -> StateDict:
         weights = [u.num_samples if self.params.weighted else 1.0 for u in uploads]
@@ -70,8 +72,10 @@ class DualFed(Method):
                 ws.model.projector(f)  # the official forward runs g too: its running statistics move
             return F.cross_entropy(ws.model.global_head(f), y)
 
-        return [Stage((Update(("model.encoder.", "model.projector.", "model.head."), stage1_loss),)),
-                Stage((Update(("model.global_head.",), stage2_loss, report="stage2_loss"),), inputs="model.encoder")]
+        return [
+            Stage((Update(("model.encoder.", "model.projector.", "model.head."), stage1_loss),)),
+            Stage((Update(("model.global_head.",), stage2_loss, report="stage2_loss"),), inputs="model.encoder"),
+        ]
 
     def predict(self, model: SplitModel, x: torch.Tensor, client_state: dict, server: ServerState) -> torch.Tensor:
         f = model.encoder(x)

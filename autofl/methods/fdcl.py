@@ -20,7 +20,9 @@ class FDCLParams(MethodParams):
     tau: float = Field(0.5, gt=0, description="temperature")
 
 
-def fdcl_terms(pe: tuple[torch.Tensor, ...], pc: tuple[torch.Tensor, ...], tau: float) -> tuple[torch.Tensor, torch.Tensor]:
+def fdcl_terms(
+    pe: tuple[torch.Tensor, ...], pc: tuple[torch.Tensor, ...], tau: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(l_e, l_c) from (local, global, previous) encoder outputs `pe` and logits `pc`."""
     pe_l, pe_g, pe_p = pe
     pc_l, pc_g, pc_p = pc
@@ -54,6 +56,7 @@ class FDCL(Method):
     def keep_private(self, trained: StateDict, client_state: dict, shared: list[str]) -> None:
         client_state["prev"] = trained  # also the client's personal model
 
-    def load_personal(self, model: SplitModel, global_state: StateDict, client_state: dict,
-                      server: ServerState) -> None:
+    def load_personal(
+        self, model: SplitModel, global_state: StateDict, client_state: dict, server: ServerState
+    ) -> None:
         model.load_state_dict(client_state.get("prev", global_state))

@@ -43,9 +43,15 @@ class FedECCRParams(MethodParams):
     tau: float = Field(0.5, gt=0, description="temperature of the prototype contrast")
     M: int = Field(400, ge=1, description="virtual features drawn per class for classifier correction")
     calib_epochs: int = Field(20, ge=0, description="E_cal: epochs of head retraining (0 disables the correction)")
-    calibrate_every: int = Field(1, ge=0, description="correct at evaluated rounds divisible by this (0: last round only)")
-    calib_momentum: float = Field(0.0, ge=0, lt=1, description="SGD momentum of the head retraining (FL-bench's "
-                                  "CCVR: plain SGD, whatever the clients' momentum)")
+    calibrate_every: int = Field(
+        1, ge=0, description="correct at evaluated rounds divisible by this (0: last round only)"
+    )
+    calib_momentum: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="SGD momentum of the head retraining (FL-bench's CCVR: plain SGD, whatever the clients' momentum)",
+    )
 
 
 def _covariances(stats: ClassStats) -> torch.Tensor:
@@ -73,7 +79,9 @@ def merge_class_stats(parts: list[ClassStats]) -> ClassStats:
     return ClassStats(n, mu, sigma)
 
 
-def sample_virtual_features(stats: ClassStats, per_class: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_virtual_features(
+    stats: ClassStats, per_class: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw `per_class` features per class from N(mu_k, Sigma_k + eps I), classes with data only."""
     feats, labels = [], []
     d = stats.means.shape[1]
@@ -109,8 +117,11 @@ def updated_prototypes(state: FedECCRState, stats: list[ClassStats]) -> FedECCRS
     present = holders > 0
     if state.prototypes is None or state.has_prototype is None:
         return replace(state, prototypes=new, has_prototype=present)
-    return replace(state, prototypes=torch.where(present[:, None], new, state.prototypes),
-                   has_prototype=state.has_prototype | present)
+    return replace(
+        state,
+        prototypes=torch.where(present[:, None], new, state.prototypes),
+        has_prototype=state.has_prototype | present,
+    )
 
 
 @register
@@ -138,8 +149,9 @@ class FedECCR(Method):
         # alpha changes every round: 0-dim tensors (each rounded from the float, as a Python scalar
         # would be) so a compiled step takes them as inputs instead of recompiling each round
         alpha_f = 1.0 - rnd / self.exp.fl.rounds
-        alpha, one_minus_alpha = (torch.tensor(v, dtype=protos.dtype, device=protos.device)
-                                  for v in (alpha_f, 1 - alpha_f))
+        alpha, one_minus_alpha = (
+            torch.tensor(v, dtype=protos.dtype, device=protos.device) for v in (alpha_f, 1 - alpha_f)
+        )
 
         def loss(ws: ModelCopies, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
             f = ws.model.encoder(x)
@@ -149,8 +161,11 @@ class FedECCR(Method):
         return [Stage((Update(("model.",), loss),))]
 
     def upload_payload(self, client: TrainedClient) -> dict[str, Any]:
-        return {"class_means": encoded_class_stats(client.model.encoder, client.x, client.y, client.train_idx,
-                                                   client.num_classes)}
+        return {
+            "class_means": encoded_class_stats(
+                client.model.encoder, client.x, client.y, client.train_idx, client.num_classes
+            )
+        }
 
     # ----- server ----------------------------------------------------------------------------
     def server_update(self, ctx: ServerContext, uploads: list[Upload]) -> ServerUpdate:
@@ -167,13 +182,24 @@ class FedECCR(Method):
         model = self.spare("calibration", ctx.model)
         model.load_state_dict(ctx.global_state)
         d = ctx.data  # each client's statistics under the current global encoder
-        merged = merge_class_stats([
-            encoded_class_stats(model.encoder, d.x, d.y, split.train, d.num_classes, with_cov=True)
-            for split in d.clients])
+        merged = merge_class_stats(
+            [
+                encoded_class_stats(model.encoder, d.x, d.y, split.train, d.num_classes, with_cov=True)
+                for split in d.clients
+            ]
+        )
         gen = ctx.generator(CALIBRATION_STREAM, ctx.completed)
         feats, labels = sample_virtual_features(merged, self.params.M, gen)
-        train_head(model.head, feats, labels, CALIB_LR, CALIB_BATCH, gen, epochs=self.params.calib_epochs,
-                   momentum=self.params.calib_momentum)
+        train_head(
+            model.head,
+            feats,
+            labels,
+            CALIB_LR,
+            CALIB_BATCH,
+            gen,
+            epochs=self.params.calib_epochs,
+            momentum=self.params.calib_momentum,
+        )
         return clone_state(model)
 
     # ----- evaluation ------------------------------------------------------------------------
@@ -181,7 +207,8 @@ class FedECCR(Method):
         assert isinstance(server, FedECCRState)  # the engine passes this method's State
         model.load_state_dict(server.calibrated if server.calibrated is not None else global_state)
 
-    def load_personal(self, model: SplitModel, global_state: StateDict, client_state: dict,
-                      server: ServerState) -> None:
+    def load_personal(
+        self, model: SplitModel, global_state: StateDict, client_state: dict, server: ServerState
+    ) -> None:
         assert isinstance(server, FedECCRState)  # the engine passes this method's State
         self.load_global(model, global_state, server)

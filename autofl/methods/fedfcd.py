@@ -39,8 +39,10 @@ class FedFCDParams(MethodParams):
     lam: float = Field(1.0, ge=0, description="lambda: weight of the GFR regularizer (paper 1 FMNIST, 5 CIFAR)")
     server_lr: float = Field(0.01, gt=0, description="eta_g: server learning rate of the global head")
     server_lfrs: Literal["round", "latest"] = Field(
-        "round", description="what phi_g and the GFRs learn from when participation < 1: this round's uploads "
-        "(the paper's Algorithm 1, as PFLlib's FedProto) or every client's latest upload (stale for unsampled clients)")
+        "round",
+        description="what phi_g and the GFRs learn from when participation < 1: this round's uploads "
+        "(the paper's Algorithm 1, as PFLlib's FedProto) or every client's latest upload (stale for unsampled clients)",
+    )
 
 
 def gfr_regularizer(features: torch.Tensor, y: torch.Tensor, gfr: torch.Tensor, has_gfr: torch.Tensor) -> torch.Tensor:
@@ -84,8 +86,10 @@ class FedFCD(Method):
         """Before round 1 every client uploads LFRs of its initial extractor; train phi_g, build GFRs."""
         ctx.model.load_state_dict(ctx.global_state)
         d = ctx.data
-        lfrs = {cid: encoded_class_stats(ctx.model.encoder, d.x, d.y, split.train, d.num_classes)
-                for cid, split in enumerate(d.clients)}
+        lfrs = {
+            cid: encoded_class_stats(ctx.model.encoder, d.x, d.y, split.train, d.num_classes)
+            for cid, split in enumerate(d.clients)
+        }
         return self._server_step(ctx, lfrs)
 
     def server_update(self, ctx: ServerContext, uploads: list[Upload]) -> ServerUpdate:
@@ -100,12 +104,16 @@ class FedFCD(Method):
         gfr, has_gfr = global_feature_representations(stats)
         feats, labels = class_mean_pairs(stats)
         head = self.spare("global_head", ctx.model.global_head)
-        head.load_state_dict({k[len("global_head."):]: v for k, v in ctx.global_state.items()
-                              if k.startswith("global_head.")})
-        train_head(head, feats, labels, self.params.server_lr, self.exp.fl.batch_size,
-                   ctx.generator(GLOBAL_HEAD_STREAM))
-        return ServerUpdate(global_state={"global_head." + k: v.detach().clone() for k, v in head.state_dict().items()},
-                            state=FedFCDState(lfrs, gfr, has_gfr))
+        head.load_state_dict(
+            {k[len("global_head.") :]: v for k, v in ctx.global_state.items() if k.startswith("global_head.")}
+        )
+        train_head(
+            head, feats, labels, self.params.server_lr, self.exp.fl.batch_size, ctx.generator(GLOBAL_HEAD_STREAM)
+        )
+        return ServerUpdate(
+            global_state={"global_head." + k: v.detach().clone() for k, v in head.state_dict().items()},
+            state=FedFCDState(lfrs, gfr, has_gfr),
+        )
 
     # ----- client ----------------------------------------------------------------------------
     def local_stages(self, rnd: int, server: ServerState) -> list[Stage]:
@@ -131,8 +139,9 @@ class FedFCD(Method):
         return [Stage((Update(("model.encoder.",), extractor_loss), head))]
 
     def upload_payload(self, client: TrainedClient) -> dict[str, Any]:
-        return {"lfr": encoded_class_stats(client.model.encoder, client.x, client.y, client.train_idx,
-                                           client.num_classes)}
+        return {
+            "lfr": encoded_class_stats(client.model.encoder, client.x, client.y, client.train_idx, client.num_classes)
+        }
 
     def keep_private(self, trained: StateDict, client_state: dict, shared: list[str]) -> None:
         """Everything but phi_g, which the server trains and sends (nothing is aggregated)."""

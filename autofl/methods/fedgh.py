@@ -32,8 +32,9 @@ class FedGHParams(MethodParams):
     server_epochs: int = Field(1, ge=1, le=1000, description="epochs over the uploaded class means per round")
 
 
-def train_global_head(head: torch.nn.Module, local: list[ClassStats], lr: float, epochs: int, batch_size: int,
-                      generator: torch.Generator) -> StateDict:
+def train_global_head(
+    head: torch.nn.Module, local: list[ClassStats], lr: float, epochs: int, batch_size: int, generator: torch.Generator
+) -> StateDict:
     """The server step: plain SGD of `head` (loaded with the current global head) with CE on every
     uploaded (class mean, class) pair, shuffled each epoch; returns the new head's state."""
     feats, labels = class_mean_pairs(local)
@@ -56,16 +57,24 @@ class FedGH(Method):
     def server_update(self, ctx: ServerContext, uploads: list[Upload]) -> ServerUpdate:
         """The global head (the `head.*` entries of the global state) trained on this round's uploads."""
         head = self.spare("global_head", ctx.model.head)
-        head.load_state_dict({k[len(_HEAD):]: v for k, v in ctx.global_state.items() if k.startswith(_HEAD)})
-        new = train_global_head(head, [u.payload["protos"] for u in uploads], self.params.server_lr,
-                                self.params.server_epochs, self.exp.fl.batch_size,
-                                ctx.generator(GLOBAL_HEAD_STREAM))
+        head.load_state_dict({k[len(_HEAD) :]: v for k, v in ctx.global_state.items() if k.startswith(_HEAD)})
+        new = train_global_head(
+            head,
+            [u.payload["protos"] for u in uploads],
+            self.params.server_lr,
+            self.params.server_epochs,
+            self.exp.fl.batch_size,
+            ctx.generator(GLOBAL_HEAD_STREAM),
+        )
         return ServerUpdate(global_state={_HEAD + k: v for k, v in new.items()})
 
     # ----- client ----------------------------------------------------------------------------
     def upload_payload(self, client: TrainedClient) -> dict[str, Any]:
-        return {"protos": encoded_class_stats(client.model.encoder, client.x, client.y, client.train_idx,
-                                              client.num_classes)}
+        return {
+            "protos": encoded_class_stats(
+                client.model.encoder, client.x, client.y, client.train_idx, client.num_classes
+            )
+        }
 
     def keep_private(self, trained: StateDict, client_state: dict, shared: list[str]) -> None:
         """Everything but the head, which the global head replaces at the start of the next round."""

@@ -35,8 +35,10 @@ from autofl.models.parts import SplitModel
 class FedProtoParams(MethodParams):
     lam: float = Field(1.0, ge=0, description="lambda: weight of the prototype distance (paper 1)")
     distance: Literal["squared_l2", "mse"] = Field(
-        "squared_l2", description="the prototype distance: squared_l2 = ||f(x) - P_y||^2 (the paper's L2), mse = "
-        "that divided by the feature width (PFLlib's and the official code's nn.MSELoss)")
+        "squared_l2",
+        description="the prototype distance: squared_l2 = ||f(x) - P_y||^2 (the paper's L2), mse = "
+        "that divided by the feature width (PFLlib's and the official code's nn.MSELoss)",
+    )
 
 
 def global_prototypes(local: list[ClassStats]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,7 +46,9 @@ def global_prototypes(local: list[ClassStats]) -> tuple[torch.Tensor, torch.Tens
     return weighted_class_means(local)
 
 
-def nearest_prototype_scores(features: torch.Tensor, prototypes: torch.Tensor, has_prototype: torch.Tensor) -> torch.Tensor:
+def nearest_prototype_scores(
+    features: torch.Tensor, prototypes: torch.Tensor, has_prototype: torch.Tensor
+) -> torch.Tensor:
     """-||f(x) - P_k||^2 per class (-inf for classes without a prototype): argmax = nearest prototype."""
     dist = ((features[:, None, :] - prototypes[None, :, :]) ** 2).sum(dim=2)
     return (-dist).masked_fill(~has_prototype[None, :], float("-inf"))
@@ -78,20 +82,29 @@ class FedProto(Method):
     def local_stages(self, rnd: int, server: ServerState) -> list[Stage]:
         """CE(h(f(x)), y) + lambda * distance(f(x), P_y); CE alone before any global prototype."""
         assert isinstance(server, FedProtoState)  # the engine passes this method's State
-        protos, has, lam, per_dim = server.prototypes, server.has_prototype, self.params.lam, self.params.distance == "mse"
+        protos, has, lam, per_dim = (
+            server.prototypes,
+            server.has_prototype,
+            self.params.lam,
+            self.params.distance == "mse",
+        )
         if protos is None or has is None:
             return [Stage((Update(("model.",), self.loss),))]
 
         def loss(ws: ModelCopies, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
             f = ws.model.encoder(x)
-            return F.cross_entropy(ws.model.head(ws.model.projector(f)), y) + \
-                lam * prototype_distance(f, y, protos, has, per_dim)
+            return F.cross_entropy(ws.model.head(ws.model.projector(f)), y) + lam * prototype_distance(
+                f, y, protos, has, per_dim
+            )
 
         return [Stage((Update(("model.",), loss),))]
 
     def upload_payload(self, client: TrainedClient) -> dict[str, Any]:
-        return {"protos": encoded_class_stats(client.model.encoder, client.x, client.y, client.train_idx,
-                                              client.num_classes)}
+        return {
+            "protos": encoded_class_stats(
+                client.model.encoder, client.x, client.y, client.train_idx, client.num_classes
+            )
+        }
 
     # ----- evaluation ------------------------------------------------------------------------
     def predict(self, model: SplitModel, x: torch.Tensor, client_state: dict, server: ServerState) -> torch.Tensor:

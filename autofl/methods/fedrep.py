@@ -18,8 +18,13 @@ _BODY = ("model.encoder.", "model.projector.")
 
 
 class FedRepParams(MethodParams):
-    head_epochs: int = Field(10, ge=1, le=1000, description="epochs of head-only training before the encoder's "
-                             "fl.local_epochs (the paper: 10 head epochs, 1 for the representation)")
+    head_epochs: int = Field(
+        10,
+        ge=1,
+        le=1000,
+        description="epochs of head-only training before the encoder's "
+        "fl.local_epochs (the paper: 10 head epochs, 1 for the representation)",
+    )
 
 
 @register
@@ -45,8 +50,11 @@ class FedRep(Method):
         if not self.has_body:
             return [Stage((Update(("model.head.",), self.loss),), epochs=self.params.head_epochs)]
         # the head's epochs read the frozen encoder's outputs (the stage's inputs): computed once a round
-        head = Stage((Update(("model.head.",), head_loss, report="head_loss"),), epochs=self.params.head_epochs,
-                     inputs="model.encoder")
+        head = Stage(
+            (Update(("model.head.",), head_loss, report="head_loss"),),
+            epochs=self.params.head_epochs,
+            inputs="model.encoder",
+        )
         return [head, Stage((Update(_BODY, self.loss),))]
 
 

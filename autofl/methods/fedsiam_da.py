@@ -26,8 +26,12 @@ class FedSiamDAParams(MethodParams):
 
 def build_predictor(dim: int) -> nn.Module:
     """q: Linear(d, 64, no bias) BN ReLU Linear(64, d)."""
-    return nn.Sequential(nn.Linear(dim, PREDICTOR_HIDDEN, bias=False), nn.BatchNorm1d(PREDICTOR_HIDDEN), nn.ReLU(),
-                         nn.Linear(PREDICTOR_HIDDEN, dim))
+    return nn.Sequential(
+        nn.Linear(dim, PREDICTOR_HIDDEN, bias=False),
+        nn.BatchNorm1d(PREDICTOR_HIDDEN),
+        nn.ReLU(),
+        nn.Linear(PREDICTOR_HIDDEN, dim),
+    )
 
 
 def dual_weights(states: list[StateDict], param_keys: list[str]) -> list[float]:
@@ -69,9 +73,14 @@ class FedSiamDA(Method):
         """f' starts from the received global model; the history is the client's last upload (none
         before its first participation: has_hist = 0 until the end of its first local epoch)."""
         last_upload = client_state.get("personal")
-        return ClientStart({"model": self.start_state(global_state, client_state), "siamese": global_state,
-                            "hist": last_upload if last_upload is not None else global_state},
-                           {"has_hist": float(last_upload is not None)})
+        return ClientStart(
+            {
+                "model": self.start_state(global_state, client_state),
+                "siamese": global_state,
+                "hist": last_upload if last_upload is not None else global_state,
+            },
+            {"has_hist": float(last_upload is not None)},
+        )
 
     def local_stages(self, rnd: int, server: ServerState) -> list[Stage]:
         """Per batch: 1. f' on 1/2 D-(q_f'(z_f'), sg(z_local)); 2. the local model on
@@ -101,6 +110,7 @@ class FedSiamDA(Method):
     def keep_private(self, trained: StateDict, client_state: dict, shared: list[str]) -> None:
         client_state["personal"] = trained  # this upload: the next participation's first history
 
-    def load_personal(self, model: SplitModel, global_state: StateDict, client_state: dict,
-                      server: ServerState) -> None:
+    def load_personal(
+        self, model: SplitModel, global_state: StateDict, client_state: dict, server: ServerState
+    ) -> None:
         model.load_state_dict(client_state.get("personal", global_state))

@@ -19,8 +19,12 @@ def flat_size(body: nn.Module, input_shape: tuple[int, ...]) -> int:
 
 def _conv_body(in_channels: int, widths: tuple[int, int]) -> nn.Sequential:
     return nn.Sequential(
-        nn.Conv2d(in_channels, widths[0], 5), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(widths[0], widths[1], 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(in_channels, widths[0], 5),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(widths[0], widths[1], 5),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
         nn.Flatten(),
     )
 
@@ -34,14 +38,18 @@ def _cnn(input_shape: tuple[int, ...], num_classes: int, params: ModelParams) ->
     return body, [LinearSpec(flat_size(body, input_shape), 512, True), LinearSpec(512, num_classes, False)]
 
 
-def _moon_cnn(input_shape: tuple[int, ...], num_classes: int, params: ModelParams) -> tuple[nn.Module, list[LinearSpec]]:
+def _moon_cnn(
+    input_shape: tuple[int, ...], num_classes: int, params: ModelParams
+) -> tuple[nn.Module, list[LinearSpec]]:
     body = _conv_body(input_shape[0], (6, 16))
     flat = flat_size(body, input_shape)
     dims = [(flat, 120, True), (120, 84, True), (84, 84, True), (84, 256, False), (256, num_classes, False)]
     return body, [LinearSpec(*d) for d in dims]
 
 
-def _resnet18(input_shape: tuple[int, ...], num_classes: int, params: ModelParams) -> tuple[nn.Module, list[LinearSpec]]:
+def _resnet18(
+    input_shape: tuple[int, ...], num_classes: int, params: ModelParams
+) -> tuple[nn.Module, list[LinearSpec]]:
     from torchvision.models import resnet18
 
     net = resnet18(weights=None)
@@ -55,9 +63,19 @@ def _resnet18(input_shape: tuple[int, ...], num_classes: int, params: ModelParam
 for _spec in (
     ModelSpec("mlp", _mlp, linear_layers=2, linear_only=True, description="Flatten, Linear(d,100), ReLU, Linear"),
     ModelSpec("cnn", _cnn, linear_layers=2, min_side=14, description="2 conv(5x5, 32/64) + pool, Linear 512, Linear"),
-    ModelSpec("moon_cnn", _moon_cnn, linear_layers=5, min_side=14,
-              description="MOON's CNN: 2 conv(5x5, 6/16) + pool, Linear 120, 84, 84, 256, Linear"),
-    ModelSpec("resnet18", _resnet18, linear_layers=1, min_side=8,
-              description="torchvision ResNet-18 with a CIFAR stem (3x3 conv, no max-pool), Linear"),
+    ModelSpec(
+        "moon_cnn",
+        _moon_cnn,
+        linear_layers=5,
+        min_side=14,
+        description="MOON's CNN: 2 conv(5x5, 6/16) + pool, Linear 120, 84, 84, 256, Linear",
+    ),
+    ModelSpec(
+        "resnet18",
+        _resnet18,
+        linear_layers=1,
+        min_side=8,
+        description="torchvision ResNet-18 with a CIFAR stem (3x3 conv, no max-pool), Linear",
+    ),
 ):
     MODELS.add(_spec, BUILT_IN)

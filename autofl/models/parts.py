@@ -19,8 +19,9 @@ from autofl.models.spec import LinearSpec
 class SplitModel(nn.Module):
     """encoder -> projector (nn.Identity when depth 0) -> head; methods may attach more modules."""
 
-    def __init__(self, encoder: nn.Module, projector: nn.Module, head: nn.Module, feature_dim: int,
-                 embed_dim: int | None = None):
+    def __init__(
+        self, encoder: nn.Module, projector: nn.Module, head: nn.Module, feature_dim: int, embed_dim: int | None = None
+    ):
         super().__init__()
         self.encoder = encoder
         self.projector = projector
@@ -29,6 +30,7 @@ class SplitModel(nn.Module):
         self.embed_dim = embed_dim or feature_dim  # the projector's output, the head's input
 
     if TYPE_CHECKING:  # for type checkers: the modules a method attaches (model.personal, model.global_head ...)
+
         def __getattr__(self, name: str) -> nn.Module: ...
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -73,8 +75,9 @@ def build_head(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int)
     return nn.Sequential(*_stack(specs[-cfg.head_layers :]))
 
 
-def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int,
-                projector_out: int | None = None) -> SplitModel:
+def build_model(
+    cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int, projector_out: int | None = None
+) -> SplitModel:
     """`projector_out`: the projector's output width when a method fixes it (else the encoder's)."""
     body, specs = arch_layers(cfg, input_shape, num_classes)
     h = cfg.head_layers
@@ -85,7 +88,8 @@ def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int
     depth = cfg.projector_depth or 0
     embed_dim = projector_out if depth and projector_out else feature_dim
     first = specs[-h]  # the head's first layer reads the projector's output
-    head = nn.Sequential(*_stack([LinearSpec(embed_dim, first.out_features, first.relu_after),
-                                  *specs[len(specs) - h + 1 :]]))
+    head = nn.Sequential(
+        *_stack([LinearSpec(embed_dim, first.out_features, first.relu_after), *specs[len(specs) - h + 1 :]])
+    )
     projector = build_projector(depth, feature_dim, cfg.projector_dim or 256, embed_dim)
     return SplitModel(encoder, projector, head, feature_dim, embed_dim)

@@ -40,7 +40,7 @@ def bracket_of(trial_key: str, weights: Sequence[float]) -> int:
     and forgets; a hash gives the same bracket again after a resume and in a replay)."""
     if len(weights) == 1:
         return 0
-    u = int.from_bytes(hashlib.sha256(trial_key.encode()).digest()[:8], "big") / 2.0 ** 64
+    u = int.from_bytes(hashlib.sha256(trial_key.encode()).digest()[:8], "big") / 2.0**64
     total = 0.0
     for index, weight in enumerate(weights):
         total += weight
@@ -79,8 +79,9 @@ def decide(rung_values: Sequence[float], value: float, mode: str, reduction_fact
     return bool(sign * value < threshold)
 
 
-def recorded_values(curve: dict[int, float], rungs: Sequence[float], max_t: float,
-                    finished: bool) -> dict[float, float]:
+def recorded_values(
+    curve: dict[int, float], rungs: Sequence[float], max_t: float, finished: bool
+) -> dict[float, float]:
     """The values a trial with per-round values `curve` left in the rungs, replayed as the
     scheduler saw them: each result below `max_t` is recorded at `rung_to_judge`'s rung (at most
     one), and a finished trial's last result is offered once more (Tune hands it to the scheduler

@@ -51,16 +51,21 @@ class DriverLock:
         try:  # never through a link planted in the study folder (it would truncate the link's target)
             handle = os.fdopen(open_no_follow(self.path, "a"), "r+")
         except OSError as err:
-            raise StorageError(f"{self.path}: cannot be opened as the study's lock file ({err.strerror}); "
-                               f"if it is a symbolic link, remove it") from None
+            raise StorageError(
+                f"{self.path}: cannot be opened as the study's lock file ({err.strerror}); "
+                f"if it is a symbolic link, remove it"
+            ) from None
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             handle.close()
             name = self.path.parent.name
-            instead = (f"SQLite takes one driver per study: wait for it to end (or stop it), or create the study "
-                       f"on PostgreSQL or journal storage and add drivers with --join {name}" if sqlite else
-                       f"wait for it to end, or add a driver with --join {name}")
+            instead = (
+                f"SQLite takes one driver per study: wait for it to end (or stop it), or create the study "
+                f"on PostgreSQL or journal storage and add drivers with --join {name}"
+                if sqlite
+                else f"wait for it to end, or add a driver with --join {name}"
+            )
             raise StorageError(f"study {name!r} has a running driver ({self.holder()}); {instead}") from None
         handle.seek(0)
         handle.truncate()

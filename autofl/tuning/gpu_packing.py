@@ -47,8 +47,9 @@ def concurrent_trials(cpus: int | None, cpus_per_trial: float, max_concurrent: i
     return min(most, max_concurrent) if max_concurrent else most
 
 
-def sharing_trials(peak_bytes: int, card_bytes: int, margin: float = MARGIN,
-                   max_trials: int | None = None) -> tuple[int, int]:
+def sharing_trials(
+    peak_bytes: int, card_bytes: int, margin: float = MARGIN, max_trials: int | None = None
+) -> tuple[int, int]:
     """(trials that share a card, trials its memory fits): no more than `max_trials` (the trials that run
     at once) share it, since a finer share would only say that more trials share the card than ever run."""
     fit = trials_per_card(peak_bytes, card_bytes, margin)
@@ -59,10 +60,12 @@ def packing_line(peak_bytes: int, card_bytes: int, margin: float = MARGIN, max_t
     """The `resources.gpu: auto` line: the share, the peak, and how many trials share a card (and how many
     its memory fits, where fewer run at once)."""
     n, fit = sharing_trials(peak_bytes, card_bytes, margin, max_trials)
-    capped = (f"; memory fits {fit}, {n} run at once" if n < fit else "")
-    return (f"resources.gpu: auto = {gpu_fraction(n):g}: a trial peaks at {peak_bytes / GIB:.2f} GiB of GPU memory "
-            f"in a dry round, so {n} trial{'s' if n > 1 else ''} share each {card_bytes / GIB:.1f} GiB card "
-            f"({margin:.0%} kept free{capped})")
+    capped = f"; memory fits {fit}, {n} run at once" if n < fit else ""
+    return (
+        f"resources.gpu: auto = {gpu_fraction(n):g}: a trial peaks at {peak_bytes / GIB:.2f} GiB of GPU memory "
+        f"in a dry round, so {n} trial{'s' if n > 1 else ''} share each {card_bytes / GIB:.1f} GiB card "
+        f"({margin:.0%} kept free{capped})"
+    )
 
 
 def packed_share(peak_bytes: int, card_bytes: int, margin: float = MARGIN, max_trials: int | None = None) -> float:
@@ -82,9 +85,11 @@ def oom_line(needed_bytes: int | None, card_bytes: int, share: float, measured_p
     """The one line a trial that ran out of GPU memory fails with."""
     needed = f"{needed_bytes / GIB:.2f} GiB more" if needed_bytes else "more memory"
     peak = f" (the dry round peaked at {measured_peak / GIB:.2f} GiB)" if measured_peak else ""
-    return (f"out of GPU memory: the trial needed {needed} than its share left, {share:g} of a "
-            f"{card_bytes / GIB:.1f} GiB card{peak}; set resources.gpu to a larger share (e.g. "
-            f"{min(1.0, share * 2):g}) or lower fl.batch_size / runtime.client_chunk")
+    return (
+        f"out of GPU memory: the trial needed {needed} than its share left, {share:g} of a "
+        f"{card_bytes / GIB:.1f} GiB card{peak}; set resources.gpu to a larger share (e.g. "
+        f"{min(1.0, share * 2):g}) or lower fl.batch_size / runtime.client_chunk"
+    )
 
 
 def needed_bytes(err: BaseException) -> int | None:

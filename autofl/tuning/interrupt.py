@@ -58,8 +58,9 @@ class InterruptWatch(Callback):
     """Wraps the SIGINT handler Tune installed for its run (main thread only: elsewhere neither
     Tune nor this can install one)."""
 
-    def setup(self, stop: Any = None, num_samples: int | None = None, total_num_samples: int | None = None,
-              **info: Any) -> None:  # Tune's Callback.setup signature
+    def setup(
+        self, stop: Any = None, num_samples: int | None = None, total_num_samples: int | None = None, **info: Any
+    ) -> None:  # Tune's Callback.setup signature
         if threading.current_thread() is not threading.main_thread():
             return
         current = signal.getsignal(signal.SIGINT)

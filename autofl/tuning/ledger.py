@@ -47,8 +47,9 @@ OPEN_STATES = ("RUNNING", "WAITING")
 INTERRUPTED = "INTERRUPTED"  # shown for FAIL + interrupted, and for trials no live driver runs
 
 
-def outcome(result: dict[str, Any] | None, error: bool, metrics: Sequence[str],
-            max_t: int) -> tuple[str, list[float] | None]:
+def outcome(
+    result: dict[str, Any] | None, error: bool, metrics: Sequence[str], max_t: int
+) -> tuple[str, list[float] | None]:
     """The state a trial takes when Tune reports it finished, and its value(s) for COMPLETE."""
     result = result or {}
     values: list[Any] = [result.get(m) for m in metrics]
@@ -89,8 +90,11 @@ def counted(trial: Any) -> bool:
 def rounds_used(trials: Iterable[Any]) -> dict[str, int]:
     """Rounds each trial trained (its last reported round), keyed by Tune trial id; a repeat told
     its twin's rounds trained none."""
-    return {str(t.user_attrs.get("tune_trial_id", f"#{t.number}")): max(t.intermediate_values, default=0)
-            for t in trials if not is_repeat(t)}
+    return {
+        str(t.user_attrs.get("tune_trial_id", f"#{t.number}")): max(t.intermediate_values, default=0)
+        for t in trials
+        if not is_repeat(t)
+    }
 
 
 _bound_root: str | None = None  # the study folder this process drives (bound_to)
@@ -150,12 +154,18 @@ class Ledger:
         name = folder.optuna_name(storage)  # a copied study folder keeps its trials' old name
         try:
             if create_directions is not None:
-                self._study = optuna.create_study(study_name=name, storage=storage, sampler=sampler,
-                                                  pruner=optuna.pruners.NopPruner(), directions=create_directions,
-                                                  load_if_exists=True)
+                self._study = optuna.create_study(
+                    study_name=name,
+                    storage=storage,
+                    sampler=sampler,
+                    pruner=optuna.pruners.NopPruner(),
+                    directions=create_directions,
+                    load_if_exists=True,
+                )
             else:
-                self._study = optuna.load_study(study_name=name, storage=storage, sampler=sampler,
-                                                pruner=optuna.pruners.NopPruner())
+                self._study = optuna.load_study(
+                    study_name=name, storage=storage, sampler=sampler, pruner=optuna.pruners.NopPruner()
+                )
         except KeyError:
             return None
         self._sampler = sampler
@@ -185,14 +195,18 @@ class Ledger:
 
     def finished_in_run(self, run_name: str) -> set[str]:
         """Tune trial ids of the trials that `run_name` ran and the study has finished."""
-        return {t.user_attrs.get("tune_trial_id") for t in self.trials()
-                if t.state.is_finished() and t.user_attrs.get("tune_run") == run_name}
+        return {
+            t.user_attrs.get("tune_trial_id")
+            for t in self.trials()
+            if t.state.is_finished() and t.user_attrs.get("tune_run") == run_name
+        }
 
     def rounds_used(self) -> dict[str, int]:
         return rounds_used(self.trials())
 
-    def rung_history(self, rungs: Sequence[float], max_t: float,
-                     member: Callable[[Any], bool] | None = None) -> dict[float, dict[str, float]]:
+    def rung_history(
+        self, rungs: Sequence[float], max_t: float, member: Callable[[Any], bool] | None = None
+    ) -> dict[float, dict[str, float]]:
         """ASHA's rungs as the study's trials left them, by Tune trial id (objective units): each
         tagged, not interrupted trial's per-round values replayed through autofl.tuning.asha
         (only the trials `member`, given the FrozenTrial, accepts: one bracket's)."""
@@ -205,8 +219,9 @@ class Ledger:
                 continue
             if member is not None and not member(t):
                 continue
-            for milestone, value in recorded_values(dict(t.intermediate_values), rungs, max_t,
-                                                    t.state.is_finished()).items():
+            for milestone, value in recorded_values(
+                dict(t.intermediate_values), rungs, max_t, t.state.is_finished()
+            ).items():
                 history[milestone][trial_id] = value
         return history
 
@@ -226,7 +241,8 @@ class Ledger:
         """The storage's id of trial `number` (public storage API; Optuna's trial objects keep it private)."""
         study = self.study()  # opens the storage
         return self._storage.get_trial_id_from_study_id_trial_number(
-            self._storage.get_study_id_from_name(study.study_name), number)
+            self._storage.get_study_id_from_name(study.study_name), number
+        )
 
     def set_requested(self, total: int) -> None:
         """The study's requested total, what every driver counts against (PostgreSQL: several)."""
@@ -270,9 +286,16 @@ class Ledger:
         self.study()
         return is_shared(self._storage)
 
-    def ask(self, run_name: str, tune_trial_id: str, known: set[str], budget: int, sampler: Any,
-            define: Callable[[Any], dict[str, Any] | None],
-            skip_repeats: bool = False) -> tuple[int, dict[str, Any]] | None:
+    def ask(
+        self,
+        run_name: str,
+        tune_trial_id: str,
+        known: set[str],
+        budget: int,
+        sampler: Any,
+        define: Callable[[Any], dict[str, Any] | None],
+        skip_repeats: bool = False,
+    ) -> tuple[int, dict[str, Any]] | None:
         """A new trial for Tune trial `tune_trial_id` of `run_name`, tagged with both: its number
         and params; None when the run's `budget` (counting the `known` Tune ids its searcher
         handed out) or the study's requested total is reached. Count and create happen under
@@ -299,8 +322,14 @@ class Ledger:
             trial.set_user_attr("tune_run", run_name)
         return trial.number, {**trial.params, **(returned if isinstance(returned, dict) else {})}
 
-    def _adopt_orphan(self, study: Any, trials: list[Any], run_name: str, tune_trial_id: str,
-                      define: Callable[[Any], dict[str, Any] | None]) -> tuple[int, dict[str, Any]] | None:
+    def _adopt_orphan(
+        self,
+        study: Any,
+        trials: list[Any],
+        run_name: str,
+        tune_trial_id: str,
+        define: Callable[[Any], dict[str, Any] | None],
+    ) -> tuple[int, dict[str, Any]] | None:
         """The lowest-numbered orphan (`release_orphans`), handed to Tune trial `tune_trial_id` of
         `run_name` to train again from its first round: its number and params (the define-by-run
         returns the params it holds), or None if the study has no orphan."""
@@ -323,8 +352,11 @@ class Ledger:
         """Trials the run's searcher handed out, plus the run's trials finished by a driver that
         died before Tune saved them (still RUNNING ones are orphans to replace, not counted)."""
         interrupted = {t.user_attrs.get("tune_trial_id") for t in trials if not counted(t)}
-        finished = {t.user_attrs.get("tune_trial_id") for t in trials
-                    if t.state.is_finished() and t.user_attrs.get("tune_run") == run_name} - interrupted
+        finished = {
+            t.user_attrs.get("tune_trial_id")
+            for t in trials
+            if t.state.is_finished() and t.user_attrs.get("tune_run") == run_name
+        } - interrupted
         return len(known - interrupted) + len(finished - known)
 
     def _study_budget_reached(self, trials: list[Any]) -> bool:
@@ -353,8 +385,7 @@ class Ledger:
             return False
         return True
 
-    def close(self, number: int, result: dict[str, Any] | None, error: bool, metrics: Sequence[str],
-              max_t: int) -> str:
+    def close(self, number: int, result: dict[str, Any] | None, error: bool, metrics: Sequence[str], max_t: int) -> str:
         """Tune reports the trial finished: record its last result and close it as `outcome()`
         says; a trial already finished keeps its state. Returns the trial's state."""
         stored = self._frozen(number)
@@ -418,8 +449,11 @@ class Ledger:
         """Trials left open by a killed main driver that no Tune experiment will finish (a --join
         driver's trials are left alone: it may be running them now): released (`release`), for
         the next run to adopt. Returns how many."""
-        orphans = [t for t in self.trials(OPEN_STATES) if not t.user_attrs.get("orphaned")
-                   and not str(t.user_attrs.get("tune_run", "")).startswith("join-")]
+        orphans = [
+            t
+            for t in self.trials(OPEN_STATES)
+            if not t.user_attrs.get("orphaned") and not str(t.user_attrs.get("tune_run", "")).startswith("join-")
+        ]
         for t in orphans:
             self.release(t)
         return len(orphans)
@@ -428,8 +462,7 @@ class Ledger:
         """Trials still open once a driver's last experiment is over, which no run of it will adopt
         (a --join driver's trials are left alone: it may be running them now): interrupted.
         Returns how many."""
-        orphans = [t for t in self.trials(OPEN_STATES)
-                   if not str(t.user_attrs.get("tune_run", "")).startswith("join-")]
+        orphans = [t for t in self.trials(OPEN_STATES) if not str(t.user_attrs.get("tune_run", "")).startswith("join-")]
         for t in orphans:
             self.interrupt(t.number)
         return len(orphans)
@@ -475,4 +508,3 @@ class Ledger:
             else:
                 self.interrupt(t.number)
         return len(still_open)
-

@@ -33,8 +33,11 @@ def close_all() -> None:
 
 def _clock(seconds: float) -> str:
     seconds = int(seconds)
-    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}" if seconds >= 3600 else \
-        f"{seconds // 60}:{seconds % 60:02d}"
+    return (
+        f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+        if seconds >= 3600
+        else f"{seconds // 60}:{seconds % 60:02d}"
+    )
 
 
 class LiveView(Callback):
@@ -67,8 +70,9 @@ class LiveView(Callback):
         self._start(None)
 
     # ---- Tune hooks --------------------------------------------------------------------------
-    def setup(self, stop: Any = None, num_samples: int | None = None, total_num_samples: int | None = None,
-              **info: Any) -> None:  # Tune's Callback.setup signature
+    def setup(
+        self, stop: Any = None, num_samples: int | None = None, total_num_samples: int | None = None, **info: Any
+    ) -> None:  # Tune's Callback.setup signature
         self.began = time.time()
         for t in self._ledger.trials():
             if t.state.is_finished() and counted(t):
@@ -80,13 +84,21 @@ class LiveView(Callback):
             self._live.start()
             _OPEN.add(self)
         else:
-            self.console.print(f"{self.finished_before} of {self.requested} trials already finished; "
-                               f"running the rest", soft_wrap=True)
+            self.console.print(
+                f"{self.finished_before} of {self.requested} trials already finished; running the rest", soft_wrap=True
+            )
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         number = self._number(trial.trial_id)
-        self.rows[trial.trial_id] = {"trial": number, "state": "RUNNING", "round": 0, "value": None,
-                                     "best": None, "params": format_params(trial.config), "order": time.time()}
+        self.rows[trial.trial_id] = {
+            "trial": number,
+            "state": "RUNNING",
+            "round": 0,
+            "value": None,
+            "best": None,
+            "params": format_params(trial.config),
+            "order": time.time(),
+        }
         self._event(f"trial {number} started: {self.rows[trial.trial_id]['params']}")
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
@@ -143,19 +155,27 @@ class LiveView(Callback):
         running = sum(r["state"] == "RUNNING" for r in self.rows.values())
         elapsed = time.time() - self.began
         remaining = max(self.requested - finished, 0)
-        eta = _clock(elapsed / self.finished_now * remaining) if self.finished_now and remaining else \
-            ("0:00" if not remaining else "-")
+        eta = (
+            _clock(elapsed / self.finished_now * remaining)
+            if self.finished_now and remaining
+            else ("0:00" if not remaining else "-")
+        )
         best = f"{self.objective}={self.best[0]:.4f} (trial {self.best[1]})" if self.best else "-"
-        return (f"{finished}/{self.requested} trials finished, {running} running | elapsed {_clock(elapsed)}, "
-                f"ETA {eta} | best {best}")
+        return (
+            f"{finished}/{self.requested} trials finished, {running} running | elapsed {_clock(elapsed)}, "
+            f"ETA {eta} | best {best}"
+        )
 
     def _finish(self, row: dict[str, Any], note: str) -> None:
         self.finished_now += 1
         row["order"] = time.time()
         row["best"] = self.best[0] if self.best else None
         value = "-" if row["value"] is None else f"{row['value']:.4f}"
-        self._event(f"trial {row['trial']} {row['state']} at round {row['round']}/{self.max_rounds}: "
-                    f"{self.objective}={value}{note} | {self._progress()}", force=True)
+        self._event(
+            f"trial {row['trial']} {row['state']} at round {row['round']}/{self.max_rounds}: "
+            f"{self.objective}={value}{note} | {self._progress()}",
+            force=True,
+        )
 
     def _event(self, line: str, force: bool = False) -> None:
         if self._live is None:
@@ -169,12 +189,25 @@ class LiveView(Callback):
             self._last_draw = time.time()
 
     def _render(self) -> Group:
-        table = Table("trial", "state", "round", self.objective, "best so far", "params",
-                      title=f"study {self._study.name}", title_justify="left")
+        table = Table(
+            "trial",
+            "state",
+            "round",
+            self.objective,
+            "best so far",
+            "params",
+            title=f"study {self._study.name}",
+            title_justify="left",
+        )
         running = [r for r in self.rows.values() if r["state"] == "RUNNING"]
         done = sorted((r for r in self.rows.values() if r["state"] != "RUNNING"), key=lambda r: -r["order"])
         for r in (running + done)[:MAX_ROWS]:
-            table.add_row(str(r["trial"]), r["state"], f"{r['round']}/{self.max_rounds}",
-                          "-" if r["value"] is None else f"{r['value']:.4f}",
-                          "-" if r["best"] is None else f"{r['best']:.4f}", r["params"])
+            table.add_row(
+                str(r["trial"]),
+                r["state"],
+                f"{r['round']}/{self.max_rounds}",
+                "-" if r["value"] is None else f"{r['value']:.4f}",
+                "-" if r["best"] is None else f"{r['best']:.4f}",
+                r["params"],
+            )
         return Group(table, Text(self._progress()))

@@ -61,4 +61,3 @@ def gain(diff: dict[str, Any], mode: str) -> tuple[float, float, float]:
     if mode == "max":
         return diff["mean"], diff["ci_low"], diff["ci_high"]
     return -diff["mean"], -diff["ci_high"], -diff["ci_low"]
-

@@ -33,7 +33,7 @@ def address_endpoint(address: str) -> tuple[str, int] | None:
         return None
     for scheme in ("ray://", "http://", "https://"):
         if text.startswith(scheme):
-            text = text[len(scheme):]
+            text = text[len(scheme) :]
             break
     text = text.rstrip("/")
     host, sep, port_text = text.rpartition(":")
@@ -42,8 +42,10 @@ def address_endpoint(address: str) -> tuple[str, int] | None:
     host = host.strip("[]")
     hostname = re.fullmatch(r"[A-Za-z0-9](?:[A-Za-z0-9.\-]*[A-Za-z0-9])?|[0-9A-Fa-f:.]+", host)
     if not hostname or not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise ConfigError(f"--address {address!r}: not a Ray address; allowed: HOST:PORT (e.g. 10.0.0.5:6379), "
-                          f"ray://HOST:PORT, or auto")
+        raise ConfigError(
+            f"--address {address!r}: not a Ray address; allowed: HOST:PORT (e.g. 10.0.0.5:6379), "
+            f"ray://HOST:PORT, or auto"
+        )
     return host, int(port_text)
 
 
@@ -60,14 +62,18 @@ def probe_address(address: str | None) -> None:
             speaks_grpc = answers_http2(conn)
     except OSError as err:
         reason = "timed out" if isinstance(err, TimeoutError) else (err.strerror or type(err).__name__)
-        raise AutoFLError(f"--address {address}: nothing answers at {endpoint[0]}:{endpoint[1]} ({reason}); start "
-                          f"the cluster there (ray start --head) or leave --address out to run a local Ray") from None
+        raise AutoFLError(
+            f"--address {address}: nothing answers at {endpoint[0]}:{endpoint[1]} ({reason}); start "
+            f"the cluster there (ray start --head) or leave --address out to run a local Ray"
+        ) from None
     if not speaks_grpc and os.environ.get("RAY_USE_TLS", "0").lower() not in ("1", "true"):
         # issue 42: Ray's C++ client retried such a port for minutes, printing warnings, deaf to SIGTERM
-        raise AutoFLError(f"--address {address}: {endpoint[0]}:{endpoint[1]} answers, but not as Ray (no gRPC "
-                          f"handshake within {PROBE_TIMEOUT_S:g} s: another service, e.g. a database, is on that "
-                          f"port); give the Ray head's GCS port (ray start --head prints it; default 6379) or "
-                          f"ray://HOST:10001")
+        raise AutoFLError(
+            f"--address {address}: {endpoint[0]}:{endpoint[1]} answers, but not as Ray (no gRPC "
+            f"handshake within {PROBE_TIMEOUT_S:g} s: another service, e.g. a database, is on that "
+            f"port); give the Ray head's GCS port (ray start --head prints it; default 6379) or "
+            f"ray://HOST:10001"
+        )
 
 
 # an HTTP/2 client's connection preface and an empty SETTINGS frame (RFC 9113, 3.4 and 6.5)
@@ -101,7 +107,7 @@ def check_storage_path(path: str | None, field: str = "--storage-path") -> str |
         raise ConfigError(f"{field}: empty; allowed: a folder or a URI such as s3://bucket/prefix")
     if "://" in path:
         if path.startswith("file://"):
-            check_storage_path(path[len("file://"):] or "/", field)
+            check_storage_path(path[len("file://") :] or "/", field)
             return path
         import pyarrow.fs
 
@@ -109,8 +115,10 @@ def check_storage_path(path: str | None, field: str = "--storage-path") -> str |
             pyarrow.fs.FileSystem.from_uri(path)
         except Exception as err:  # noqa: BLE001 - pyarrow raises several types for a URI it cannot use
             reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise ConfigError(f"{field}: {path!r} cannot be used ({reason}); allowed: a folder, or a URI such as "
-                              f"s3://bucket/prefix, gs://bucket/prefix") from None
+            raise ConfigError(
+                f"{field}: {path!r} cannot be used ({reason}); allowed: a folder, or a URI such as "
+                f"s3://bucket/prefix, gs://bucket/prefix"
+            ) from None
         return path
     folder = Path(path).expanduser().absolute()
     if folder.exists() and not folder.is_dir():
@@ -119,8 +127,10 @@ def check_storage_path(path: str | None, field: str = "--storage-path") -> str |
     while not ancestor.exists():
         ancestor = ancestor.parent
     if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
-        raise ConfigError(f"{field}: {path} cannot be made here ({ancestor} is not a folder you may write); "
-                          f"give a folder you may write")
+        raise ConfigError(
+            f"{field}: {path} cannot be made here ({ancestor} is not a folder you may write); "
+            f"give a folder you may write"
+        )
     return str(folder)
 
 
@@ -159,10 +169,14 @@ def check_trial_fits(cpu: float, gpu: float, nodes: list[dict[str, Any]], addres
     has_cpu, has_gpu = have.get("CPU", 0.0), have.get("GPU", 0.0)
     if gpu > has_gpu:
         allowed = "resources.gpu: 0 (train on the CPU)" if has_gpu == 0 else f"resources.gpu up to {has_gpu:g}"
-        raise ConfigError(f"resources.gpu: a trial asks for {gpu:g} GPU but {where} {has_gpu:g}; allowed: {allowed}, "
-                          f"or --address a cluster with GPUs")
-    raise ConfigError(f"resources.cpu: a trial asks for {cpu:g} CPUs but {where} {has_cpu:g}; allowed: "
-                      f"resources.cpu up to {has_cpu:g}")
+        raise ConfigError(
+            f"resources.gpu: a trial asks for {gpu:g} GPU but {where} {has_gpu:g}; allowed: {allowed}, "
+            f"or --address a cluster with GPUs"
+        )
+    raise ConfigError(
+        f"resources.cpu: a trial asks for {cpu:g} CPUs but {where} {has_cpu:g}; allowed: "
+        f"resources.cpu up to {has_cpu:g}"
+    )
 
 
 def check_cluster_fits(cpu: float, gpu: float, address: str | None) -> None:
@@ -221,8 +235,9 @@ def check_home(home: Path) -> None:
     if not ancestor.is_dir():
         raise ConfigError(f"studies folder {home}: {ancestor} is a file; set AUTOFL_HOME or --dir to a folder")
     if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise ConfigError(f"studies folder {home}: {ancestor} is not writable; set AUTOFL_HOME or --dir to a "
-                          f"folder you may write")
+        raise ConfigError(
+            f"studies folder {home}: {ancestor} is not writable; set AUTOFL_HOME or --dir to a folder you may write"
+        )
 
 
 def check_new_study(space: Any, storage_path: str | None) -> str | None:
@@ -231,14 +246,24 @@ def check_new_study(space: Any, storage_path: str | None) -> str | None:
     if space.storage_path is not None:
         checked = check_storage_path(space.storage_path, "storage_path")
         if "://" not in space.storage_path and checked != space.storage_path:
-            raise ConfigError(f"storage_path: {space.storage_path!r} is relative; allowed: an absolute folder "
-                              f"(every Ray node must reach it) or a URI such as s3://bucket/prefix")
+            raise ConfigError(
+                f"storage_path: {space.storage_path!r} is relative; allowed: an absolute folder "
+                f"(every Ray node must reach it) or a URI such as s3://bucket/prefix"
+            )
     return check_storage_path(storage_path)
 
 
 # what a study's start makes in its folder: removed again when the start fails before any trial
-_MADE_AT_START = ("space.yaml", "study.json", "driver.lock", "logs", "optuna.db", "optuna.db-wal", "optuna.db-shm",
-                  "tune")
+_MADE_AT_START = (
+    "space.yaml",
+    "study.json",
+    "driver.lock",
+    "logs",
+    "optuna.db",
+    "optuna.db-wal",
+    "optuna.db-shm",
+    "tune",
+)
 
 
 class rollback_if_unstarted:  # noqa: N801 - used as a context manager
@@ -280,8 +305,9 @@ class rollback_if_unstarted:  # noqa: N801 - used as a context manager
             return False
         reason = " ".join(str(err).split()) or type(err).__name__
         made = "nothing was kept" if self.created else "the study is unchanged"
-        raise AutoFLError(f"ray: could not start ({reason[:300]}); {made}; see the Ray logs under "
-                          f"/tmp/ray and retry") from None
+        raise AutoFLError(
+            f"ray: could not start ({reason[:300]}); {made}; see the Ray logs under /tmp/ray and retry"
+        ) from None
 
 
 def check_port(port: int, host: str = "127.0.0.1") -> None:
@@ -292,5 +318,7 @@ def check_port(port: int, host: str = "127.0.0.1") -> None:
         try:
             probe.bind((host, port))
         except OSError as err:
-            raise AutoFLError(f"--port {port}: cannot listen on {host}:{port} ({err.strerror}); pick another "
-                              f"port, e.g. --port {port + 1}") from None
+            raise AutoFLError(
+                f"--port {port}: cannot listen on {host}:{port} ({err.strerror}); pick another "
+                f"port, e.g. --port {port + 1}"
+            ) from None

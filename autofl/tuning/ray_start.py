@@ -39,8 +39,9 @@ def init_ray(address: str | None, worker_log: Path | None = None, verbose: bool 
         return
     # Ray's log records go where autofl.tuning.logs routes them (the study's logs/ folder); without
     # routing (e.g. in tests) Ray's own stderr handler, installed when ray is imported, stays
-    common: dict[str, Any] = dict(include_dashboard=False, configure_logging=False,
-                                  log_to_driver=verbose or worker_log is None)
+    common: dict[str, Any] = dict(
+        include_dashboard=False, configure_logging=False, log_to_driver=verbose or worker_log is None
+    )
     if worker_log is not None:
         from autofl.tuning.logs import worker_log_hook
 
@@ -52,8 +53,9 @@ def init_ray(address: str | None, worker_log: Path | None = None, verbose: bool 
     ray.init(address="local", num_cpus=len(os.sched_getaffinity(0)), **common)
 
 
-def start_ray(study_root: Path, address: str | None, verbose: bool,
-              meanwhile: Callable[[], None] | None = None) -> Path:
+def start_ray(
+    study_root: Path, address: str | None, verbose: bool, meanwhile: Callable[[], None] | None = None
+) -> Path:
     """Start (or connect to) Ray with its output routed into `<study>/logs/` (returned); `meanwhile`
     runs in a thread while Ray's processes start."""
     tune_environment()

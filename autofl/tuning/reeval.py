@@ -79,11 +79,16 @@ def candidates(study: Study, top: int) -> list[Candidate]:
     ot = study.load_optuna()
     space = study.space()
     if space.multi_objective:
-        raise AutoFLError(f"re-evaluation: study {study.name!r} is multi-objective ({', '.join(space.metrics)}); "
-                          f"re-evaluation ranks configs on one objective: see its Pareto front with "
-                          f"autofl best-config export {study.name} --pareto")
-    complete = [t for t in (ot.get_trials(deepcopy=False) if ot is not None else [])
-                if t.state.name == "COMPLETE" and t.value is not None and math.isfinite(t.value)]
+        raise AutoFLError(
+            f"re-evaluation: study {study.name!r} is multi-objective ({', '.join(space.metrics)}); "
+            f"re-evaluation ranks configs on one objective: see its Pareto front with "
+            f"autofl best-config export {study.name} --pareto"
+        )
+    complete = [
+        t
+        for t in (ot.get_trials(deepcopy=False) if ot is not None else [])
+        if t.state.name == "COMPLETE" and t.value is not None and math.isfinite(t.value)
+    ]
     if not complete:
         raise AutoFLError(f"study {study.name!r} has no completed trial to re-evaluate; see autofl status {study.name}")
     complete = best_first(complete, key=lambda t: t.value, mode=space.mode)
@@ -92,8 +97,14 @@ def candidates(study: Study, top: int) -> list[Candidate]:
     default_params = {} if method is None else {"method.name": method}
     default_point = next((p for p in start_points(space) if p.get("method.name") == method), {})
     default_trial = next((t for t in complete if default_point and t.params == default_point), None)
-    chosen = [Candidate(DEFAULT_LABEL, default_trial.number if default_trial else None, default_params,
-                        default_trial.value if default_trial else None)]
+    chosen = [
+        Candidate(
+            DEFAULT_LABEL,
+            default_trial.number if default_trial else None,
+            default_params,
+            default_trial.value if default_trial else None,
+        )
+    ]
     for t in complete:
         if len(chosen) > top:
             break
@@ -132,12 +143,18 @@ def plan(study: Study, seeds: int, top: int, vary_partition: bool) -> tuple[list
 def record_run(study: Study, run: Run, result: dict[str, Any]) -> None:
     from autofl.tuning.objectives import REPORTED_KEYS
 
-    _write_json(runs_dir(study) / f"{run.key}.json", {
-        "candidate": run.candidate.label, "trial": run.candidate.trial, "params": run.candidate.params,
-        "seed": run.seed, "vary_partition": run.vary_partition,
-        "metrics": {k: result[k] for k in REPORTED_KEYS if result.get(k) is not None},
-        "diverged": result.get("diverged"),
-    })
+    _write_json(
+        runs_dir(study) / f"{run.key}.json",
+        {
+            "candidate": run.candidate.label,
+            "trial": run.candidate.trial,
+            "params": run.candidate.params,
+            "seed": run.seed,
+            "vary_partition": run.vary_partition,
+            "metrics": {k: result[k] for k in REPORTED_KEYS if result.get(k) is not None},
+            "diverged": result.get("diverged"),
+        },
+    )
 
 
 def t_interval(values: list[float], confidence: float = 0.95) -> dict[str, float]:
@@ -167,8 +184,13 @@ def summarize(study: Study, chosen: list[Candidate], runs: list[Run]) -> dict[st
     rows = []
     for c in chosen:
         per_seed = by_label[c.label]
-        row: dict[str, Any] = {"candidate": c.label, "trial": c.trial, "params": c.params,
-                               "search_value": c.search_value, "seeds": sorted(per_seed)}
+        row: dict[str, Any] = {
+            "candidate": c.label,
+            "trial": c.trial,
+            "params": c.params,
+            "search_value": c.search_value,
+            "seeds": sorted(per_seed),
+        }
         for metric in (space.objective, *TEST_METRICS):
             values = [m[metric] for m in per_seed.values() if metric in m]
             if values:
@@ -181,9 +203,15 @@ def summarize(study: Study, chosen: list[Candidate], runs: list[Run]) -> dict[st
         rows.append(row)
     complete = [r for r in rows if space.objective in r]
     top = best(complete, key=lambda r: r[space.objective]["mean"], mode=space.mode)
-    return {"objective": space.objective, "mode": space.mode, "seeds": sorted({r.seed for r in runs}),
-            "vary_partition": any(r.vary_partition for r in runs), "rows": rows,
-            "best": top["candidate"] if top else None, "verdict": verdict(top, space.objective, space.mode)}
+    return {
+        "objective": space.objective,
+        "mode": space.mode,
+        "seeds": sorted({r.seed for r in runs}),
+        "vary_partition": any(r.vary_partition for r in runs),
+        "rows": rows,
+        "best": top["candidate"] if top else None,
+        "verdict": verdict(top, space.objective, space.mode),
+    }
 
 
 def verdict(best: dict[str, Any] | None, objective: str, mode: str) -> str:
@@ -194,14 +222,18 @@ def verdict(best: dict[str, Any] | None, objective: str, mode: str) -> str:
         return f"the paper default has the best mean {objective}: no searched config beats it over these seeds"
     diff = best.get(f"diff_{objective}")
     if diff is None or diff["n"] < 2:
-        return f"{best['candidate']} has the best mean {objective}, but too few paired seeds to test it against " \
-               f"the default"
+        return (
+            f"{best['candidate']} has the best mean {objective}, but too few paired seeds to test it against "
+            f"the default"
+        )
     better_by, low, high = gain(diff, mode)
     span = f"{better_by:+.4f}, 95% CI [{low:+.4f}, {high:+.4f}] over {diff['n']} paired seeds"
     if low > 0:
         return f"significant: {best['candidate']} beats the paper default on {objective} by {span}"
-    return f"not significant: {best['candidate']} vs the paper default on {objective} is {span}; the CI " \
-           f"includes 0, so the gain is within seed noise"
+    return (
+        f"not significant: {best['candidate']} vs the paper default on {objective} is {span}; the CI "
+        f"includes 0, so the gain is within seed noise"
+    )
 
 
 def save_summary(study: Study, summary: dict[str, Any]) -> None:
@@ -219,9 +251,15 @@ def load_summary(study: Study) -> dict[str, Any] | None:
         return None
 
 
-def reevaluate(study: Study, seeds: int, top: int, vary_partition: bool, address: str | None,
-               on_done: Callable[[Run, dict], None] = lambda run, result: None,
-               on_plan: Callable[[int, int], None] = lambda missing, total: None) -> dict[str, Any]:
+def reevaluate(
+    study: Study,
+    seeds: int,
+    top: int,
+    vary_partition: bool,
+    address: str | None,
+    on_done: Callable[[Run, dict], None] = lambda run, result: None,
+    on_plan: Callable[[int, int], None] = lambda missing, total: None,
+) -> dict[str, Any]:
     """Run what is missing of (default + `top` best) x `seeds` fresh seeds; summarize and store."""
     chosen, runs = plan(study, seeds, top, vary_partition)
     done = load_finished(study)
@@ -237,17 +275,23 @@ def reevaluate(study: Study, seeds: int, top: int, vary_partition: bool, address
             on_done(missing[index], result)
 
         try:
-            errored = [missing[i].key for i in
-                       run_configs(study, [r.values(data_seed) for r in missing], address, recorded, name="reeval")]
+            errored = [
+                missing[i].key
+                for i in run_configs(study, [r.values(data_seed) for r in missing], address, recorded, name="reeval")
+            ]
         except KeyboardInterrupt:  # no summary from the runs that happened to finish
             saved = len(set(load_finished(study)) & {r.key for r in runs})
-            raise ReevalInterrupted(f"re-evaluation interrupted; {saved} of {len(runs)} runs are saved: run the "
-                                    f"same command again to finish") from None
+            raise ReevalInterrupted(
+                f"re-evaluation interrupted; {saved} of {len(runs)} runs are saved: run the "
+                f"same command again to finish"
+            ) from None
     else:
         errored = []
     summary = summarize(study, chosen, runs)
     save_summary(study, summary)
     if errored:
-        raise AutoFLError(f"re-evaluation: {len(errored)} run(s) failed ({', '.join(errored[:3])}); the others are "
-                          f"saved: run the same command again to retry the failed ones")
+        raise AutoFLError(
+            f"re-evaluation: {len(errored)} run(s) failed ({', '.join(errored[:3])}); the others are "
+            f"saved: run the same command again to retry the failed ones"
+        )
     return summary

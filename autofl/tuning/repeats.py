@@ -55,8 +55,9 @@ def tell_as_twin(study: Any, trial: Any, twin: Any) -> None:
         study.tell(trial, state=TrialState.PRUNED)
 
 
-def ask_unseen(study: Any, define: Callable[[Any], Any], tries: int = REPEAT_TRIES,
-               space_size: int | None = None) -> tuple[Any, Any]:
+def ask_unseen(
+    study: Any, define: Callable[[Any], Any], tries: int = REPEAT_TRIES, space_size: int | None = None
+) -> tuple[Any, Any]:
     """`study.ask()` and `define(trial)` (define-by-run), skipping proposals a finished trial already
     trained (told as their twin). Returns the trial to train and what `define` returned. Once every
     one of a finite space's `space_size` configs was trained, nothing is unseen: a plain ask."""

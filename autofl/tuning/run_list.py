@@ -36,25 +36,35 @@ class _Recorder(Callback):
         self.errored.append(trial.config["run"])
 
 
-def run_configs(study: Study, configs: list[dict[str, Any]], address: str | None,
-                on_done: Callable[[int, dict], None], name: str = "runs") -> list[int]:
+def run_configs(
+    study: Study,
+    configs: list[dict[str, Any]],
+    address: str | None,
+    on_done: Callable[[int, dict], None],
+    name: str = "runs",
+) -> list[int]:
     """Train every config of `configs` (trial values on the study's space) once, in parallel with
     the study's resources; `on_done(index, last_result)` as each completes. Returns the indices
     of the runs that errored (not handed to `on_done`). A Ctrl-C (Tune ends its loop gracefully and
     returns as if done) raises KeyboardInterrupt once Tune has returned."""
     space = study.space()
     init_ray(address)
-    trainable = study_trainable(space, RunListTrainable, runs=configs,
-                                checkpoint_every_s=math.inf)  # a run is re-run, not restored, after a kill
+    trainable = study_trainable(
+        space, RunListTrainable, runs=configs, checkpoint_every_s=math.inf
+    )  # a run is re-run, not restored, after a kill
     recorder = _Recorder(on_done)
     tuner = tune.Tuner(
         trainable,
         param_space={"run": tune.grid_search(list(range(len(configs))))},
         tune_config=tune.TuneConfig(reuse_actors=True),
         run_config=tune.RunConfig(
-            name=f"{name}-{time.strftime('%Y%m%d-%H%M%S')}", storage_path=study.tune_root(), verbose=0,
-            callbacks=[recorder, interrupt.InterruptWatch()], failure_config=tune.FailureConfig(max_failures=0),
-            checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=0, checkpoint_at_end=False)),
+            name=f"{name}-{time.strftime('%Y%m%d-%H%M%S')}",
+            storage_path=study.tune_root(),
+            verbose=0,
+            callbacks=[recorder, interrupt.InterruptWatch()],
+            failure_config=tune.FailureConfig(max_failures=0),
+            checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=0, checkpoint_at_end=False),
+        ),
     )
     with interrupt.watching():  # puts the SIGINT handler back: Tune leaves its own when no signal came
         tuner.fit()

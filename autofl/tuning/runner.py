@@ -134,8 +134,9 @@ def top_up(study: Study, address: str | None) -> None:
         mark_finished(study)
 
 
-def run_study(study: Study, trials: int | None = None, address: str | None = None, resume: bool = False,
-              join_shared: bool = False) -> None:
+def run_study(
+    study: Study, trials: int | None = None, address: str | None = None, resume: bool = False, join_shared: bool = False
+) -> None:
     """The one entry point (CLI and Python API): run a new study, resume or extend one
     (`resume`, `trials` to add), or add a driver to a shared one (`join_shared`). Ray must be
     started (autofl.tuning.ray_start.start_ray) or `address` given."""

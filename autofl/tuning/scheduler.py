@@ -25,8 +25,17 @@ class StudyASHA(FIFOScheduler):
     """ASHA (one bracket) or asynchronous Hyperband (`brackets` > 1: bracket s starts its rungs at
     grace_period * reduction_factor**s, and a trial's bracket is drawn from its id)."""
 
-    def __init__(self, ledger: Ledger, max_t: int, grace_period: float = 1, reduction_factor: float = 2,
-                 time_attr: str = "round", metric: str | None = None, mode: str | None = None, brackets: int = 1):
+    def __init__(
+        self,
+        ledger: Ledger,
+        max_t: int,
+        grace_period: float = 1,
+        reduction_factor: float = 2,
+        time_attr: str = "round",
+        metric: str | None = None,
+        mode: str | None = None,
+        brackets: int = 1,
+    ):
         super().__init__()
         self._ledger = ledger
         self._time_attr, self._max_t, self._rf = time_attr, max_t, reduction_factor
@@ -86,10 +95,14 @@ class StudyASHA(FIFOScheduler):
         """Take the rungs from the ledger (once per driver); returns how many values they held."""
         if self._rung_history is not None:
             return 0
-        self._rung_history = [self._ledger.rung_history(rungs, self._max_t,
-                                                 None if len(self._milestones) == 1 else
-                                                 functools.partial(self._number_in_bracket, s))
-                       for s, rungs in enumerate(self._milestones)]
+        self._rung_history = [
+            self._ledger.rung_history(
+                rungs,
+                self._max_t,
+                None if len(self._milestones) == 1 else functools.partial(self._number_in_bracket, s),
+            )
+            for s, rungs in enumerate(self._milestones)
+        ]
         return sum(len(recorded) for bracket in self._rung_history for recorded in bracket.values())
 
     def on_trial_add(self, tune_controller: Any, trial: Any) -> None:
@@ -105,8 +118,9 @@ class StudyASHA(FIFOScheduler):
         number = self._ledger.number_of(trial_id)
         if number is None or self._rung_history is None:
             return
-        earlier = next((t.user_attrs.get("earlier_tune_trial_ids") or [] for t in self._ledger.trials()
-                        if t.number == number), [])
+        earlier = next(
+            (t.user_attrs.get("earlier_tune_trial_ids") or [] for t in self._ledger.trials() if t.number == number), []
+        )
         for bracket in self._rung_history:
             for recorded in bracket.values():
                 for old in earlier:
@@ -138,5 +152,7 @@ class StudyASHA(FIFOScheduler):
             self._record(trial.trial_id, result[self._time_attr], result[self._metric])
 
     def debug_string(self) -> str:
-        return "StudyASHA: " + "; ".join(" | ".join(f"round {m:g}: {len(r)} trials" for m, r in bracket.items())
-                                         for bracket in (self._rung_history or []))
+        return "StudyASHA: " + "; ".join(
+            " | ".join(f"round {m:g}: {len(r)} trials" for m, r in bracket.items())
+            for bracket in (self._rung_history or [])
+        )

@@ -41,9 +41,19 @@ def noting_failed_writes() -> Iterator[None]:
 class StudySearcher(Searcher):
     CKPT_FILE_TMPL = "searcher-state-{}.json"
 
-    def __init__(self, ledger: Ledger, define: Callable[[Any], dict[str, Any] | None], sampler: Any,
-                 metric: str | list[str], mode: str | list[str], max_t: int, run_name: str, budget: int,
-                 points_to_evaluate: list[dict[str, Any]] | None = None, skip_repeats: bool = False):
+    def __init__(
+        self,
+        ledger: Ledger,
+        define: Callable[[Any], dict[str, Any] | None],
+        sampler: Any,
+        metric: str | list[str],
+        mode: str | list[str],
+        max_t: int,
+        run_name: str,
+        budget: int,
+        points_to_evaluate: list[dict[str, Any]] | None = None,
+        skip_repeats: bool = False,
+    ):
         # Ray's Searcher keeps lists (several objectives) as they are; its annotation says str
         super().__init__(metric=metric, mode=mode)  # type: ignore[arg-type]
         self._skip_repeats = skip_repeats  # sampler.skip_repeats: autofl/tuning/repeats.py
@@ -87,8 +97,15 @@ class StudySearcher(Searcher):
         if self._max_concurrent and live >= self._max_concurrent:
             return None  # asked again when a trial completes
         skip_repeats = getattr(self, "_skip_repeats", False)  # a searcher pickled before the option: off
-        asked = self._ledger.ask(self._run_name, trial_id, set(self._trials), self._budget, self._sampler,
-                                 self._define, skip_repeats=skip_repeats)
+        asked = self._ledger.ask(
+            self._run_name,
+            trial_id,
+            set(self._trials),
+            self._budget,
+            self._sampler,
+            self._define,
+            skip_repeats=skip_repeats,
+        )
         if asked is None:
             return Searcher.FINISHED
         number, params = asked
@@ -112,8 +129,12 @@ class StudySearcher(Searcher):
 
     # ---- Tune's experiment snapshot: JSON, the rest is in the Optuna storage -------------------
     def get_state(self) -> dict[str, Any]:
-        return {"trials": self._trials, "finished": sorted(self._finished), "run": self._run_name,
-                "budget": self._budget}
+        return {
+            "trials": self._trials,
+            "finished": sorted(self._finished),
+            "run": self._run_name,
+            "budget": self._budget,
+        }
 
     def set_state(self, state: dict[str, Any]) -> None:
         self._trials = {str(k): int(v) for k, v in state["trials"].items()}

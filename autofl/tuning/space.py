@@ -72,8 +72,10 @@ class ParamSpec(Strict):
         count = value_count(self)
         if count is not None and count > MAX_PARAM_VALUES:  # issue 42: a sampler (gp) lists every value
             how = "a larger step" + (", or no step (a continuous range)" if self.type == "float" else "")
-            raise ValueError(f"{_count_text(count)} values from low={self.low:g} to high={self.high:g} in steps of "
-                             f"{self.step or 1:g}; allowed: at most {MAX_PARAM_VALUES} values per param ({how})")
+            raise ValueError(
+                f"{_count_text(count)} values from low={self.low:g} to high={self.high:g} in steps of "
+                f"{self.step or 1:g}; allowed: at most {MAX_PARAM_VALUES} values per param ({how})"
+            )
         return self
 
     def contains(self, value: Any) -> bool:
@@ -89,9 +91,12 @@ class ParamSpec(Strict):
 
 class ResourcesSpec(Strict):
     cpu: float = Field(1.0, gt=0)
-    gpu: float | Literal["auto"] = Field(0.0, description="fractional values share a GPU between trials; "
-                                         "auto: as many trials per GPU as a dry round's peak memory allows "
-                                         "(0 without a GPU; see autofl/tuning/gpu_packing.py)")
+    gpu: float | Literal["auto"] = Field(
+        0.0,
+        description="fractional values share a GPU between trials; "
+        "auto: as many trials per GPU as a dry round's peak memory allows "
+        "(0 without a GPU; see autofl/tuning/gpu_packing.py)",
+    )
     _auto_line: str | None = PrivateAttr(None)  # what `gpu: auto` resolved to and why
 
     @field_validator("gpu", mode="before")
@@ -113,9 +118,13 @@ class ResourcesSpec(Strict):
         if self.gpu == "auto":
             raise RuntimeError("resources.gpu: auto is not resolved yet (SearchSpace resolves it)")
         return self.gpu
+
     max_concurrent: int | None = Field(
-        None, ge=1, description="trials in flight at once; default: as many as the cluster holds when the run "
-        "starts (set it higher on an autoscaling cluster)")
+        None,
+        ge=1,
+        description="trials in flight at once; default: as many as the cluster holds when the run "
+        "starts (set it higher on an autoscaling cluster)",
+    )
 
 
 class SearchSpace(Strict):
@@ -123,34 +132,62 @@ class SearchSpace(Strict):
     base: dict[str, Any] = Field(default_factory=dict, description="an experiment config, as for autofl train")
     params: dict[str, ParamSpec] = Field(default_factory=dict)
     conditional: dict[str, dict[str, ParamSpec]] = Field(
-        default_factory=dict, description="method name -> params searched only when method.name is that method")
+        default_factory=dict, description="method name -> params searched only when method.name is that method"
+    )
     method_base: dict[str, dict[str, Any]] = Field(
-        default_factory=dict, description="method name -> config overlay on base when that method runs (its paper "
-        "fl and method settings); rounds and data stay the study's, so methods compare on equal terms")
+        default_factory=dict,
+        description="method name -> config overlay on base when that method runs (its paper "
+        "fl and method settings); rounds and data stay the study's, so methods compare on equal terms",
+    )
     objective: str = "personal_val_acc"
     mode: Literal["max", "min"] = "max"
-    objectives: list[str] | None = Field(None, description="2 or more validation metrics: a multi-objective "
-                                         "study (a Pareto front; scheduler none)")
-    modes: list[Literal["max", "min"]] | None = Field(None, description="one per objective; default max, and min "
-                                                      "for a spread (*_std)")
+    objectives: list[str] | None = Field(
+        None, description="2 or more validation metrics: a multi-objective study (a Pareto front; scheduler none)"
+    )
+    modes: list[Literal["max", "min"]] | None = Field(
+        None, description="one per objective; default max, and min for a spread (*_std)"
+    )
     trials: int = Field(20, ge=1, le=100_000)
-    time_budget_s: float | None = Field(None, gt=0, description="wall seconds per driver run; then its trials "
-                                        "in flight are stopped (recorded PRUNED) and no new one starts")
-    budget_rounds: int | None = Field(None, ge=1, description="FL rounds trained by all the study's trials "
-                                      "together; once reached, trials in flight stop (PRUNED), none starts")
+    time_budget_s: float | None = Field(
+        None,
+        gt=0,
+        description="wall seconds per driver run; then its trials "
+        "in flight are stopped (recorded PRUNED) and no new one starts",
+    )
+    budget_rounds: int | None = Field(
+        None,
+        ge=1,
+        description="FL rounds trained by all the study's trials "
+        "together; once reached, trials in flight stop (PRUNED), none starts",
+    )
     sampler: SamplerSpec = Field(default_factory=SamplerSpec)
     scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
-    storage: str | None = Field(None, description="sqlite:////PATH.db, postgresql+psycopg://USER@HOST:PORT/DB, "
-                                 "journal:///PATH.log or journal://NAME.log (a file in the study folder, for a "
-                                 "shared filesystem); default: sqlite file in the study folder")
-    storage_path: str | None = Field(None, description="where Tune keeps experiments and trial checkpoints "
-                                     "(default: the study folder); on a multi-node cluster a folder or URI "
-                                     "(s3://, gs://) every node reaches")
-    checkpoint_every_s: float = Field(30.0, ge=0, description="a trial checkpoints once this much training is "
-                                      "unsaved (0: every evaluated round), and at its end; it keeps its last 2 (all, under 4 s)")
-    max_failures: int = Field(2, ge=0, le=100, description="a trial whose worker dies (killed, out of memory, a "
-                              "lost node) restarts from its last checkpoint up to this many times")
+    storage: str | None = Field(
+        None,
+        description="sqlite:////PATH.db, postgresql+psycopg://USER@HOST:PORT/DB, "
+        "journal:///PATH.log or journal://NAME.log (a file in the study folder, for a "
+        "shared filesystem); default: sqlite file in the study folder",
+    )
+    storage_path: str | None = Field(
+        None,
+        description="where Tune keeps experiments and trial checkpoints "
+        "(default: the study folder); on a multi-node cluster a folder or URI "
+        "(s3://, gs://) every node reaches",
+    )
+    checkpoint_every_s: float = Field(
+        30.0,
+        ge=0,
+        description="a trial checkpoints once this much training is "
+        "unsaved (0: every evaluated round), and at its end; it keeps its last 2 (all, under 4 s)",
+    )
+    max_failures: int = Field(
+        2,
+        ge=0,
+        le=100,
+        description="a trial whose worker dies (killed, out of memory, a "
+        "lost node) restarts from its last checkpoint up to this many times",
+    )
     seed: int = Field(0, ge=0, le=2**32 - 1, description="the sampler's seed")
     start_from_base: bool = Field(True, description="first trial = the base config's values (the paper default)")
 
@@ -172,8 +209,9 @@ class SearchSpace(Strict):
         if self.resources.gpu == "auto":
             from autofl.tuning.gpu_packing import resolve_auto_gpu
 
-            self.resources.gpu, self.resources._auto_line = resolve_auto_gpu(self.base_experiment(), self.resources.cpu,
-                                                                             self.resources.max_concurrent)
+            self.resources.gpu, self.resources._auto_line = resolve_auto_gpu(
+                self.base_experiment(), self.resources.cpu, self.resources.max_concurrent
+            )
         return self
 
     @model_validator(mode="after")
@@ -183,8 +221,10 @@ class SearchSpace(Strict):
         for i, name in enumerate(self.objectives or [self.objective]):
             field = f"objectives[{i}]" if self.objectives else "objective"
             if name not in VALIDATION_OBJECTIVES:
-                raise ValueError(f"{field}: {name!r} is not a validation metric; allowed: "
-                                 f"{', '.join(VALIDATION_OBJECTIVES)} (test metrics are reported, never optimized)")
+                raise ValueError(
+                    f"{field}: {name!r} is not a validation metric; allowed: "
+                    f"{', '.join(VALIDATION_OBJECTIVES)} (test metrics are reported, never optimized)"
+                )
         if self.conditional and "method.name" not in self.params:
             raise ValueError("conditional: needs method.name among params (conditional params follow the method)")
         check_strategy(self)
@@ -195,8 +235,9 @@ class SearchSpace(Strict):
         (what single-metric displays show); ASHA cannot rank trials on several metrics."""
         names = self.objectives or []
         if len(names) < 2 or len(set(names)) != len(names):
-            raise ValueError(f"objectives: {names} must name 2 or more different validation metrics; for one, "
-                             f"use objective:")
+            raise ValueError(
+                f"objectives: {names} must name 2 or more different validation metrics; for one, use objective:"
+            )
         if self.modes is None:
             self.modes = [default_mode(n) for n in names]
         if len(self.modes) != len(names):
@@ -224,8 +265,9 @@ class SearchSpace(Strict):
         return self.base_experiment().fl.rounds
 
 
-def experiment_dict(base: dict[str, Any], values: dict[str, Any],
-                    method_base: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+def experiment_dict(
+    base: dict[str, Any], values: dict[str, Any], method_base: dict[str, dict[str, Any]] | None = None
+) -> dict[str, Any]:
     """The base config, with the chosen method's `method_base` overlay, with searched values set
     (keys may carry a '<method>:' prefix)."""
     import copy
@@ -258,8 +300,9 @@ def _config_key(key: str) -> str:
     return key.split(CONDITIONAL_SEP, 1)[-1]
 
 
-def _check_keys(space: SearchSpace, method: str | None, params: dict[str, ParamSpec], paths: dict[str, str],
-                where: str) -> None:
+def _check_keys(
+    space: SearchSpace, method: str | None, params: dict[str, ParamSpec], paths: dict[str, str], where: str
+) -> None:
     """Build the experiment with each param's example value: unknown keys and bad methods fail here.
     `paths[key]` is where the space file declares `key` (params.<key> or conditional.<method>.<key>):
     an error is reported under the param it is about, not under the one being checked when it came."""
@@ -294,9 +337,11 @@ def validate_space(space: SearchSpace) -> None:
         raise ConfigError(f"base.{err}") from None
     rounds = base.fl.rounds  # the schedulers' max_t: a trial's rounds
     if space.scheduler.kind != "none" and space.scheduler.grace_period > rounds:
-        raise ConfigError(f"scheduler.grace_period: {space.scheduler.grace_period} is more than the {rounds} rounds "
-                          f"a trial runs (base fl.rounds), so no trial would ever be stopped; allowed: 1..{rounds}, "
-                          f"or scheduler: {{kind: none}} to run every trial to the end")
+        raise ConfigError(
+            f"scheduler.grace_period: {space.scheduler.grace_period} is more than the {rounds} rounds "
+            f"a trial runs (base fl.rounds), so no trial would ever be stopped; allowed: 1..{rounds}, "
+            f"or scheduler: {{kind: none}} to run every trial to the end"
+        )
     searched = "method.name" in space.params
     choices = (space.params["method.name"].choices or []) if searched else [base.method.name]
     methods = [str(m) for m in choices]  # the methods this study runs
@@ -304,33 +349,45 @@ def validate_space(space: SearchSpace) -> None:
         shared = {k: v for k, v in space.params.items() if k != "method.name"}
         for method in choices:
             own = space.conditional.get(str(method), {})
-            paths = {"method.name": "params.method.name", **{k: f"params.{k}" for k in shared},
-                     **{k: f"conditional.{method}.{k}" for k in own}}
+            paths = {
+                "method.name": "params.method.name",
+                **{k: f"params.{k}" for k in shared},
+                **{k: f"conditional.{method}.{k}" for k in own},
+            }
             _check_keys(space, method, {**shared, **own}, paths, "params")
         unknown = set(space.conditional) - set(methods)
         if unknown:
-            raise ConfigError(f"conditional.{sorted(unknown)[0]}: not among method.name choices; allowed: "
-                              f"{', '.join(methods)}")
+            raise ConfigError(
+                f"conditional.{sorted(unknown)[0]}: not among method.name choices; allowed: {', '.join(methods)}"
+            )
     else:
         _check_keys(space, None, space.params, {k: f"params.{k}" for k in space.params}, "params")
     for method, overlay in space.method_base.items():
         if method not in methods:
             raise ConfigError(f"method_base.{method}: not a method this study runs; allowed: {', '.join(methods)}")
-        fixed = [k for k in ("data", "seed") if k in overlay] + (["fl.rounds"] if "rounds" in overlay.get("fl", {}) else [])
+        fixed = [k for k in ("data", "seed") if k in overlay] + (
+            ["fl.rounds"] if "rounds" in overlay.get("fl", {}) else []
+        )
         if fixed:
-            raise ConfigError(f"method_base.{method}.{fixed[0]}: the study's own for every method (equal data and "
-                              f"rounds); allowed: fl (but rounds), model, method, runtime")
+            raise ConfigError(
+                f"method_base.{method}.{fixed[0]}: the study's own for every method (equal data and "
+                f"rounds); allowed: fl (but rounds), model, method, runtime"
+            )
     val_spec = space.params.get("data.split.val")
     if base.data.split.val == 0 or (val_spec is not None and val_spec.example() == 0):
-        raise ConfigError(f"objective: {space.objective} needs validation samples, but data.split.val can be 0; "
-                          f"allowed: data.split.val > 0 (the test split is reported, never optimized)")
+        raise ConfigError(
+            f"objective: {space.objective} needs validation samples, but data.split.val can be 0; "
+            f"allowed: data.split.val > 0 (the test split is reported, never optimized)"
+        )
     if "global_val_acc" in space.metrics:
         from autofl.methods.registry import get_method_class
 
         for m in methods:
             if not get_method_class(m).has_global_model:
-                raise ConfigError(f"objective: method {m} has no global model, so global_val_acc is undefined; "
-                                  f"allowed: {', '.join(o for o in VALIDATION_OBJECTIVES if o != 'global_val_acc')}")
+                raise ConfigError(
+                    f"objective: method {m} has no global model, so global_val_acc is undefined; "
+                    f"allowed: {', '.join(o for o in VALIDATION_OBJECTIVES if o != 'global_val_acc')}"
+                )
 
 
 def load_space(path: str | Path) -> SearchSpace:
@@ -391,7 +448,9 @@ def method_default_points(space: SearchSpace) -> list[dict[str, Any]]:
         resolved = build_experiment(space.config({"method.name": method})).model_dump()
         point: dict[str, Any] = {"method.name": method}
         keys = [(k, k, spec) for k, spec in space.params.items() if k != "method.name"]
-        keys += [(f"{method}{CONDITIONAL_SEP}{k}", k, spec) for k, spec in space.conditional.get(str(method), {}).items()]
+        keys += [
+            (f"{method}{CONDITIONAL_SEP}{k}", k, spec) for k, spec in space.conditional.get(str(method), {}).items()
+        ]
         for name, key, spec in keys:
             value = _lookup(resolved, key)
             if value is not None and spec.contains(value):
@@ -475,26 +534,38 @@ def check_strategy(space: SearchSpace) -> None:
     params = all_params(space)
     kind = space.sampler.kind
     if space.multi_objective and space.scheduler.kind != "none":
-        raise ValueError(f"scheduler.kind: {space.scheduler.kind!r} ranks trials by one metric; a multi-objective "
-                         f"study needs scheduler: {{kind: none}}")
+        raise ValueError(
+            f"scheduler.kind: {space.scheduler.kind!r} ranks trials by one metric; a multi-objective "
+            f"study needs scheduler: {{kind: none}}"
+        )
     if kind == "grid":
         for name, spec in params.items():
             if grid_values(spec) is None:
-                raise ValueError(f"sampler.kind: grid needs discrete params, but {name} is a continuous float; "
-                                 f"give it step: or choices:, or use kind tpe, random, gp, cmaes or qmc")
+                raise ValueError(
+                    f"sampler.kind: grid needs discrete params, but {name} is a continuous float; "
+                    f"give it step: or choices:, or use kind tpe, random, gp, cmaes or qmc"
+                )
         size = grid_size(space)
         if size > MAX_GRID_CONFIGS:
             widest = max(params, key=lambda name: grid_count(params[name]))
-            raise ValueError(f"sampler.kind: grid over {_count_text(size)} configs ({widest} alone takes "
-                             f"{grid_count(params[widest])} values); allowed: at most {MAX_GRID_CONFIGS} configs "
-                             f"(larger steps or fewer choices, or kind random, tpe, gp, cmaes or qmc)")
+            raise ValueError(
+                f"sampler.kind: grid over {_count_text(size)} configs ({widest} alone takes "
+                f"{grid_count(params[widest])} values); allowed: at most {MAX_GRID_CONFIGS} configs "
+                f"(larger steps or fewer choices, or kind random, tpe, gp, cmaes or qmc)"
+            )
         if space.trials > size:
-            raise ValueError(f"trials: {space.trials} is more than the grid's {size} configs; allowed: "
-                             f"1..{size} with sampler kind grid")
+            raise ValueError(
+                f"trials: {space.trials} is more than the grid's {size} configs; allowed: "
+                f"1..{size} with sampler kind grid"
+            )
     if kind == "cmaes":
         if space.multi_objective:
-            raise ValueError("sampler.kind: cmaes optimizes one objective; a multi-objective study takes kind tpe, "
-                             "random, grid, gp or qmc")
+            raise ValueError(
+                "sampler.kind: cmaes optimizes one objective; a multi-objective study takes kind tpe, "
+                "random, grid, gp or qmc"
+            )
         if all(spec.type == "categorical" for spec in params.values()):
-            raise ValueError("sampler.kind: cmaes searches int and float params, and every param here is "
-                             "categorical; use kind tpe, gp, random or grid")
+            raise ValueError(
+                "sampler.kind: cmaes searches int and float params, and every param here is "
+                "categorical; use kind tpe, gp, random or grid"
+            )

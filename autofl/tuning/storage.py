@@ -75,29 +75,38 @@ def check_storage_url(url: str, where: str | None, allow_password: bool = False)
         raise ValueError(f"{prefix}{mask_url(url)!r} is not a database URL; allowed: {ALLOWED}") from None
     backend, driver = parsed.get_backend_name(), parsed.get_driver_name()
     if not allow_password and [k for k in parsed.query if is_secret_key(k)]:
-        raise ValueError(f"{prefix}the URL holds a password (?password=), and this file is copied into the study "
-                         f"folder; remove it and set PGPASSWORD or a ~/.pgpass line instead")
+        raise ValueError(
+            f"{prefix}the URL holds a password (?password=), and this file is copied into the study "
+            f"folder; remove it and set PGPASSWORD or a ~/.pgpass line instead"
+        )
     if backend == "postgresql":
         if driver != "psycopg":
-            raise ValueError(f"{prefix}PostgreSQL goes through psycopg 3: write postgresql+psycopg://..., "
-                             f"not {backend}+{driver}://")
+            raise ValueError(
+                f"{prefix}PostgreSQL goes through psycopg 3: write postgresql+psycopg://..., not {backend}+{driver}://"
+            )
         try:
             import psycopg  # noqa: F401
         except ImportError:
             raise ValueError(f"{prefix}PostgreSQL needs psycopg: pip install 'psycopg[binary]'") from None
         if parsed.password is not None and not allow_password:
-            raise ValueError(f"{prefix}the URL holds a password, and this file is copied into the study folder; "
-                             f"remove it and set PGPASSWORD or a ~/.pgpass line instead")
+            raise ValueError(
+                f"{prefix}the URL holds a password, and this file is copied into the study folder; "
+                f"remove it and set PGPASSWORD or a ~/.pgpass line instead"
+            )
         if not parsed.database:
             raise ValueError(f"{prefix}{mask_url(url)!r} names no database; allowed: {ALLOWED}")
     elif backend == "sqlite":
         database = parsed.database or ""
         if database in ("", ":memory:") or "mode=memory" in str(parsed.query.get("mode", "")) + database:
-            raise ValueError(f"{prefix}{mask_url(url)!r} is an in-memory database, which the trial processes "
-                             f"cannot share and which is lost at exit; allowed: sqlite:////ABSOLUTE/PATH.db")
+            raise ValueError(
+                f"{prefix}{mask_url(url)!r} is an in-memory database, which the trial processes "
+                f"cannot share and which is lost at exit; allowed: sqlite:////ABSOLUTE/PATH.db"
+            )
         if not os.path.isabs(database) and not database.startswith("file:"):
-            raise ValueError(f"{prefix}{mask_url(url)!r} is a relative path (trials run in other folders); "
-                             f"allowed: sqlite:////ABSOLUTE/PATH.db (four slashes)")
+            raise ValueError(
+                f"{prefix}{mask_url(url)!r} is a relative path (trials run in other folders); "
+                f"allowed: sqlite:////ABSOLUTE/PATH.db (four slashes)"
+            )
     else:
         raise ValueError(f"{prefix}back-end {backend!r} is not supported; allowed: {ALLOWED}")
     return url
@@ -110,7 +119,7 @@ def is_journal(url: str) -> bool:
 def journal_path(url: str) -> str:
     """The file a journal URL names: `journal:///abs/x.log` -> `/abs/x.log`, `journal://x.log` and
     `journal:x.log` -> `x.log` (relative: a file in the study folder)."""
-    path = url[len(JOURNAL):]
+    path = url[len(JOURNAL) :]
     return path[2:] if path.startswith("//") else path
 
 
@@ -147,8 +156,14 @@ def without_password(url: str) -> str:
         return url
     parsed = make_url(url)  # URL.set(password=None) keeps the password: build the URL again without it
     query = {k: v for k, v in parsed.query.items() if not is_secret_key(k)}
-    return URL.create(parsed.drivername, username=parsed.username, host=parsed.host, port=parsed.port,
-                      database=parsed.database, query=query).render_as_string(hide_password=False)
+    return URL.create(
+        parsed.drivername,
+        username=parsed.username,
+        host=parsed.host,
+        port=parsed.port,
+        database=parsed.database,
+        query=query,
+    ).render_as_string(hide_password=False)
 
 
 def connect_url(url: str) -> str:
@@ -224,8 +239,10 @@ def _open_rdb(url: str):
     if not is_sqlite(url):
         # a server that does not answer is one line within seconds, not a wait for TCP's timeout
         # (a connect_timeout in the URL's query wins)
-        return optuna.storages.RDBStorage(connect_url(url), engine_kwargs={
-            "pool_pre_ping": True, "connect_args": {"connect_timeout": PG_CONNECT_TIMEOUT_S}})
+        return optuna.storages.RDBStorage(
+            connect_url(url),
+            engine_kwargs={"pool_pre_ping": True, "connect_args": {"connect_timeout": PG_CONNECT_TIMEOUT_S}},
+        )
     engine_kwargs = {"connect_args": {"timeout": 30}}
     storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
     sqlalchemy.event.listen(storage.engine, "connect", _fast_sqlite)
@@ -247,15 +264,18 @@ def _open_journal(url: str):
 
     path = journal_path(url)
     if not os.path.isabs(path):
-        raise StorageError(f"storage: {url}: a journal file relative to no study folder; allowed: "
-                           f"journal:///ABSOLUTE/PATH.log")
+        raise StorageError(
+            f"storage: {url}: a journal file relative to no study folder; allowed: journal:///ABSOLUTE/PATH.log"
+        )
     cached = _JOURNALS.get(path)
     if cached is not None and cached[0] == (os.getpid(), _inode(path)):  # not a file made anew since
         return cached[1]
     folder = os.path.dirname(path) or "/"
     if not os.path.isdir(folder):
-        raise StorageError(f"storage: {url}: folder {folder} does not exist; create it (on a filesystem every "
-                           f"node reaches) or fix the path")
+        raise StorageError(
+            f"storage: {url}: folder {folder} does not exist; create it (on a filesystem every "
+            f"node reaches) or fix the path"
+        )
     if os.path.isdir(path):
         raise StorageError(f"storage: {url}: is a folder; name the journal file, e.g. journal://{path}/optuna.log")
     storage = optuna.storages.JournalStorage(JournalFileBackend(path, lock_obj=JournalFileOpenLock(path)))

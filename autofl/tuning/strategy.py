@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from autofl.tuning.ledger import Ledger
     from autofl.tuning.space import SearchSpace
 
+
 def study_start_points(space: SearchSpace) -> list[dict[str, Any]]:
     """The trials a new study runs first (the paper default, one per method in a cross-method
     study), except under a grid, which visits the default among its points anyway."""
@@ -45,9 +46,16 @@ def make_scheduler(space: SearchSpace, ledger: Ledger):
     if spec.kind == "median":
         from ray.tune.schedulers import MedianStoppingRule
 
-        return MedianStoppingRule(time_attr="round", grace_period=spec.grace_period,
-                                  min_samples_required=spec.min_samples_required)
+        return MedianStoppingRule(
+            time_attr="round", grace_period=spec.grace_period, min_samples_required=spec.min_samples_required
+        )
     from autofl.tuning.scheduler import StudyASHA
 
-    return StudyASHA(ledger, time_attr="round", max_t=space.max_rounds, grace_period=spec.grace_period,
-                     reduction_factor=spec.reduction_factor, brackets=spec.brackets if spec.kind == "hyperband" else 1)
+    return StudyASHA(
+        ledger,
+        time_attr="round",
+        max_t=space.max_rounds,
+        grace_period=spec.grace_period,
+        reduction_factor=spec.reduction_factor,
+        brackets=spec.brackets if spec.kind == "hyperband" else 1,
+    )

@@ -29,8 +29,13 @@ SCHEDULER_OPTIONS: dict[str, tuple[str, ...]] = {
 # trials before the model (Optuna: 10); on the search benchmark's tables (docs/search-quality.md)
 # Optuna's 10 was worse than 20 on every task, and no TPE setting was at or below random
 # search with ASHA at every budget of both Fashion-MNIST tables
-TPE_DEFAULTS: dict[str, Any] = {"n_startup_trials": 20, "multivariate": False, "group": False, "constant_liar": True,
-                                "n_ei_candidates": 24}
+TPE_DEFAULTS: dict[str, Any] = {
+    "n_startup_trials": 20,
+    "multivariate": False,
+    "group": False,
+    "constant_liar": True,
+    "n_ei_candidates": 24,
+}
 
 
 def only_own_options(spec: Strict, owners: dict[str, tuple[str, ...]], section: str) -> None:
@@ -39,7 +44,9 @@ def only_own_options(spec: Strict, owners: dict[str, tuple[str, ...]], section: 
         if name not in owners[kind]:
             takes = ", ".join(owners[kind]) or "no options"
             users = ", ".join(k for k, opts in owners.items() if name in opts)
-            raise ValueError(f"{section}.{name}: an option of kind {users}, not of {kind!r}; kind {kind} takes: {takes}")
+            raise ValueError(
+                f"{section}.{name}: an option of kind {users}, not of {kind!r}; kind {kind} takes: {takes}"
+            )
 
 
 class SamplerSpec(Strict):
@@ -50,14 +57,19 @@ class SamplerSpec(Strict):
     # random search with ASHA there (docs/search-quality.md); a study keeps the defaults
     # it was created with (autofl.tuning.study)
     kind: Literal["tpe", "random", "grid", "gp", "cmaes", "qmc"] = "random"
-    n_startup_trials: int | None = Field(None, ge=0, description="random trials before the model is used "
-                                         "(tpe 20, gp 10, cmaes 1)")
-    multivariate: bool | None = Field(None, description="tpe: one joint density over all params instead of one "
-                                      "per param (default false)")
-    group: bool | None = Field(None, description="tpe multivariate: a density per group of params that occur "
-                               "together (conditional spaces)")
-    constant_liar: bool | None = Field(None, description="tpe: running trials count as bad ones, so trials in "
-                                       "flight together spread out (default true)")
+    n_startup_trials: int | None = Field(
+        None, ge=0, description="random trials before the model is used (tpe 20, gp 10, cmaes 1)"
+    )
+    multivariate: bool | None = Field(
+        None, description="tpe: one joint density over all params instead of one per param (default false)"
+    )
+    group: bool | None = Field(
+        None, description="tpe multivariate: a density per group of params that occur together (conditional spaces)"
+    )
+    constant_liar: bool | None = Field(
+        None,
+        description="tpe: running trials count as bad ones, so trials in flight together spread out (default true)",
+    )
     n_ei_candidates: int | None = Field(None, ge=1, description="tpe: candidates scored per proposal (default 24)")
     deterministic_objective: bool | None = Field(None, description="gp: no observation noise")
     sigma0: float | None = Field(None, gt=0, description="cmaes: initial step size")
@@ -67,10 +79,13 @@ class SamplerSpec(Strict):
     lr_adapt: bool | None = None
     qmc_type: Literal["sobol", "halton"] | None = None
     scramble: bool | None = Field(None, description="qmc: randomize the sequence with the space's seed")
-    skip_repeats: bool = Field(True, description="any kind: a proposed config that a finished trial already "
-                               "trained is told that trial's outcome instead of training again, and the sampler "
-                               "is asked again (matters on categorical or stepped spaces; false: train repeats; "
-                               "see docs/search-quality.md)")
+    skip_repeats: bool = Field(
+        True,
+        description="any kind: a proposed config that a finished trial already "
+        "trained is told that trial's outcome instead of training again, and the sampler "
+        "is asked again (matters on categorical or stepped spaces; false: train repeats; "
+        "see docs/search-quality.md)",
+    )
 
     def options(self) -> dict[str, Any]:
         """The keyword arguments of this kind's Optuna sampler (TPE: autofl's defaults where unset)."""
@@ -83,8 +98,10 @@ class SchedulerSpec(Strict):
 
     kind: Literal["asha", "hyperband", "median", "none"] = "asha"
     grace_period: int = Field(1, ge=1, description="rounds every trial runs before it may be stopped")
-    reduction_factor: float = Field(2.0, gt=1, description="asha/hyperband: 1/reduction_factor of the trials "
-                                    "at a rung go on to the next")
+    reduction_factor: float = Field(
+        2.0, gt=1, description="asha/hyperband: 1/reduction_factor of the trials at a rung go on to the next"
+    )
     brackets: int = Field(3, ge=1, le=10, description="hyperband: brackets of different grace periods")
-    min_samples_required: int = Field(3, ge=1, description="median: trials that must have reached a round "
-                                      "before a trial is compared with them there")
+    min_samples_required: int = Field(
+        3, ge=1, description="median: trials that must have reached a round before a trial is compared with them there"
+    )

@@ -34,14 +34,21 @@ def with_created_default_sampler(tree: Any, meta: dict[str, Any], where: str | P
     after an upgrade goes on as it started and its sampler options stay valid for their kind; a study
     created before they were recorded had TPE, no skipping."""
     created = meta.get(DEFAULT_SAMPLER_KEY, LEGACY_DEFAULT_SAMPLER)
-    if not (isinstance(created, dict) and created.get("kind") in SAMPLER_OPTIONS
-            and isinstance(created.get("skip_repeats"), bool)):
-        raise StorageError(f"{where}: {DEFAULT_SAMPLER_KEY} must be {{kind: one of "
-                           f"{', '.join(SAMPLER_OPTIONS)}, skip_repeats: true|false}}; got {created!r}")
+    if not (
+        isinstance(created, dict)
+        and created.get("kind") in SAMPLER_OPTIONS
+        and isinstance(created.get("skip_repeats"), bool)
+    ):
+        raise StorageError(
+            f"{where}: {DEFAULT_SAMPLER_KEY} must be {{kind: one of "
+            f"{', '.join(SAMPLER_OPTIONS)}, skip_repeats: true|false}}; got {created!r}"
+        )
     if not isinstance(tree, dict) or not isinstance(tree.get("sampler", {}), dict):
         return tree  # not a space: the space's own check says so
-    return {**tree, "sampler": {"kind": created["kind"], "skip_repeats": created["skip_repeats"],
-                                **tree.get("sampler", {})}}
+    return {
+        **tree,
+        "sampler": {"kind": created["kind"], "skip_repeats": created["skip_repeats"], **tree.get("sampler", {})},
+    }
 
 
 def created_default_sampler() -> dict[str, Any]:
@@ -104,8 +111,10 @@ class Study:
         try:  # issue 18: a corrupt or unreadable study.json is one line, not a traceback
             meta = json.loads(path.read_text())
         except (OSError, ValueError) as err:
-            raise StorageError(f"{path}: cannot be read ({getattr(err, 'strerror', None) or err}); restore it "
-                               f"from a copy of the study, or remove the study") from None
+            raise StorageError(
+                f"{path}: cannot be read ({getattr(err, 'strerror', None) or err}); restore it "
+                f"from a copy of the study, or remove the study"
+            ) from None
         if not isinstance(meta, dict) or not isinstance(meta.get("runs", []), list):
             raise StorageError(f"{path}: not a study record (expected an object with a 'runs' list)")
         return {"runs": [], "trials_requested": 0, **meta}
@@ -182,9 +191,11 @@ def check_owned(root: Path) -> None:
     """A study folder holds pickles that Tune unpickles on resume: only folders this user owns are resumed."""
     owner = root.stat().st_uid
     if owner != os.geteuid():
-        raise StorageError(f"study folder {root} belongs to uid {owner}, not to you (uid {os.geteuid()}); Tune "
-                           f"unpickles files from it on resume, so resume only folders you made or trust: copy it "
-                           f"(cp -r) to take ownership")
+        raise StorageError(
+            f"study folder {root} belongs to uid {owner}, not to you (uid {os.geteuid()}); Tune "
+            f"unpickles files from it on resume, so resume only folders you made or trust: copy it "
+            f"(cp -r) to take ownership"
+        )
 
 
 def study_folders(home: Path) -> tuple[list[str], list[str]]:
@@ -229,9 +240,11 @@ def check_not_anothers(url: str, root: Path) -> None:
         if folder == own:
             return
         if (folder / SPACE_FILE).is_file():
-            raise StorageError(f"storage: {url} is in study folder {folder}, not in this study's ({own}); a copied "
-                               f"study must not write into the original: remove 'storage' from {root / META_FILE} "
-                               f"to use its own store (copy the original's file there first)")
+            raise StorageError(
+                f"storage: {url} is in study folder {folder}, not in this study's ({own}); a copied "
+                f"study must not write into the original: remove 'storage' from {root / META_FILE} "
+                f"to use its own store (copy the original's file there first)"
+            )
 
 
 def sqlite_url(root: Path) -> str:
@@ -254,8 +267,14 @@ def new_study_storage(space: SearchSpace) -> str | None:
         raise ConfigError(str(err)) from None
 
 
-def create_study(home: Path, space_path: Path | None, space: SearchSpace, name: str | None,
-                 storage_path: str | None = None, space_text: str | None = None) -> Study:
+def create_study(
+    home: Path,
+    space_path: Path | None,
+    space: SearchSpace,
+    name: str | None,
+    storage_path: str | None = None,
+    space_text: str | None = None,
+) -> Study:
     """A new study folder, after every check that can fail (name, storage reachable): a failed
     start leaves nothing behind. Its space.yaml is `space_text`, else the file at `space_path`."""
     from autofl.tuning.storage import probe_storage
@@ -263,8 +282,10 @@ def create_study(home: Path, space_path: Path | None, space: SearchSpace, name: 
     name = check_study_name(name or space.study, "--name" if name else "study")  # issue 18: the same rules
     root = home / name
     if (root / SPACE_FILE).exists():
-        raise AutoFLError(f"study {name!r} already exists in {home}; continue it with --resume {name}, "
-                          f"add trials with --resume {name} --trials N, or pick another --name")
+        raise AutoFLError(
+            f"study {name!r} already exists in {home}; continue it with --resume {name}, "
+            f"add trials with --resume {name} --trials N, or pick another --name"
+        )
     from autofl.files import check_output_file
 
     for own in (SPACE_FILE, META_FILE):  # a link, FIFO or device planted there: refused before anything is written
@@ -274,8 +295,11 @@ def create_study(home: Path, space_path: Path | None, space: SearchSpace, name: 
         probe_storage(storage)
     root.mkdir(parents=True, exist_ok=True)
     study = Study(root)
-    recorded = {"storage": storage if not space.storage else None, "storage_path": storage_path,
-                DEFAULT_SAMPLER_KEY: created_default_sampler()}
+    recorded = {
+        "storage": storage if not space.storage else None,
+        "storage_path": storage_path,
+        DEFAULT_SAMPLER_KEY: created_default_sampler(),
+    }
     if any(recorded.values()):
         study.write_meta({**study.meta(), **{k: v for k, v in recorded.items() if v}})
     text = space_text if space_text is not None else space_path.read_text()  # type: ignore[union-attr]
@@ -290,15 +314,19 @@ def trial_rows(study: Study) -> list[dict[str, Any]]:
     rows = []
     for t in ot.get_trials(deepcopy=False):
         steps = sorted(t.intermediate_values)
-        rows.append({
-            "number": t.number, "state": t.state.name, "params": dict(t.params),
-            "round": steps[-1] if steps else t.user_attrs.get("round"),  # multi-objective: no per-round values
-            "values": list(t.values) if t.values else None,
-            # the (first) objective: the final value, else the last round's
-            "objective": t.values[0] if t.values else (t.intermediate_values[steps[-1]] if steps else None),
-            "tune_trial_id": t.user_attrs.get("tune_trial_id"),
-            "user_attrs": dict(t.user_attrs),
-        })
+        rows.append(
+            {
+                "number": t.number,
+                "state": t.state.name,
+                "params": dict(t.params),
+                "round": steps[-1] if steps else t.user_attrs.get("round"),  # multi-objective: no per-round values
+                "values": list(t.values) if t.values else None,
+                # the (first) objective: the final value, else the last round's
+                "objective": t.values[0] if t.values else (t.intermediate_values[steps[-1]] if steps else None),
+                "tune_trial_id": t.user_attrs.get("tune_trial_id"),
+                "user_attrs": dict(t.user_attrs),
+            }
+        )
     return rows
 
 
@@ -350,15 +378,19 @@ def export_best_config(study: Study, reeval: dict[str, Any] | None = None) -> di
     space = study.space()
     row = next((r for r in reeval["rows"] if r["candidate"] == reeval["best"]), None) if reeval else None
     if row is not None:
-        config = trial_config(study, row["params"], row["trial"], row["search_value"],
-                              _trial_attrs(study, row["trial"]))
+        config = trial_config(
+            study, row["params"], row["trial"], row["search_value"], _trial_attrs(study, row["trial"])
+        )
     else:
         trial = best_trial(study)
         config = trial_config(study, dict(trial.params), trial.number, first_value(trial), trial.user_attrs)
     if reeval is not None:
         config["metadata"]["reeval"] = {
             "picked": f"{reeval['best']}: best mean {space.objective} over seeds {reeval['seeds']}",
-            "verdict": reeval["verdict"], "vary_partition": reeval["vary_partition"], "table": reeval["rows"]}
+            "verdict": reeval["verdict"],
+            "vary_partition": reeval["vary_partition"],
+            "table": reeval["rows"],
+        }
     return config
 
 
@@ -366,19 +398,30 @@ def export_pareto(study: Study) -> dict[str, Any]:
     """A multi-objective study's Pareto front: per trial its objective values and its runnable config."""
     space = study.space()
     if not space.multi_objective:
-        raise ConfigError(f"--pareto: study {study.name!r} has one objective ({space.objective}); a Pareto front "
-                          f"needs `objectives:` in the space")
+        raise ConfigError(
+            f"--pareto: study {study.name!r} has one objective ({space.objective}); a Pareto front "
+            f"needs `objectives:` in the space"
+        )
     front = pareto_trials(study)
     if not front:
         raise AutoFLError(f"study {study.name!r} has no completed trial yet; see autofl status {study.name}")
-    return {"study": study.name, "objectives": dict(zip(space.metrics, space.modes or [])),
-            "pareto_front": [{"trial": t.number, "values": dict(zip(space.metrics, t.values)),
-                              "config": trial_config(study, dict(t.params), t.number, t.values[0], t.user_attrs)}
-                             for t in front]}
+    return {
+        "study": study.name,
+        "objectives": dict(zip(space.metrics, space.modes or [])),
+        "pareto_front": [
+            {
+                "trial": t.number,
+                "values": dict(zip(space.metrics, t.values)),
+                "config": trial_config(study, dict(t.params), t.number, t.values[0], t.user_attrs),
+            }
+            for t in front
+        ],
+    }
 
 
-def trial_config(study: Study, params: dict[str, Any], number: int | None, value: float | None,
-                 attrs: dict[str, Any]) -> dict[str, Any]:
+def trial_config(
+    study: Study, params: dict[str, Any], number: int | None, value: float | None, attrs: dict[str, Any]
+) -> dict[str, Any]:
     """The runnable config of one set of searched values, with where it came from as metadata."""
     import autofl
     from autofl.config import experiment_to_dict
@@ -401,8 +444,10 @@ def trial_config(study: Study, params: dict[str, Any], number: int | None, value
         "objective_round": attrs.get("round"),
         "test_metrics_reported_not_optimized": {k: attrs[k] for k in TEST_METRICS if k in attrs},
         "seed": exp.seed,
-        "versions": {"autofl": autofl.__version__,
-                     **{name: _installed_version(name) for name in ("torch", "ray", "optuna")}},
+        "versions": {
+            "autofl": autofl.__version__,
+            **{name: _installed_version(name) for name in ("torch", "ray", "optuna")},
+        },
     }
     return config
 

@@ -52,9 +52,15 @@ class TrialOutOfGPUMemory(RuntimeError):
 
 
 class FLTrainable(tune.Trainable):
-    def setup(self, config: dict[str, Any], base: dict[str, Any] | None = None, raw_data: RawDataset | None = None,
-              threads: int = 1, checkpoint_every_s: float = 0.0,
-              method_base: dict[str, dict[str, Any]] | None = None) -> None:
+    def setup(
+        self,
+        config: dict[str, Any],
+        base: dict[str, Any] | None = None,
+        raw_data: RawDataset | None = None,
+        threads: int = 1,
+        checkpoint_every_s: float = 0.0,
+        method_base: dict[str, dict[str, Any]] | None = None,
+    ) -> None:
         torch.set_num_threads(max(1, threads))
         load_plugins()  # this worker's process sees the methods, models, datasets of installed plugins
         self._base, self._raw, self._method_base = base or {}, raw_data, method_base or {}
@@ -111,7 +117,9 @@ class RunListTrainable(FLTrainable):
     """An FLTrainable over a fixed list of trial configs (re-evaluation): config {"run": i} trains
     `runs[i]`, so Tune's grid over indices runs each listed config once."""
 
-    def setup(self, config: dict[str, Any], *args: Any, runs: list[dict[str, Any]] | None = None, **kwargs: Any) -> None:
+    def setup(
+        self, config: dict[str, Any], *args: Any, runs: list[dict[str, Any]] | None = None, **kwargs: Any
+    ) -> None:
         self._runs = runs or []
         super().setup(self._runs[config["run"]], *args, **kwargs)
 

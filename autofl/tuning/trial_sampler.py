@@ -58,8 +58,9 @@ def build_sampler(space: SearchSpace, seed: int) -> BaseSampler:
     if spec.kind == "cmaes":
         return optuna.samplers.CmaEsSampler(seed=seed, **options)
     # the study seed scrambles the one sequence every trial draws from
-    return optuna.samplers.QMCSampler(seed=space.seed, independent_sampler=optuna.samplers.RandomSampler(seed=seed),
-                                      **options)
+    return optuna.samplers.QMCSampler(
+        seed=space.seed, independent_sampler=optuna.samplers.RandomSampler(seed=seed), **options
+    )
 
 
 class TrialSeededSampler(BaseSampler):
@@ -91,16 +92,19 @@ class TrialSeededSampler(BaseSampler):
     def infer_relative_search_space(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
         return self._current.infer_relative_search_space(study, trial)
 
-    def sample_relative(self, study: optuna.Study, trial: optuna.trial.FrozenTrial,
-                        search_space: dict[str, Any]) -> dict[str, Any]:
+    def sample_relative(
+        self, study: optuna.Study, trial: optuna.trial.FrozenTrial, search_space: dict[str, Any]
+    ) -> dict[str, Any]:
         return self._current.sample_relative(study, trial, search_space)
 
-    def sample_independent(self, study: optuna.Study, trial: optuna.trial.FrozenTrial, param_name: str,
-                           param_distribution: Any) -> Any:
+    def sample_independent(
+        self, study: optuna.Study, trial: optuna.trial.FrozenTrial, param_name: str, param_distribution: Any
+    ) -> Any:
         return self._current.sample_independent(study, trial, param_name, param_distribution)
 
-    def after_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial, state: Any,
-                    values: Sequence[float] | None) -> None:
+    def after_trial(
+        self, study: optuna.Study, trial: optuna.trial.FrozenTrial, state: Any, values: Sequence[float] | None
+    ) -> None:
         self._current.after_trial(study, trial, state, values)
 
     def reseed_rng(self) -> None:

@@ -34,20 +34,26 @@ class StudyInterrupted(AutoFLError):
         return cls(f"interrupted; study {study_name!r} is saved: resume it with autofl search --resume {study_name!r}")
 
 
-def make_searcher(space: SearchSpace, ledger: Ledger, run_name: str, trials: int, with_start_point: bool,
-                  sampler: Any = None):
+def make_searcher(
+    space: SearchSpace, ledger: Ledger, run_name: str, trials: int, with_start_point: bool, sampler: Any = None
+):
     from autofl.tuning.searcher import StudySearcher
     from autofl.tuning.strategy import make_sampler, study_start_points
 
     return StudySearcher(
-        ledger, DefineByRun(space), sampler if sampler is not None else make_sampler(space, run_name),
+        ledger,
+        DefineByRun(space),
+        sampler if sampler is not None else make_sampler(space, run_name),
         metric=space.metrics if space.multi_objective else space.objective,
         mode=list(space.modes or []) if space.multi_objective else space.mode,
-        max_t=space.max_rounds, run_name=run_name, budget=trials,
+        max_t=space.max_rounds,
+        run_name=run_name,
+        budget=trials,
         # issue 18: never more start points than the run's budget (a cross-method study with fewer
         # trials than methods left the rest WAITING forever)
         points_to_evaluate=study_start_points(space)[:trials] if with_start_point else None,
-        skip_repeats=space.sampler.skip_repeats)
+        skip_repeats=space.sampler.skip_repeats,
+    )
 
 
 def make_scheduler(space: SearchSpace, ledger: Ledger):
@@ -68,8 +74,9 @@ def make_stopper(space: SearchSpace, ledger: Ledger, run_name: str):
     return CombinedStopper(recorded, RoundBudgetStopper(ledger, space.budget_rounds))
 
 
-def study_trainable(space: SearchSpace, trainable: type | None = None, checkpoint_every_s: float | None = None,
-                    **extra: Any):
+def study_trainable(
+    space: SearchSpace, trainable: type | None = None, checkpoint_every_s: float | None = None, **extra: Any
+):
     """`trainable` (default FLTrainable) with the study's base config, dataset, threads and
     resources; `extra` goes to its setup too (e.g. a re-evaluation's run list)."""
     from ray import tune
@@ -78,10 +85,15 @@ def study_trainable(space: SearchSpace, trainable: type | None = None, checkpoin
     from autofl.tuning.trainable import FLTrainable
 
     raw = load_raw_dataset(space.base_experiment().data)  # once; tune.with_parameters shares it via the object store
-    wrapped = tune.with_parameters(trainable or FLTrainable, base=space.base, method_base=space.method_base,
-                                   raw_data=raw, threads=max(1, int(space.resources.cpu)),
-                                   checkpoint_every_s=space.checkpoint_every_s if checkpoint_every_s is None
-                                   else checkpoint_every_s, **extra)
+    wrapped = tune.with_parameters(
+        trainable or FLTrainable,
+        base=space.base,
+        method_base=space.method_base,
+        raw_data=raw,
+        threads=max(1, int(space.resources.cpu)),
+        checkpoint_every_s=space.checkpoint_every_s if checkpoint_every_s is None else checkpoint_every_s,
+        **extra,
+    )
     return tune.with_resources(wrapped, {"cpu": space.resources.cpu, "gpu": space.resources.gpu_share})
 
 
@@ -103,8 +115,9 @@ def new_run(study: Study, trials: int, join: bool) -> tuple[str, bool]:
     return run_name, len(meta["runs"]) == 1 and not join
 
 
-def run_experiment(study: Study, trials: int, address: str | None, restore: str | None = None,
-                   join: bool = False) -> None:
+def run_experiment(
+    study: Study, trials: int, address: str | None, restore: str | None = None, join: bool = False
+) -> None:
     """Run `trials` new trials (or restore the interrupted experiment at `restore`). A joined
     driver (`join`) runs its own experiment and takes trials from the study's shared budget."""
     with bound_to(study.root):  # a Tune experiment copied with its study folder is the copy's
@@ -124,8 +137,9 @@ def _run_experiment(study: Study, trials: int, address: str | None, restore: str
     init_ray(address)
     trainable = study_trainable(space)
     if restore is not None:
-        tuner = tune.Tuner.restore(restore, trainable=trainable, resume_unfinished=True,
-                                   resume_errored=False, restart_errored=False)
+        tuner = tune.Tuner.restore(
+            restore, trainable=trainable, resume_unfinished=True, resume_errored=False, restart_errored=False
+        )
         run_name = restore.rstrip("/").rsplit("/", 1)[-1]
     else:
         run_name, with_start = new_run(study, trials, join)
@@ -136,20 +150,27 @@ def _run_experiment(study: Study, trials: int, address: str | None, restore: str
             trainable,
             tune_config=tune.TuneConfig(
                 search_alg=searcher,
-                scheduler=make_scheduler(space, ledger), metric=space.objective, mode=space.mode,
-                num_samples=trials, time_budget_s=space.time_budget_s, reuse_actors=True,
+                scheduler=make_scheduler(space, ledger),
+                metric=space.objective,
+                mode=space.mode,
+                num_samples=trials,
+                time_budget_s=space.time_budget_s,
+                reuse_actors=True,
                 max_concurrent_trials=max_concurrent(space),
             ),
             run_config=tune.RunConfig(
-                name=run_name, storage_path=study.tune_root(),
+                name=run_name,
+                storage_path=study.tune_root(),
                 # the trainable asks for a checkpoint (should_checkpoint) once checkpoint_every_s of
                 # training is unsaved; plus one at the end
-                checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=0, num_to_keep=checkpoints_to_keep(space),
-                                                        checkpoint_at_end=True),
+                checkpoint_config=tune.CheckpointConfig(
+                    checkpoint_frequency=0, num_to_keep=checkpoints_to_keep(space), checkpoint_at_end=True
+                ),
                 failure_config=tune.FailureConfig(max_failures=space.max_failures),
                 stop=make_stopper(space, ledger, run_name),
                 # the live view replaces Tune's reporter; the watch notes a Ctrl-C
-                callbacks=[LiveView(ledger), interrupt.InterruptWatch()], verbose=0,
+                callbacks=[LiveView(ledger), interrupt.InterruptWatch()],
+                verbose=0,
             ),
         )
     from autofl.tuning import write_failure
@@ -178,8 +199,14 @@ def last_results(grid: Any) -> dict[str, dict[str, Any]]:
     return last
 
 
-def settle_run(study: Study, space: SearchSpace, ledger: Ledger, run: str,
-               last: dict[str, dict[str, Any]] | None = None, interrupted: bool = False) -> None:
+def settle_run(
+    study: Study,
+    space: SearchSpace,
+    ledger: Ledger,
+    run: str,
+    last: dict[str, dict[str, Any]] | None = None,
+    interrupted: bool = False,
+) -> None:
     """After Tune returns: if trials of this run are still open, or a Ctrl-C stopped Tune
     (`interrupted`, even at a moment no trial was open), either a budget ended the run (the ledger
     records the trials it cut PRUNED, those it never started interrupted) or the driver was
@@ -198,9 +225,11 @@ def settle_run(study: Study, space: SearchSpace, ledger: Ledger, run: str,
         if interrupted:
             raise StudyInterrupted.of(study.name)
         left = len(ledger.open_in_run(run))
-        raise StudyIncomplete(f"study {study.name!r}: the run ended with {left} trial(s) unfinished and no "
-                              f"interruption (see {study.root / 'logs'}); resume it with autofl search --resume "
-                              f"{study.name!r}")
+        raise StudyIncomplete(
+            f"study {study.name!r}: the run ended with {left} trial(s) unfinished and no "
+            f"interruption (see {study.root / 'logs'}); resume it with autofl search --resume "
+            f"{study.name!r}"
+        )
     if last:
         ledger.close_open(run, last, space.metrics if space.multi_objective else [space.objective], space.max_rounds)
     ledger.settle_run(run)
@@ -209,8 +238,10 @@ def settle_run(study: Study, space: SearchSpace, ledger: Ledger, run: str,
 def budget_spent(study: Study, space: SearchSpace, ledger: Ledger, run: str) -> bool:
     """Whether the study's round budget, or run `run`'s time budget, is spent."""
     walls = [r.get("tune_wall_s", 0.0) for r in study.meta()["runs"] if r["name"] == run]
-    return bool((space.budget_rounds is not None and sum(ledger.rounds_used().values()) >= space.budget_rounds)
-                or (space.time_budget_s is not None and walls and walls[-1] >= 0.95 * space.time_budget_s))
+    return bool(
+        (space.budget_rounds is not None and sum(ledger.rounds_used().values()) >= space.budget_rounds)
+        or (space.time_budget_s is not None and walls and walls[-1] >= 0.95 * space.time_budget_s)
+    )
 
 
 def record_wall(study: Study, run_name: str, seconds: float) -> None:

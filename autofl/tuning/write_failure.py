@@ -10,8 +10,13 @@ from autofl.errors import StorageError
 
 WRITE_ERRNOS = {"ENOSPC", "EROFS", "EDQUOT"}
 # what SQLite (through SQLAlchemy and Optuna) says for the same causes
-WRITE_MESSAGES = ("database or disk is full", "attempt to write a readonly database", "No space left on device",
-                  "Read-only file system", "Disk quota exceeded")
+WRITE_MESSAGES = (
+    "database or disk is full",
+    "attempt to write a readonly database",
+    "No space left on device",
+    "Read-only file system",
+    "Disk quota exceeded",
+)
 
 _noted: list[str] = []  # failed writes this process saw while Tune ran
 
@@ -21,8 +26,10 @@ class WriteFailed(StorageError):
 
     @classmethod
     def of(cls, study_name: str, reason: str) -> WriteFailed:
-        return cls(f"study {study_name!r}: a write failed ({reason}); the study is as it was before that write: "
-                   f"free space (or make it writable), then resume it with autofl search --resume {study_name!r}")
+        return cls(
+            f"study {study_name!r}: a write failed ({reason}); the study is as it was before that write: "
+            f"free space (or make it writable), then resume it with autofl search --resume {study_name!r}"
+        )
 
 
 def failed_write(err: BaseException) -> str | None:
