@@ -56,6 +56,7 @@ __all__ = ["__version__", *_EXPORTS]
 
 if TYPE_CHECKING:
     from autofl.api import RunResult, Study, list_studies, load_config, load_study, search, submit_slurm, train
+    from autofl.data.spec import DatasetSpec, RawDataset
     from autofl.engine.plan import ClientStart, Stage, Update
     from autofl.errors import ArgumentError, AutoFLError, ConfigError, DataError, RunDiverged, StorageError
     from autofl.methods.base import Method, MethodParams

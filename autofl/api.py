@@ -556,14 +556,14 @@ def submit_slurm(
 
     from autofl import slurm as jobs
     from autofl.files import write_atomic
+    from autofl.safe_yaml import load_text
     from autofl.tuning import study as store
     from autofl.tuning.preflight import check_home, check_new_study
     from autofl.tuning.space import parse_space
     from autofl.tuning.storage import STORAGE_ENV
 
+    args_.check_args(args_.SlurmArgs, "submit_slurm", name=name, resume=resume, trials=trials, dir=dir, dry_run=dry_run)
     opts = jobs.parse_options(options)
-    if trials is not None and trials < 1:
-        raise AutoFLError(f"trials: {trials}; allowed: 1 or more")
     home = studies_dir(dir)
     if resume:
         if space is not None:
@@ -591,11 +591,13 @@ def submit_slurm(
             raise AutoFLError(
                 f"study {name!r} already exists in {home}; submit it with --resume {name}, or pick another --name"
             )
-        data = parsed.base_experiment().data
-        if data.dataset != "digits":  # a missing dataset fails now, not on the cluster
-            from autofl.data.datasets import load_raw_dataset
+        # a missing or corrupt dataset, or a split that gives no client a sample, fails now, not on
+        # the cluster (as `search` checks it)
+        from autofl.data.datasets import load_raw_dataset
+        from autofl.data.federated import build_federated
 
-            load_raw_dataset(data)
+        base = parsed.base_experiment()
+        build_federated(load_raw_dataset(base.data), base.data, base.data_seed())
         check_new_study(parsed, None)
         check_home(home)
     jobs.check_fits(opts, float(parsed.resources.cpu), float(parsed.resources.gpu))
@@ -607,7 +609,7 @@ def submit_slurm(
     jobs.sbatch_command()  # no SLURM here: one line before anything is made
     created = not root.exists()
     if not resume:
-        tree = yaml.safe_load(text)
+        tree = load_text(text)  # bounded, as the space was read
         changed: dict[str, Any] = {}
         if parsed.storage is None and not os.environ.get(STORAGE_ENV):
             changed["storage"] = jobs.DEFAULT_JOURNAL  # SQLite is not safe on a shared filesystem

@@ -69,6 +69,13 @@ class SearchArgs(DirArgs):
     on_start: Callable[..., Any] | None = Field(None, description=CALLBACK)
 
 
+class SlurmArgs(DirArgs):
+    name: str | None = Field(None, description="a study name (str), or None for the space's `study`")
+    resume: bool = Field(False, description=FLAG)
+    trials: int | None = Field(None, ge=1, le=MAX_TRIALS, description=f"a whole number from 1 to {MAX_TRIALS}, or None")
+    dry_run: bool = Field(False, description=FLAG)
+
+
 class ReevaluateArgs(_Args):
     seeds: int = Field(5, ge=2, description="a whole number of 2 or more")
     top: int = Field(3, ge=1, description="a whole number of 1 or more")

@@ -59,6 +59,9 @@ MODULE_CALLS = {
     ("search", "on_start"): NOT_A_CALLBACK,
     ("load_study", "name"): st.one_of(NOT_A_STR, st.none()), ("load_study", "dir"): NOT_A_PATH,
     ("list_studies", "dir"): NOT_A_PATH,
+    ("submit_slurm", "name"): NOT_A_STR, ("submit_slurm", "resume"): NOT_A_FLAG,
+    ("submit_slurm", "trials"): not_a_whole_number(1, 100_000, none_ok=True), ("submit_slurm", "dir"): NOT_A_PATH,
+    ("submit_slurm", "dry_run"): NOT_A_FLAG,
 }
 
 
@@ -82,6 +85,9 @@ def call_module(call: str, arg: str, value, home: Path):
     if call == "search":
         base = {"dir": home / "home", "name": "new"}
         return autofl.search({"study": "new", "trials": 1}, **{**base, **kwargs})
+    if call == "submit_slurm":
+        base = {"dir": home / "home", "name": "new", "dry_run": True}
+        return autofl.submit_slurm({"study": "new", "trials": 1}, **{**base, **kwargs})
     if call == "load_study":
         return autofl.load_study(**{"name": "fz", "dir": home / "home", **kwargs})
     return autofl.list_studies(**kwargs)

@@ -85,6 +85,19 @@ def test_a_trial_that_asks_for_a_gpu_needs_gpus_per_node(tmp_path):
     assert proc.returncode == 0 and "#SBATCH --gpus-per-task=1" in proc.stdout, proc.stderr
 
 
+def test_a_split_that_gives_no_client_a_sample_is_one_line_before_anything_is_made(tmp_path):
+    """As `autofl search` checks it: the study is not created and submitted to fail on the cluster."""
+    path = space_file(tmp_path)
+    tree = yaml.safe_load(path.read_text())
+    tree["base"]["data"] = {"split": {"train": 0.799, "val": 0.001, "test": 0.2}}  # the default clients
+    path.write_text(yaml.safe_dump(tree))
+    home = tmp_path / "home"
+    proc = run("slurm", "--space", path, "--dir", home, "--dry-run")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "data.split.val: 0.001 gives no client a validation sample" in proc.stderr
+    assert not home.exists()
+
+
 def test_without_sbatch_nothing_is_created(tmp_path):
     home = tmp_path / "home"
     env = {**os.environ, "PATH": str(Path(sys.executable).parent)}  # python, ray: no SLURM
