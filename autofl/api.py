@@ -608,7 +608,7 @@ def submit_slurm(
         return jobs.Submission(name, script, path, None)
     jobs.sbatch_command()  # no SLURM here: one line before anything is made
     created = not root.exists()
-    if not resume:
+    if text is not None:  # a new study (resume has no text)
         tree = load_text(text)  # bounded, as the space was read
         changed: dict[str, Any] = {}
         if parsed.storage is None and not os.environ.get(STORAGE_ENV):
