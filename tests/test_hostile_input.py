@@ -333,8 +333,9 @@ def test_markup_and_control_characters_in_user_text_are_shown_as_text(tmp_path, 
         assert "\x1b" not in err and "\u202e" not in err
 
 
-def study_with_trials(tmp_path: Path, name: str, values: list) -> Path:
-    """A study whose SQLite storage holds finished trials (written with Optuna, no Ray)."""
+def study_with_trials(tmp_path: Path, name: str, values: list, with_configs: bool = False) -> Path:
+    """A study whose SQLite storage holds finished trials (written with Optuna, no Ray); with
+    `with_configs`, each trial keeps its resolved config as a search's searcher records it."""
     import optuna
     from optuna.distributions import CategoricalDistribution, FloatDistribution
 
@@ -349,10 +350,12 @@ def study_with_trials(tmp_path: Path, name: str, values: list) -> Path:
     ot = optuna.create_study(study_name=name, storage=study.storage_url(), direction="maximize")
     dists = {"fl.lr": FloatDistribution(0.01, 0.1), "metadata.note": CategoricalDistribution(values)}
     for i in range(3):
+        params = {"fl.lr": 0.02 * (i + 1), "metadata.note": values[i % len(values)]}
+        config = {st.CONFIG_ATTR: st.resolved_config(study.space(), params)} if with_configs else {}
         ot.add_trial(optuna.trial.create_trial(
-            params={"fl.lr": 0.02 * (i + 1), "metadata.note": values[i % len(values)]}, distributions=dists,
+            params=params, distributions=dists,
             value=0.1 * (i + 1), intermediate_values={1: 0.05 * (i + 1), 2: 0.1 * (i + 1)},
-            user_attrs={"round": 2, "fail_reason": "\x1b[2J[/x]"}))
+            user_attrs={"round": 2, "fail_reason": "\x1b[2J[/x]", **config}))
     return study.root
 
 

@@ -69,6 +69,8 @@ def test_quickstart_sized_study_prunes_and_exports_a_reproducible_config(tmp_pat
     for t in trials:
         if t.state.name == "COMPLETE":
             assert sorted(t.intermediate_values) == [1, 2, 3, 4]
+        # its runnable config, recorded when it was asked for: export reads it without torch
+        assert t.user_attrs["config"]["fl"]["rounds"] == 4 and t.user_attrs["config"]["runtime"]["threads"] >= 1
 
     out = tmp_path / "best.yaml"
     proc = run(["best-config", "export", "e2e", "--dir", home, "-o", out])

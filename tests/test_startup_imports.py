@@ -29,7 +29,8 @@ PROBE = ("import contextlib, io, json, sys\n"
 @pytest.fixture(scope="module")
 def home(tmp_path_factory):
     root = tmp_path_factory.mktemp("startup")
-    study_with_trials(root, "qs", ["a", "b"])
+    study_with_trials(root, "qs", ["a", "b"])  # trials without their config: as studies made before 2026-11-27
+    study_with_trials(root, "stored", ["a", "b"], with_configs=True)  # as a search records them now
     return root / "home"
 
 
@@ -46,10 +47,27 @@ def loaded(*args) -> tuple[int, set[str]]:
     (("search", "--help"), set()),
     (("studies",), {"optuna"}),  # the trials are read from Optuna's storage
     (("status", "qs"), {"optuna"}),
-    (("best-config", "export", "qs"), {"optuna", "torch"}),  # the config is completed by its method's class
+    (("best-config", "export", "qs"), {"optuna", "torch"}),  # no stored config: completed by its method's class
+    (("best-config", "export", "stored"), {"optuna"}),  # the best trial's config as its search stored it
 ])
 def test_read_only_commands_load_no_library_they_do_not_need(home, command, needs):
     args = [*command, "--dir", home] if "--help" not in command else list(command)
     code, modules = loaded(*args)
     assert code == 0
     assert modules <= needs, f"autofl {' '.join(command)} imported {sorted(modules - needs)}"
+
+
+def test_the_stored_config_is_exported_as_resolving_it_anew_would(home, capsys):
+    from autofl import api
+
+    stored, anew = api.load_study("stored", home).best_config(), api.load_study("qs", home).best_config()
+    for config in (stored, anew):
+        config["metadata"].pop("study")
+    assert stored == anew  # same space, same trials: only where the config came from differs
+
+
+def test_python_m_autofl_runs_the_cli():
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "autofl", "list", "--bogus"], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--bogus" in proc.stderr

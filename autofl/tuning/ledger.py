@@ -407,6 +407,12 @@ class Ledger:
         self._tell(number, state, values)
         return state
 
+    def record_config(self, number: int, config: dict[str, Any]) -> None:
+        """Keep trial `number`'s runnable config (`autofl.tuning.study.CONFIG_ATTR`) with it."""
+        from autofl.tuning.study import CONFIG_ATTR
+
+        self._trial(number).set_user_attr(CONFIG_ATTR, config)
+
     def interrupt(self, number: int) -> None:
         """No driver will train this trial: FAIL + interrupted (counts and budgets replace it)."""
         self._trial(number).set_user_attr("interrupted", True)

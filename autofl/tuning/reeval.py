@@ -173,6 +173,8 @@ def t_interval(values: list[float], confidence: float = 0.95) -> dict[str, float
 def summarize(study: Study, chosen: list[Candidate], runs: list[Run]) -> dict[str, Any]:
     """Per candidate: statistics of the objective and test metrics over its finished seeds, and the
     paired (same seed) difference of the objective and of personal_test_acc to the default."""
+    from autofl.tuning.study import resolved_config
+
     space = study.space()
     finished = load_finished(study)
     by_label: dict[str, dict[int, dict[str, float]]] = {c.label: {} for c in chosen}
@@ -190,6 +192,7 @@ def summarize(study: Study, chosen: list[Candidate], runs: list[Run]) -> dict[st
             "params": c.params,
             "search_value": c.search_value,
             "seeds": sorted(per_seed),
+            "config": resolved_config(space, c.params),  # what `best-config export` writes, read without torch
         }
         for metric in (space.objective, *TEST_METRICS):
             values = [m[metric] for m in per_seed.values() if metric in m]

@@ -110,6 +110,11 @@ class StudySearcher(Searcher):
             return Searcher.FINISHED
         number, params = asked
         self._trials[trial_id] = number
+        space = getattr(self._define, "space", None)
+        if space is not None:  # `best-config export` reads it back without torch or the registries
+            from autofl.tuning.study import resolved_config
+
+            self._ledger.record_config(number, resolved_config(space, params))
         return params
 
     def _on_trial_result(self, trial_id: str, result: dict) -> None:

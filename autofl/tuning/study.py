@@ -371,16 +371,20 @@ def best_of(trials: list, mode: str):
     return best(complete, key=lambda t: t.values[0], mode=mode)  # multi-objective: on the first objective
 
 
+CONFIG_ATTR = "config"  # a trial's user attr: its runnable config, resolved when it was asked for
+
+
 def export_best_config(study: Study, reeval: dict[str, Any] | None = None) -> dict[str, Any]:
     """A complete experiment config of the best trial, runnable by `autofl train --config`. With a
     re-evaluation summary, the best candidate by mean objective over its seeds (possibly the paper
     default), and the summary's table and verdict go into the metadata."""
-    space = study.space()
+    space = study.stored_space()
     row = next((r for r in reeval["rows"] if r["candidate"] == reeval["best"]), None) if reeval else None
     if row is not None:
-        config = trial_config(
-            study, row["params"], row["trial"], row["search_value"], _trial_attrs(study, row["trial"])
-        )
+        attrs = _trial_attrs(study, row["trial"])
+        if isinstance(row.get("config"), dict):  # the paper default's config, resolved by the re-evaluation
+            attrs = {**attrs, CONFIG_ATTR: row["config"]}
+        config = trial_config(study, row["params"], row["trial"], row["search_value"], attrs)
     else:
         trial = best_trial(study)
         config = trial_config(study, dict(trial.params), trial.number, first_value(trial), trial.user_attrs)
@@ -389,14 +393,14 @@ def export_best_config(study: Study, reeval: dict[str, Any] | None = None) -> di
             "picked": f"{reeval['best']}: best mean {space.objective} over seeds {reeval['seeds']}",
             "verdict": reeval["verdict"],
             "vary_partition": reeval["vary_partition"],
-            "table": reeval["rows"],
+            "table": [{k: v for k, v in r.items() if k != "config"} for r in reeval["rows"]],
         }
     return config
 
 
 def export_pareto(study: Study) -> dict[str, Any]:
     """A multi-objective study's Pareto front: per trial its objective values and its runnable config."""
-    space = study.space()
+    space = study.stored_space()
     if not space.multi_objective:
         raise ConfigError(
             f"--pareto: study {study.name!r} has one objective ({space.objective}); a Pareto front "
@@ -419,22 +423,37 @@ def export_pareto(study: Study) -> dict[str, Any]:
     }
 
 
-def trial_config(
-    study: Study, params: dict[str, Any], number: int | None, value: float | None, attrs: dict[str, Any]
-) -> dict[str, Any]:
-    """The runnable config of one set of searched values, with where it came from as metadata."""
-    import autofl
+def resolved_config(space: SearchSpace, params: dict[str, Any]) -> dict[str, Any]:
+    """The runnable config of one set of searched values: the base with the values set, every
+    default filled in by the method (this loads the registries, and with them torch), and the
+    trial's own runtime, so that a re-run reproduces its round-by-round metrics exactly."""
     from autofl.config import experiment_to_dict
     from autofl.experiment import build_experiment
-    from autofl.tuning.objectives import TEST_METRICS
 
-    space = study.space()
-    exp = build_experiment(space.config(params))
-    config = experiment_to_dict(exp)
-    # the trial's own runtime, so that a re-run reproduces its round-by-round metrics exactly
+    config = experiment_to_dict(build_experiment(space.config(params)))
     config["runtime"]["threads"] = max(1, int(space.resources.cpu))
     if space.resources.gpu == 0:
         config["runtime"]["device"] = "cpu"
+    return config
+
+
+def trial_config(
+    study: Study, params: dict[str, Any], number: int | None, value: float | None, attrs: dict[str, Any]
+) -> dict[str, Any]:
+    """The runnable config of one set of searched values, with where it came from as metadata. A
+    trial's config stored when it was asked for (`CONFIG_ATTR`) is used as it is, so exporting needs
+    neither torch nor the registries; a study made before configs were stored resolves it now."""
+    import copy
+
+    import autofl
+    from autofl.tuning.objectives import TEST_METRICS
+
+    stored = attrs.get(CONFIG_ATTR)
+    if isinstance(stored, dict):
+        space, config = study.stored_space(), copy.deepcopy(stored)
+    else:
+        space = study.space()
+        config = resolved_config(space, params)
     config["metadata"] = {
         "study": study.name,
         "trial": number,
@@ -443,7 +462,7 @@ def trial_config(
         "objective_value": value,
         "objective_round": attrs.get("round"),
         "test_metrics_reported_not_optimized": {k: attrs[k] for k in TEST_METRICS if k in attrs},
-        "seed": exp.seed,
+        "seed": config["seed"],
         "versions": {
             "autofl": autofl.__version__,
             **{name: _installed_version(name) for name in ("torch", "ray", "optuna")},
