@@ -80,11 +80,13 @@ def absolute_path(path: str) -> str:
 
 
 def with_absolute_data_path(tree: Any) -> Any:
-    """A config mapping (a space's `base`) with a relative `data.path` made absolute (see absolute_path)."""
+    """A config mapping (a space's `base`) with a relative `data.path` and `data.root` made absolute
+    (see absolute_path): the trials' workers run in other folders."""
     data = tree.get("data") if isinstance(tree, dict) else None
-    if not (isinstance(data, dict) and isinstance(data.get("path"), str) and data["path"]):
+    if not isinstance(data, dict):
         return tree
-    return {**tree, "data": {**data, "path": absolute_path(data["path"])}}
+    fixed = {key: absolute_path(data[key]) for key in ("path", "root") if isinstance(data.get(key), str) and data[key]}
+    return {**tree, "data": {**data, **fixed}} if fixed else tree
 
 
 class DataConfig(Strict):
@@ -110,7 +112,7 @@ class DataConfig(Strict):
     def _known_dataset(cls, name: str) -> str:
         return _registered("datasets", name)
 
-    @field_validator("path")
+    @field_validator("path", "root")
     @classmethod
     def _absolute_path(cls, path: str | None) -> str | None:
         return None if path is None else absolute_path(path)

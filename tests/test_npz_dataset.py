@@ -244,3 +244,16 @@ def test_a_relative_data_path_is_made_absolute_where_the_config_is_read(tmp_path
     from autofl.experiment import build_experiment
 
     assert build_experiment(space.config({"fl.lr": 0.05})).data.path == str(tmp_path / "rel.npz")
+
+
+def test_a_relative_data_root_is_made_absolute_where_the_config_is_read(tmp_path, monkeypatch):
+    """Issue 42: as data.path, a relative data.root names the same folder in a trial's worker."""
+    from autofl.experiment import build_experiment
+    from autofl.tuning.space import parse_space
+
+    monkeypatch.chdir(tmp_path)
+    assert build_experiment({"data": {"root": "datasets"}}).data.root == str(tmp_path / "datasets")
+    space = parse_space({"study": "rel", "base": {"data": {"root": "datasets"}, "fl": {"rounds": 2}},
+                         "params": {"fl.lr": {"type": "float", "low": 0.01, "high": 0.1}}}, "space")
+    monkeypatch.chdir("/")  # a worker's folder
+    assert build_experiment(space.config({"fl.lr": 0.05})).data.root == str(tmp_path / "datasets")
