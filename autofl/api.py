@@ -325,8 +325,8 @@ class Study:
 
                 start_ray(folder.root, address, verbose)
                 sigterm_as_ctrl_c()  # after Ray's own driver handler
-                resources = folder.space().resources  # none of its runs could start on a cluster without them
-                check_cluster_fits(resources.cpu, resources.gpu, address)
+                resources = folder.space().resolve_resources().resources  # none of its runs could start
+                check_cluster_fits(resources.cpu, resources.gpu_share, address)  # on a cluster without them
 
         try:
             return reevaluate(
@@ -513,8 +513,8 @@ def _run_study(
         # Ray's processes start while this thread waits on them: import the trial stack meanwhile
         # (measured on 2 cores: the quickstart's start-up overlaps by about 1.5 s)
         logs = start_ray(folder.root, address, verbose, meanwhile=_import_trial_stack)
-        space = folder.space()
-        check_cluster_fits(space.resources.cpu, space.resources.gpu, address)
+        space = folder.space().resolve_resources()  # once: the space object every later step reads
+        check_cluster_fits(space.resources.cpu, space.resources.gpu_share, address)
     sigterm_as_ctrl_c()  # after Ray's own driver handler: SIGTERM stops the run as Ctrl-C does
     try:
         if on_start is not None:
@@ -600,7 +600,9 @@ def submit_slurm(
         build_federated(load_raw_dataset(base.data), base.data, base.data_seed())
         check_new_study(parsed, None)
         check_home(home)
-    jobs.check_fits(opts, float(parsed.resources.cpu), float(parsed.resources.gpu))
+    # `gpu: auto` is resolved by the job's driver on its node (a share of one card, or 0 without one)
+    gpu = parsed.resources.gpu
+    jobs.check_fits(opts, float(parsed.resources.cpu), 0.0 if gpu == "auto" else float(gpu))
     root = home / name
     script = jobs.render_script(root, opts)
     path = root / jobs.SLURM_DIR / jobs.SCRIPT_FILE

@@ -3,6 +3,8 @@ CPU-only resolution (0, said in one line)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import yaml
@@ -68,23 +70,26 @@ def test_oom_line_names_the_memory_needed_and_the_share():
                     "lower fl.batch_size / runtime.client_chunk")
 
 
-def test_auto_is_zero_without_a_gpu(tmp_path, monkeypatch):
-    monkeypatch.setenv(gp.RESOLVED_ENV, "unset")  # recorded, so the value the driver sets is undone afterwards
-    monkeypatch.delenv(gp.RESOLVED_ENV)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+def test_parsing_measures_nothing_and_resolving_auto_is_one_explicit_step(tmp_path, monkeypatch):
+    """Issue 38: parsing a space is pure (a space with `gpu: auto` is parsed by views, by `--help`-fast
+    commands and twice by a search); the driver resolves `auto` once, explicitly, before trials run."""
+    monkeypatch.setattr(gp, "measure_peak_bytes", lambda exp: pytest.fail("parsing measured"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     path = tmp_path / "space.yaml"
     path.write_text(yaml.safe_dump({"study": "t", "base": {"fl": {"rounds": 3}}, "resources": {"gpu": "auto"},
                                     "params": {"fl.lr": {"type": "float", "low": 0.01, "high": 0.1}}}))
     space = load_space(path)
-    assert space.resources.gpu == 0.0
+    assert space.resources.gpu == "auto" and space.resources.auto_line is None
+    with pytest.raises(RuntimeError, match="not resolved yet"):
+        space.resources.gpu_share  # noqa: B018 - nothing reads an unresolved share as a number
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert space.resolve_resources() is space
+    assert space.resources.gpu == space.resources.gpu_share == 0.0
     assert space.resources.auto_line == "resources.gpu: auto = 0: no CUDA GPU on this machine, trials train on the CPU"
-    # the trials' processes inherit the driver's answer and never measure again
-    import os
-
-    assert float(os.environ[gp.RESOLVED_ENV]) == 0.0
-    monkeypatch.setattr(gp, "measure_peak_bytes", lambda exp: pytest.fail("measured twice"))
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert load_space(path).resources.gpu == 0.0
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: pytest.fail("resolved twice"))
+    space.resolve_resources()  # idempotent
+    assert space.resources.gpu == 0.0
+    assert "AUTOFL_GPU_AUTO" not in os.environ  # nothing is handed to other processes through the environment
 
 
 def test_a_fixed_share_is_kept(tmp_path):

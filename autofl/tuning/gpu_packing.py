@@ -8,8 +8,9 @@ machine's CPUs over the trial's `resources.cpu`, and `max_concurrent` where set)
 room for the CUDA context, allocator fragmentation and trials whose searched values (a larger batch,
 more clients per chunk) need more than the base did; a trial that still runs out fails alone with `oom_line`.
 
-The driver resolves `auto` once and puts the result in the environment (`RESOLVED_ENV`), which the
-trials' processes inherit, so they never measure again. On a machine without CUDA `auto` is 0.
+A driver resolves `auto` once, as an explicit step before it runs trials
+(`SearchSpace.resolve_resources`); parsing a space measures nothing, and the trials' processes are
+given the resolved share. On a machine without CUDA `auto` is 0.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from typing import Any
 import torch
 
 MARGIN = 0.2  # of the card kept free
-RESOLVED_ENV = "AUTOFL_GPU_AUTO"  # the driver's resolved fraction, inherited by the trials
 GIB = 1024**3
 
 
@@ -126,14 +126,10 @@ def resolve_auto_gpu(exp: Any, cpus_per_trial: float = 1.0, max_concurrent: int 
     """(GPU share per trial, the line saying why) for `resources.gpu: auto` with base experiment `exp`, for
     trials of `cpus_per_trial` CPUs, at most `max_concurrent` at once (no more trials share the card than
     run at once on this machine)."""
-    inherited = os.environ.get(RESOLVED_ENV)
-    if inherited is not None:
-        return float(inherited), f"resources.gpu: auto = {float(inherited):g} (resolved by the study's driver)"
     if not torch.cuda.is_available():
         share, line = 0.0, "resources.gpu: auto = 0: no CUDA GPU on this machine, trials train on the CPU"
     else:
         peak, card = measure_peak_bytes(exp), torch.cuda.get_device_properties(0).total_memory
         most = concurrent_trials(machine_cpus(), cpus_per_trial, max_concurrent)
         share, line = packed_share(peak, card, max_trials=most), packing_line(peak, card, max_trials=most)
-    os.environ[RESOLVED_ENV] = repr(share)
     return share, line

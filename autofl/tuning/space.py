@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, PrivateAttr, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from autofl.config import Experiment, Strict, read_yaml, set_dotted, with_absolute_data_path
 from autofl.errors import ConfigError, format_validation_error
@@ -16,7 +16,6 @@ from autofl.experiment import build_experiment
 from autofl.tuning.objectives import VALIDATION_OBJECTIVES, default_mode
 from autofl.tuning.strategy_spec import SAMPLER_OPTIONS, SCHEDULER_OPTIONS, SamplerSpec, SchedulerSpec, only_own_options
 
-STORED_READ = "stored_read"  # validation context: a study's stored space read for a view (no gpu: auto measurement)
 CONDITIONAL_SEP = ":"  # optuna name of a conditional param: "<method>:<config key>"
 # issue 42: sizes are counted, never listed, and bounded before any study exists. Optuna's GPSampler
 # lists every value of a stepped param (8 bytes each) and its GridSampler every config of the grid
@@ -115,9 +114,9 @@ class ResourcesSpec(Strict):
 
     @property
     def gpu_share(self) -> float:
-        """`gpu` as a number: a search space resolves `auto` when it is validated (`_resolve_gpu_auto`)."""
+        """`gpu` as a number, once `SearchSpace.resolve_resources` has resolved `auto`."""
         if self.gpu == "auto":
-            raise RuntimeError("resources.gpu: auto is not resolved yet (SearchSpace resolves it)")
+            raise RuntimeError("resources.gpu: auto is not resolved yet (call SearchSpace.resolve_resources first)")
         return self.gpu
 
     max_concurrent: int | None = Field(
@@ -205,18 +204,6 @@ class SearchSpace(Strict):
         return None if value is None else check_storage_url(value, None)
 
     @model_validator(mode="after")
-    def _resolve_gpu_auto(self, info: ValidationInfo) -> SearchSpace:
-        """`resources.gpu: auto` becomes the share of a card one trial needs (measured once per study);
-        a study's stored space read for a view (`parse_stored_space`) keeps `auto`, measuring nothing."""
-        if self.resources.gpu == "auto" and not (info.context or {}).get(STORED_READ):
-            from autofl.tuning.gpu_packing import resolve_auto_gpu
-
-            self.resources.gpu, self.resources._auto_line = resolve_auto_gpu(
-                self.base_experiment(), self.resources.cpu, self.resources.max_concurrent
-            )
-        return self
-
-    @model_validator(mode="after")
     def _objective_is_validation(self) -> SearchSpace:
         if self.objectives is not None:
             self._multi_objective()
@@ -254,6 +241,18 @@ class SearchSpace(Strict):
     @property
     def multi_objective(self) -> bool:
         return self.objectives is not None
+
+    def resolve_resources(self) -> SearchSpace:
+        """The explicit step a driver takes once before it runs trials (parsing measures nothing):
+        `resources.gpu: auto` becomes the share of a card one trial needs, measured on a dry round
+        of the base experiment (0 without a GPU; autofl/tuning/gpu_packing.py). Idempotent."""
+        if self.resources.gpu == "auto":
+            from autofl.tuning.gpu_packing import resolve_auto_gpu
+
+            self.resources.gpu, self.resources._auto_line = resolve_auto_gpu(
+                self.base_experiment(), self.resources.cpu, self.resources.max_concurrent
+            )
+        return self
 
     def base_experiment(self) -> Experiment:
         return build_experiment(self.base)
@@ -414,7 +413,7 @@ def parse_stored_space(raw: dict[str, Any], where: str | Path) -> SearchSpace:
     without building its experiments (`validate_space`, done when the study was made and again
     before any work): what read-only views need."""
     try:
-        return SearchSpace.model_validate(raw, context={STORED_READ: True})
+        return SearchSpace.model_validate(raw)
     except ValidationError as err:
         raise ConfigError(f"{where}: {format_validation_error(err, SearchSpace)}") from None
 

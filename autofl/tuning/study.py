@@ -432,7 +432,7 @@ def resolved_config(space: SearchSpace, params: dict[str, Any]) -> dict[str, Any
 
     config = experiment_to_dict(build_experiment(space.config(params)))
     config["runtime"]["threads"] = max(1, int(space.resources.cpu))
-    if space.resources.gpu == 0:
+    if space.resources.gpu == 0:  # resolved `auto` included; an unresolved `auto` keeps the base's device
         config["runtime"]["device"] = "cpu"
     return config
 
