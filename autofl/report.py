@@ -272,6 +272,8 @@ def _reeval_figure(summary: dict[str, Any]) -> Figure:
 def leaderboard(space, trials: list, compute: dict[int, float], summary: dict[str, Any] | None) -> list[dict[str, Any]]:
     """Cross-method studies: per method, its best trial, re-evaluated mean (if one of its configs
     was re-evaluated), trials run and compute spent."""
+    from autofl.tuning.constraints import is_feasible
+
     methods: dict[str, dict[str, Any]] = {}
     for t in trials:
         if "method.name" not in t.params or not t.state.is_finished():
@@ -293,6 +295,7 @@ def leaderboard(space, trials: list, compute: dict[int, float], summary: dict[st
         if (
             t.state.name == "COMPLETE"
             and value is not None
+            and is_feasible(t)
             and (row["best"] is None or not better(row["best"], value, space.mode))
         ):  # ties: the later trial
             row["best"], row["best_trial"] = value, t.number
@@ -371,11 +374,18 @@ def build_report(study: Study, out_dir: Path) -> Path:
         + html.escape(", ".join(f"{v} {k.lower()}" for k, v in sorted(counts.items())))
         + "</p>",
     ]
-    top = best_of(trials, space.mode)
-    parts.append(
-        f"<p>best trial #{top.number}: {space.objective} = {top.values[0]:.4f} "
-        f"({html.escape(format_params(top.params, short=False))})</p>"
-    )
+    if space.constraints:
+        from autofl.tuning.constraints import feasibility_line
+
+        parts.append(f"<p>{html.escape(feasibility_line(space.constraints, trials))}</p>")
+    top = best_of(trials, space.mode)  # never an infeasible trial
+    if top is None:
+        parts.append("<p>best trial: none (no completed trial meets the constraints)</p>")
+    else:
+        parts.append(
+            f"<p>best trial #{top.number}: {space.objective} = {top.values[0]:.4f} "
+            f"({html.escape(format_params(top.params, short=False))})</p>"
+        )
     if space.multi_objective:
         parts.append("<h2>Pareto front</h2>")
         parts.append(
