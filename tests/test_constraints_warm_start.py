@@ -391,3 +391,30 @@ def test_a_warm_started_search_trains_only_its_own_trials(tmp_path, capsys):
     trained = [t for t in trials if "tune_trial_id" in t.user_attrs]
     assert len(warm) == 4 and not any("tune_trial_id" in t.user_attrs for t in warm)  # none trained again
     assert len(trained) == 2 and all(t.state.name == "COMPLETE" for t in trained)  # the budget: 2 new trials
+
+
+@pytest.mark.parametrize("kind", ["tpe", "gp"])
+def test_the_constraint_samplers_propose_from_constrained_trials(tmp_path, kind):
+    """The study's own sampler (TrialSeededSampler) past its startup trials, on trials the ledger
+    closed with constraint values: it proposes in range and Optuna's best is feasible."""
+    from autofl.tuning.ledger import Ledger
+    from autofl.tuning.space import DefineByRun, load_space
+    from autofl.tuning.trial_sampler import TrialSeededSampler
+
+    root = make_study(tmp_path, "smp", [], constraints=["train_loss <= 1"],
+                      sampler={"kind": kind, "n_startup_trials": 2})
+    space = load_space(root / "space.yaml")
+    ledger = Ledger(root)
+    sampler = TrialSeededSampler(space)
+    study = ledger.study(sampler=sampler, create_directions=["maximize"])
+    for _ in range(5):
+        trial = study.ask()
+        DefineByRun(space)(trial)
+        lr = trial.params["fl.lr"]
+        assert 0.01 <= lr <= 0.1
+        # higher lr: higher value, but the loss bound holds only below lr 0.05
+        ledger.close(trial.number, {"round": 2, "personal_val_acc": lr, "train_loss": 20 * lr}, False,
+                     ["personal_val_acc"], 2)
+    trials = study.get_trials()
+    assert all(set(t.constraints) == {"train_loss <= 1"} for t in trials)
+    assert study.best_trial.user_attrs["feasible"] is True and study.best_trial.params["fl.lr"] <= 0.05
