@@ -243,7 +243,8 @@ class Study:
         return frame.merge(extra, on="number", how="left")
 
     def best_trial(self):
-        """Optuna's FrozenTrial of the best COMPLETE trial (first objective); AutoFLError if none."""
+        """Optuna's FrozenTrial of the best COMPLETE trial (first objective) that meets the space's
+        constraints; AutoFLError if none (saying so where trials completed but none is feasible)."""
         from autofl.tuning.study import best_trial
 
         return best_trial(self._folder)

@@ -108,14 +108,17 @@ def visible_cmap(cmap):
 
 
 def trial_compute(space, trials: list) -> dict[int, float]:
-    """Clients trained by each finished trial: rounds it reached x sampled clients per round."""
+    """Clients trained by each finished trial: rounds it reached x sampled clients per round (0 for
+    a trial warm-started from another study: it trained there)."""
     from autofl.experiment import build_experiment
+    from autofl.tuning.ledger import is_warm_started
 
     out = {}
     for t in trials:
         if t.state.is_finished():
             exp = build_experiment(space.config(t.params))
-            out[t.number] = max(t.intermediate_values, default=0) * exp.clients_per_round()
+            rounds = 0 if is_warm_started(t) else max(t.intermediate_values, default=0)
+            out[t.number] = rounds * exp.clients_per_round()
     return out
 
 
@@ -137,12 +140,14 @@ def _best_so_far(space, ot, trials: list, compute: dict[int, float]) -> list[Fig
     import matplotlib.pyplot as plt
     import optuna.visualization.matplotlib as ovm
 
+    from autofl.tuning.constraints import is_feasible
+
     xs, ys, best, spent = [], [], None, 0.0
     for t in sorted(trials, key=lambda t: t.datetime_complete or t.datetime_start):
         if not t.state.is_finished():
             continue
         spent += compute[t.number]
-        if t.state.name == "COMPLETE" and t.values:
+        if t.state.name == "COMPLETE" and t.values and is_feasible(t):  # never an infeasible best
             best = t.values[0] if better(t.values[0], best, space.mode) else best
         if best is not None:
             xs.append(spent)

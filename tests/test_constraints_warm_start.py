@@ -238,6 +238,19 @@ def test_export_status_and_reeval_skip_an_infeasible_best(tmp_path, capsys):
     assert "best trial #2" in page and "2 of 3 completed trials feasible" in page
 
 
+def test_the_live_views_best_so_far_is_never_infeasible(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from autofl.tuning.ledger import Ledger
+    from autofl.tuning.live_view import LiveView
+
+    view = LiveView(Ledger(three_trials(tmp_path, "live", (True, False, True))), Console(file=io.StringIO()))
+    view.setup()
+    assert view.best == (0.7, 2) and view.finished_before == 3
+
+
 def test_export_with_no_feasible_trial_is_one_line_exit_2(tmp_path, capsys):
     three_trials(tmp_path, "none", (False, False, False))
     out_file = tmp_path / "best.yaml"

@@ -200,6 +200,13 @@ class Ledger:
                 return t.state.name
         return None
 
+    def feasible_of(self, tune_trial_id: str) -> bool:
+        """Whether the trial meets the study's constraints (True where it has none, or is unknown)."""
+        for t in reversed(self.trials()):
+            if t.user_attrs.get("tune_trial_id") == tune_trial_id:
+                return t.user_attrs.get("feasible") is not False
+        return True
+
     def finished_in_run(self, run_name: str) -> set[str]:
         """Tune trial ids of the trials that `run_name` ran and the study has finished."""
         return {
