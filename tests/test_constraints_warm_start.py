@@ -388,14 +388,17 @@ def test_warm_start_argument_is_checked_like_the_others():
 
 
 @pytest.mark.slow
-def test_a_warm_started_search_trains_only_its_own_trials(tmp_path, capsys):
-    """End to end (Ray): 2 new trials on top of the 4 warm-started, none of which trains again."""
+def test_a_warm_started_constrained_search_trains_only_its_own_trials(tmp_path, capsys):
+    """End to end (Ray): 2 new trials on top of the 4 warm-started, none of which trains again; the
+    trained ones get their constraint values through the search's own ledger, and the export is feasible."""
     from autofl.tuning.ledger import Ledger
 
     source_study(tmp_path)
     home = tmp_path / "home"
     path = tmp_path / "new.yaml"
-    path.write_text(yaml.safe_dump(space_dict("new", trials=2, scheduler={"kind": "none"}, start_from_base=False)))
+    path.write_text(yaml.safe_dump(space_dict(
+        "new", trials=2, scheduler={"kind": "none"}, start_from_base=False,
+        constraints=["personal_val_acc >= 0.55"], sampler={"kind": "tpe"})))
     code, out, err = cli(capsys, "search", "--space", path, "--warm-start", "old", "--dir", home)
     assert code == 0, err
     assert "warm start from old: took 4 of its 4 finished trials (3 complete, 1 pruned)" in out
@@ -404,6 +407,14 @@ def test_a_warm_started_search_trains_only_its_own_trials(tmp_path, capsys):
     trained = [t for t in trials if "tune_trial_id" in t.user_attrs]
     assert len(warm) == 4 and not any("tune_trial_id" in t.user_attrs for t in warm)  # none trained again
     assert len(trained) == 2 and all(t.state.name == "COMPLETE" for t in trained)  # the budget: 2 new trials
+    for t in trained:
+        margin = 0.55 - t.user_attrs["personal_val_acc"]
+        assert t.constraints == {"personal_val_acc >= 0.55": pytest.approx(margin)}
+        assert t.user_attrs["feasible"] is (margin <= 0)
+    code, _, err = cli(capsys, "best-config", "export", "new", "--dir", home, "-o", tmp_path / "best.yaml")
+    assert code == 0, err
+    picked = yaml.safe_load((tmp_path / "best.yaml").read_text())["metadata"]["trial"]
+    assert next(t for t in trials if t.number == picked).user_attrs["feasible"] is True
 
 
 @pytest.mark.parametrize("kind", ["tpe", "gp"])
