@@ -88,22 +88,19 @@ def test_constraints_parse_into_metric_op_bound():
         (
             ["personal_val_acc >= 0.5", "bogus <= 1"],
             "tpe",
-            "s.yaml: constraints[1]: 'bogus' is not a reported metric; allowed: personal_val_acc, "
-            "personal_val_acc_std, personal_val_acc_p10, global_val_acc, train_loss",
+            "s.yaml: constraints[1]: 'bogus' is not a reported metric; allowed: {allowed}",
         ),
         (
             ["personal_test_acc >= 0.5"],
             "gp",
             "s.yaml: constraints[0]: 'personal_test_acc' is a test metric (reported, never optimized or "
-            "constrained); allowed: personal_val_acc, personal_val_acc_std, personal_val_acc_p10, "
-            "global_val_acc, train_loss",
+            "constrained); allowed: {allowed}",
         ),
         (
             ["personal_val_acc > 0.5"],
             "tpe",
             "s.yaml: constraints[0]: 'personal_val_acc > 0.5' is not a constraint; allowed: '<metric> >= "
-            "<number>' or '<metric> <= <number>', with a metric among personal_val_acc, personal_val_acc_std, "
-            "personal_val_acc_p10, global_val_acc, train_loss",
+            "<number>' or '<metric> <= <number>', with a metric among {allowed}",
         ),
         (
             ["train_loss <= inf"],
@@ -120,9 +117,23 @@ def test_constraints_parse_into_metric_op_bound():
     ],
 )
 def test_a_bad_constraint_is_one_line_naming_it(constraints, sampler, message):
+    from autofl.tuning.constraints import constraint_metrics
+
     with pytest.raises(ConfigError) as err:
         parse(constraints=constraints, sampler={"kind": sampler})
-    assert str(err.value) == message
+    assert str(err.value) == message.replace("{allowed}", ", ".join(constraint_metrics()))
+
+
+def test_the_constrainable_metrics_are_the_reported_ones_but_test_metrics_round_and_node():
+    from autofl.tuning.constraints import constraint_metrics
+    from autofl.tuning.objectives import REPORTED_KEYS
+
+    allowed = constraint_metrics()
+    assert {"personal_val_acc", "personal_val_acc_std", "personal_val_acc_p10", "global_val_acc", "train_loss"} <= set(
+        allowed
+    )
+    assert set(allowed) <= set(REPORTED_KEYS) and not {"round", "node_id"} & set(allowed)
+    assert not [m for m in allowed if "test" in m.split("_")]
 
 
 @pytest.mark.parametrize("kind", ["grid", "cmaes", "qmc"])
