@@ -213,6 +213,11 @@ class Study:
             for r in trial_rows(self._folder)
         ]
 
+    def optuna_trials(self) -> list:
+        """Optuna's FrozenTrials of the study (its constraint values in `.constraints`)."""
+        ot = self._folder.load_optuna()
+        return ot.get_trials(deepcopy=False) if ot is not None else []
+
     def counts(self) -> dict[str, int]:
         """Trials per state, as `autofl status` counts them."""
         from autofl.tuning.study import state_counts
@@ -238,7 +243,8 @@ class Study:
         return frame.merge(extra, on="number", how="left")
 
     def best_trial(self):
-        """Optuna's FrozenTrial of the best COMPLETE trial (first objective); AutoFLError if none."""
+        """Optuna's FrozenTrial of the best COMPLETE trial (first objective) that meets the space's
+        constraints; AutoFLError if none (saying so where trials completed but none is feasible)."""
         from autofl.tuning.study import best_trial
 
         return best_trial(self._folder)
@@ -407,6 +413,7 @@ def search(
     resume: bool = False,
     join: bool = False,
     storage_path: str | None = None,
+    warm_start: str | None = None,
     verbose: bool = False,
     on_start: Callable[[Study, Path], None] | None = None,
 ) -> Study:
@@ -417,6 +424,9 @@ def search(
     created in `dir` (default $AUTOFL_HOME or ./autofl_studies), `trials` overriding the space's.
     `resume=True`: continue the study `name` (no space: it keeps its own): finish its interrupted run,
     then add `trials` more if given. `join=True`: one more driver on a running PostgreSQL or journal study.
+    `warm_start`: a new study begins with the finished trials of that other study (in the same
+    folder) that fit its space; they train nothing and count against no budget
+    (autofl/tuning/warm_start.py; the line saying what was taken is `study.record["warm_start"]`).
     `on_start(study, logs_folder)` is called once Ray is up, before the first trial. Ctrl-C raises
     StudyInterrupted (the study resumes with `resume=True`)."""
     from autofl.tuning import study as store
@@ -434,6 +444,7 @@ def search(
         resume=resume,
         join=join,
         storage_path=storage_path,
+        warm_start=warm_start,
         verbose=verbose,
         on_start=on_start,
     )
@@ -442,8 +453,13 @@ def search(
     if resume and join:
         raise AutoFLError("search: give --resume NAME or --join NAME, not both")
     existing = resume or join
+    warm = None
     if existing and storage_path:
         raise AutoFLError("--storage-path: applies to a new study; an existing one keeps the place it was made with")
+    if existing and warm_start is not None:
+        raise AutoFLError(
+            f"--warm-start: applies to a new study; --resume/--join {name} continues the study with the trials it has"
+        )
     if existing and space is not None:
         raise AutoFLError(
             f"--space: applies to a new study; --resume/--join {name} continues the study with its own space and name"
@@ -471,6 +487,12 @@ def search(
         build_federated(load_raw_dataset(base.data), base.data, base.data_seed())
         storage_path = check_new_study(parsed, storage_path)
         check_home(home)
+        if warm_start is not None:  # read only: an unknown study or the study itself is refused here
+            from autofl.tuning.warm_start import plan as warm_plan
+
+            warm = warm_plan(
+                home, warm_start, store.check_study_name(name or parsed.study, "--name" if name else "study"), parsed
+            )
         folder = store.create_study(home, None, parsed, name, storage_path=storage_path, space_text=text)
     sqlite = is_sqlite(folder.storage_url())
     if existing and not sqlite:  # a new study's storage was probed before its folder was made
@@ -487,7 +509,7 @@ def search(
     else:
         lock.acquire(sqlite=sqlite)
     try:
-        _run_study(folder, trials, address, resume, join, verbose, on_start, created=not existing, lock=lock)
+        _run_study(folder, trials, address, resume, join, verbose, on_start, created=not existing, lock=lock, warm=warm)
     finally:
         lock.release()
     return Study(folder)
@@ -503,6 +525,7 @@ def _run_study(
     on_start: Callable[[Study, Path], None] | None,
     created: bool,
     lock: Any,
+    warm: Any = None,
 ) -> None:
     """Start Ray and run the study's trials: the one place the API drives the tuning package."""
     from autofl.tuning.preflight import check_cluster_fits, rollback_if_unstarted, sigterm_as_ctrl_c
@@ -510,6 +533,10 @@ def _run_study(
     from autofl.tuning.runner import StudyInterrupted, run_study
 
     with rollback_if_unstarted(folder, created=created, lock=lock):  # a failed start leaves no half-made study
+        if warm is not None:  # the other study's trials, added before the first proposal
+            from autofl.tuning.warm_start import apply
+
+            apply(folder, warm)
         # Ray's processes start while this thread waits on them: import the trial stack meanwhile
         # (measured on 2 cores: the quickstart's start-up overlaps by about 1.5 s)
         logs = start_ray(folder.root, address, verbose, meanwhile=_import_trial_stack)

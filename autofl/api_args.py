@@ -65,6 +65,9 @@ class SearchArgs(DirArgs):
     resume: bool = Field(False, description=FLAG)
     join: bool = Field(False, description=FLAG)
     storage_path: str | None = Field(None, description="a folder or URI (str), or None for the study folder")
+    warm_start: str | None = Field(
+        None, description="the name (str) of another study in the same studies folder, or None"
+    )
     verbose: bool = Field(False, description=FLAG)
     on_start: Callable[..., Any] | None = Field(None, description=CALLBACK)
 

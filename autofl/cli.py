@@ -94,7 +94,11 @@ def cmd_search(args: argparse.Namespace) -> int:
     existing = args.resume or args.join
     # the API raises the other flag errors; in the order they were checked (resume with join, --storage-path,
     # --space), before this one
-    if existing and args.name is not None and not ((args.resume and args.join) or args.storage_path or args.space):
+    if (
+        existing
+        and args.name is not None
+        and not ((args.resume and args.join) or args.storage_path or args.warm_start or args.space)
+    ):
         raise AutoFLError(
             f"--name: applies to a new study; --resume/--join {existing} continues the study "
             f"with its own space and name"
@@ -117,6 +121,9 @@ def cmd_search(args: argparse.Namespace) -> int:
             soft_wrap=True,
         )
         record_before.append(study.record)  # unchanged after a --resume that found nothing to do
+        warm = study.record.get("warm_start") if args.warm_start else None
+        if isinstance(warm, dict):
+            console.print(str(warm.get("line", "")), soft_wrap=True)
 
     study = api.search(
         args.space,
@@ -127,6 +134,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         resume=bool(args.resume),
         join=bool(args.join),
         storage_path=args.storage_path,
+        warm_start=args.warm_start,
         verbose=args.verbose,
         on_start=on_start,
     )
@@ -161,6 +169,17 @@ def cmd_search(args: argparse.Namespace) -> int:
     return 0
 
 
+def _note(attrs: dict) -> str:
+    """A trial's note in status: why it failed, that it misses the study's constraints, where it
+    was warm-started from."""
+    notes = [str(attrs.get("fail_reason", ""))]
+    if attrs.get("feasible") is False:
+        notes.append("infeasible")
+    if attrs.get("warm_start_from"):
+        notes.append(f"from {attrs['warm_start_from']}")
+    return "; ".join(n for n in notes if n)
+
+
 def _print_status(study) -> None:
     from autofl.tuning.storage import mask_url
 
@@ -174,11 +193,16 @@ def _print_status(study) -> None:
         state = r["state"]
         node = str(r["user_attrs"].get("node_id") or "-")[:8]
         value = " / ".join(map(_fmt, r["values"])) if space.multi_objective and r["values"] else _fmt(r["objective"])
-        table.add_row(
-            str(r["number"]), state, _fmt(r["round"]), value, node, params, str(r["user_attrs"].get("fail_reason", ""))
-        )
+        table.add_row(str(r["number"]), state, _fmt(r["round"]), value, node, params, _note(r["user_attrs"]))
     console.print(table)
     console.print(f"storage: {mask_url(study.storage_url)}", soft_wrap=True)
+    warm = study.record.get("warm_start")
+    if isinstance(warm, dict) and warm.get("line"):
+        console.print(str(warm["line"]), soft_wrap=True)
+    if space.constraints:
+        from autofl.tuning.constraints import feasibility_line
+
+        console.print(feasibility_line(space.constraints, study.optuna_trials()), soft_wrap=True)
     if space.multi_objective:
         front = study.pareto_trials()
         goals = ", ".join(f"{m} ({d})" for m, d in zip(space.metrics, space.modes or []))
@@ -531,6 +555,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--storage-path",
         help="new study: where Tune keeps experiments and checkpoints, a folder "
         "or URI (s3://...) every Ray node reaches (default: the study folder)",
+    )
+    search.add_argument(
+        "--warm-start",
+        metavar="OTHER",
+        help="new study: begin with the finished trials of study OTHER (same --dir) that fit the "
+        "space; they train nothing and count against no budget",
     )
     search.add_argument("--dir", help=dir_help)
     search.set_defaults(func=cmd_search)

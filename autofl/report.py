@@ -108,14 +108,17 @@ def visible_cmap(cmap):
 
 
 def trial_compute(space, trials: list) -> dict[int, float]:
-    """Clients trained by each finished trial: rounds it reached x sampled clients per round."""
+    """Clients trained by each finished trial: rounds it reached x sampled clients per round (0 for
+    a trial warm-started from another study: it trained there)."""
     from autofl.experiment import build_experiment
+    from autofl.tuning.ledger import is_warm_started
 
     out = {}
     for t in trials:
         if t.state.is_finished():
             exp = build_experiment(space.config(t.params))
-            out[t.number] = max(t.intermediate_values, default=0) * exp.clients_per_round()
+            rounds = 0 if is_warm_started(t) else max(t.intermediate_values, default=0)
+            out[t.number] = rounds * exp.clients_per_round()
     return out
 
 
@@ -137,12 +140,14 @@ def _best_so_far(space, ot, trials: list, compute: dict[int, float]) -> list[Fig
     import matplotlib.pyplot as plt
     import optuna.visualization.matplotlib as ovm
 
+    from autofl.tuning.constraints import is_feasible
+
     xs, ys, best, spent = [], [], None, 0.0
     for t in sorted(trials, key=lambda t: t.datetime_complete or t.datetime_start):
         if not t.state.is_finished():
             continue
         spent += compute[t.number]
-        if t.state.name == "COMPLETE" and t.values:
+        if t.state.name == "COMPLETE" and t.values and is_feasible(t):  # never an infeasible best
             best = t.values[0] if better(t.values[0], best, space.mode) else best
         if best is not None:
             xs.append(spent)
@@ -272,6 +277,8 @@ def _reeval_figure(summary: dict[str, Any]) -> Figure:
 def leaderboard(space, trials: list, compute: dict[int, float], summary: dict[str, Any] | None) -> list[dict[str, Any]]:
     """Cross-method studies: per method, its best trial, re-evaluated mean (if one of its configs
     was re-evaluated), trials run and compute spent."""
+    from autofl.tuning.constraints import is_feasible
+
     methods: dict[str, dict[str, Any]] = {}
     for t in trials:
         if "method.name" not in t.params or not t.state.is_finished():
@@ -293,6 +300,7 @@ def leaderboard(space, trials: list, compute: dict[int, float], summary: dict[st
         if (
             t.state.name == "COMPLETE"
             and value is not None
+            and is_feasible(t)
             and (row["best"] is None or not better(row["best"], value, space.mode))
         ):  # ties: the later trial
             row["best"], row["best_trial"] = value, t.number
@@ -371,11 +379,18 @@ def build_report(study: Study, out_dir: Path) -> Path:
         + html.escape(", ".join(f"{v} {k.lower()}" for k, v in sorted(counts.items())))
         + "</p>",
     ]
-    top = best_of(trials, space.mode)
-    parts.append(
-        f"<p>best trial #{top.number}: {space.objective} = {top.values[0]:.4f} "
-        f"({html.escape(format_params(top.params, short=False))})</p>"
-    )
+    if space.constraints:
+        from autofl.tuning.constraints import feasibility_line
+
+        parts.append(f"<p>{html.escape(feasibility_line(space.constraints, trials))}</p>")
+    top = best_of(trials, space.mode)  # never an infeasible trial
+    if top is None:
+        parts.append("<p>best trial: none (no completed trial meets the constraints)</p>")
+    else:
+        parts.append(
+            f"<p>best trial #{top.number}: {space.objective} = {top.values[0]:.4f} "
+            f"({html.escape(format_params(top.params, short=False))})</p>"
+        )
     if space.multi_objective:
         parts.append("<h2>Pareto front</h2>")
         parts.append(

@@ -81,19 +81,25 @@ def is_placeholder(trial: Any) -> bool:
     return bool(trial.user_attrs.get("interrupted"))
 
 
+def is_warm_started(trial: Any) -> bool:
+    """Whether a trial was copied from another study (`autofl search --warm-start`): trained there."""
+    return "warm_start_from" in trial.user_attrs
+
+
 def counted(trial: Any) -> bool:
     """Whether a trial counts against the study's requested trials (interrupted ones are replaced;
-    a repeat told its twin's outcome, autofl/tuning/repeats.py, trained nothing)."""
-    return not trial.user_attrs.get("interrupted") and not is_repeat(trial)
+    a repeat told its twin's outcome, autofl/tuning/repeats.py, and a warm-started trial copied
+    from another study, autofl/tuning/warm_start.py, trained nothing here)."""
+    return not trial.user_attrs.get("interrupted") and not is_repeat(trial) and not is_warm_started(trial)
 
 
 def rounds_used(trials: Iterable[Any]) -> dict[str, int]:
     """Rounds each trial trained (its last reported round), keyed by Tune trial id; a repeat told
-    its twin's rounds trained none."""
+    its twin's rounds, and a trial warm-started from another study, trained none here."""
     return {
         str(t.user_attrs.get("tune_trial_id", f"#{t.number}")): max(t.intermediate_values, default=0)
         for t in trials
-        if not is_repeat(t)
+        if not is_repeat(t) and not is_warm_started(t)
     }
 
 
@@ -121,6 +127,7 @@ class Ledger:
         self._storage: Any = None  # the Optuna storage it was opened on
         self._url = ""  # and that storage's URL
         self._sampler: Any = None
+        self._constraints: list[Any] | None = None  # the space's, read at the first close
 
     def __getstate__(self) -> dict[str, Any]:
         return {"root": self.root}
@@ -192,6 +199,13 @@ class Ledger:
             if t.user_attrs.get("tune_trial_id") == tune_trial_id:
                 return t.state.name
         return None
+
+    def feasible_of(self, tune_trial_id: str) -> bool:
+        """Whether the trial meets the study's constraints (True where it has none, or is unknown)."""
+        for t in reversed(self.trials()):
+            if t.user_attrs.get("tune_trial_id") == tune_trial_id:
+                return t.user_attrs.get("feasible") is not False
+        return True
 
     def finished_in_run(self, run_name: str) -> set[str]:
         """Tune trial ids of the trials that `run_name` ran and the study has finished."""
@@ -404,8 +418,29 @@ class Ledger:
                 trial.set_user_attr(key, result[key])
         if result.get("diverged"):
             trial.set_user_attr("fail_reason", str(result["diverged"]))
+        if state == "COMPLETE":  # a PRUNED trial has no final metrics: no constraint values (as in Optuna)
+            self._record_constraints(trial, result)
         self._tell(number, state, values)
         return state
+
+    def constraints(self) -> list[Any]:
+        """The study's constraints (its space's `constraints:`, autofl/tuning/constraints.py)."""
+        if self._constraints is None:
+            self._constraints = self.folder().stored_space().parsed_constraints
+        return self._constraints
+
+    def _record_constraints(self, trial: Any, result: dict[str, Any]) -> None:
+        """A COMPLETE trial's constraint values (Optuna's `Trial.set_constraint`, what the samplers
+        and `best_trial` read) and whether it meets them all (user attr `feasible`)."""
+        from autofl.tuning.constraints import FEASIBLE_ATTR, constraint_values
+
+        constraints = self.constraints()
+        if not constraints:
+            return
+        values = constraint_values(constraints, result)
+        for key, value in values.items():
+            trial.set_constraint(key, value)
+        trial.set_user_attr(FEASIBLE_ATTR, all(v <= 0 for v in values.values()))
 
     def record_config(self, number: int, config: dict[str, Any]) -> None:
         """Keep trial `number`'s runnable config (`autofl.tuning.study.CONFIG_ATTR`) with it."""

@@ -74,11 +74,13 @@ class LiveView(Callback):
         self, stop: Any = None, num_samples: int | None = None, total_num_samples: int | None = None, **info: Any
     ) -> None:  # Tune's Callback.setup signature
         self.began = time.time()
+        from autofl.tuning.constraints import is_feasible
+
         for t in self._ledger.trials():
             if t.state.is_finished() and counted(t):
                 self.finished_before += 1
-                if t.state.name == "COMPLETE" and t.values:
-                    self._offer(t.values[0], t.number)
+            if t.state.name == "COMPLETE" and t.values and is_feasible(t):  # a warm-started one too
+                self._offer(t.values[0], t.number)
         if self.console.is_terminal:
             self._live = Live(self._render(), console=self.console, refresh_per_second=2, transient=False)
             self._live.start()
@@ -120,7 +122,7 @@ class LiveView(Callback):
         if state not in FINISHED_STATES:
             state = outcome(result, False, [self.objective], self.max_rounds)[0]
         row["state"] = state
-        if state == "COMPLETE":
+        if state == "COMPLETE" and self._ledger.feasible_of(trial.trial_id):  # never an infeasible best
             self._offer(row["value"], row["trial"])
         self._finish(row, f" ({result['diverged']})" if result.get("diverged") else "")
 

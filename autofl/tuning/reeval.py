@@ -84,12 +84,17 @@ def candidates(study: Study, top: int) -> list[Candidate]:
             f"re-evaluation ranks configs on one objective: see its Pareto front with "
             f"autofl best-config export {study.name} --pareto"
         )
+    from autofl.tuning.constraints import is_feasible
+    from autofl.tuning.study import no_feasible_trial
+
+    trials = ot.get_trials(deepcopy=False) if ot is not None else []
     complete = [
         t
-        for t in (ot.get_trials(deepcopy=False) if ot is not None else [])
-        if t.state.name == "COMPLETE" and t.value is not None and math.isfinite(t.value)
+        for t in trials
+        if t.state.name == "COMPLETE" and t.value is not None and math.isfinite(t.value) and is_feasible(t)
     ]
     if not complete:
+        no_feasible_trial(study, trials)  # an infeasible trial is never a candidate
         raise AutoFLError(f"study {study.name!r} has no completed trial to re-evaluate; see autofl status {study.name}")
     complete = best_first(complete, key=lambda t: t.value, mode=space.mode)
     # the paper default; in a cross-method study, that of the best trial's method
@@ -198,13 +203,16 @@ def summarize(study: Study, chosen: list[Candidate], runs: list[Run]) -> dict[st
             values = [m[metric] for m in per_seed.values() if metric in m]
             if values:
                 row[metric] = t_interval(values)
+        if space.constraints and per_seed:
+            row["violated"] = mean_violations(space.parsed_constraints, list(per_seed.values()))
         if c.label != DEFAULT_LABEL:
             for metric in (space.objective, "personal_test_acc"):
                 common = [s for s in per_seed if s in default and metric in per_seed[s] and metric in default[s]]
                 if common:
                     row[f"diff_{metric}"] = t_interval([per_seed[s][metric] - default[s][metric] for s in common])
         rows.append(row)
-    complete = [r for r in rows if space.objective in r]
+    # a candidate whose seeds' mean misses a constraint is never the best (the default included)
+    complete = [r for r in rows if space.objective in r and not r.get("violated")]
     top = best(complete, key=lambda r: r[space.objective]["mean"], mode=space.mode)
     return {
         "objective": space.objective,
@@ -213,8 +221,23 @@ def summarize(study: Study, chosen: list[Candidate], runs: list[Run]) -> dict[st
         "vary_partition": any(r.vary_partition for r in runs),
         "rows": rows,
         "best": top["candidate"] if top else None,
-        "verdict": verdict(top, space.objective, space.mode),
+        "verdict": verdict(top, space.objective, space.mode)
+        if top is not None or not any(r.get("violated") for r in rows)
+        else "every re-evaluated candidate misses a constraint on its mean over seeds: no config to pick",
     }
+
+
+def mean_violations(constraints: list[Any], per_seed: list[dict[str, float]]) -> list[str]:
+    """The constraints that the mean over seeds of their metrics misses (a metric no seed
+    reported counts as missed)."""
+    from autofl.tuning.constraints import violated
+
+    means = {}
+    for c in constraints:
+        values = [m[c.metric] for m in per_seed if isinstance(m.get(c.metric), (int, float))]
+        if values:
+            means[c.metric] = sum(values) / len(values)
+    return violated(constraints, means)
 
 
 def verdict(best: dict[str, Any] | None, objective: str, mode: str) -> str:

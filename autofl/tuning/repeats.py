@@ -16,7 +16,7 @@ from typing import Any
 
 REPEAT_TRIES = 20
 # what a repeat copies of its twin besides values: the metrics the report and export read
-COPIED_ATTRS = ("personal_test_acc", "global_test_acc", "round")
+COPIED_ATTRS = ("personal_test_acc", "global_test_acc", "round", "feasible")
 
 
 def is_repeat(trial: Any) -> bool:
@@ -48,6 +48,8 @@ def tell_as_twin(study: Any, trial: Any, twin: Any) -> None:
     for key in COPIED_ATTRS:
         if key in twin.user_attrs:
             trial.set_user_attr(key, twin.user_attrs[key])
+    for key, value in twin.constraints.items():  # a constrained study: the twin's constraint values
+        trial.set_constraint(key, value)
     trial.set_user_attr("repeat_of", twin.number)
     if twin.state == TrialState.COMPLETE:
         study.tell(trial, twin.values if len(twin.values) > 1 else twin.value)

@@ -13,6 +13,7 @@ from autofl.errors import ConfigError, format_validation_error
 from autofl.experiment import build_experiment
 
 # any validation metric may be the objective: the mean, the worst-decile client (p10) or the spread
+from autofl.tuning.constraints import CONSTRAINED_SAMPLERS, Constraint, parse_constraints
 from autofl.tuning.objectives import VALIDATION_OBJECTIVES, default_mode
 from autofl.tuning.strategy_spec import SAMPLER_OPTIONS, SCHEDULER_OPTIONS, SamplerSpec, SchedulerSpec, only_own_options
 
@@ -147,6 +148,11 @@ class SearchSpace(Strict):
     modes: list[Literal["max", "min"]] | None = Field(
         None, description="one per objective; default max, and min for a spread (*_std)"
     )
+    constraints: list[str] = Field(
+        default_factory=list,
+        description="'<metric> >= <number>' or '<metric> <= <number>' on reported metrics "
+        "(not test metrics); infeasible trials are never the best (sampler kind tpe or gp)",
+    )
     trials: int = Field(20, ge=1, le=100_000)
     time_budget_s: float | None = Field(
         None,
@@ -216,6 +222,7 @@ class SearchSpace(Strict):
                 )
         if self.conditional and "method.name" not in self.params:
             raise ValueError("conditional: needs method.name among params (conditional params follow the method)")
+        parse_constraints(self.constraints)
         check_strategy(self)
         return self
 
@@ -253,6 +260,11 @@ class SearchSpace(Strict):
                 self.base_experiment(), self.resources.cpu, self.resources.max_concurrent
             )
         return self
+
+    @property
+    def parsed_constraints(self) -> list[Constraint]:
+        """The space's `constraints`, parsed (validated when the space was)."""
+        return parse_constraints(self.constraints)
 
     def base_experiment(self) -> Experiment:
         return build_experiment(self.base)
@@ -389,6 +401,16 @@ def validate_space(space: SearchSpace) -> None:
                     f"objective: method {m} has no global model, so global_val_acc is undefined; "
                     f"allowed: {', '.join(o for o in VALIDATION_OBJECTIVES if o != 'global_val_acc')}"
                 )
+    for i, constraint in enumerate(space.parsed_constraints):
+        if constraint.metric.startswith("global_"):
+            from autofl.methods.registry import get_method_class
+
+            for m in methods:
+                if not get_method_class(m).has_global_model:
+                    raise ConfigError(
+                        f"constraints[{i}]: method {m} has no global model, so {constraint.metric} is "
+                        f"undefined; allowed: a personal_* metric or train_loss"
+                    )
 
 
 def load_space(path: str | Path) -> SearchSpace:
@@ -534,6 +556,11 @@ def check_strategy(space: SearchSpace) -> None:
         raise ValueError("sampler.group: needs multivariate: true")
     params = all_params(space)
     kind = space.sampler.kind
+    if space.constraints and kind not in CONSTRAINED_SAMPLERS:
+        raise ValueError(
+            f"constraints: sampler kind {kind} ignores constraints; allowed: sampler kind "
+            f"{' or '.join(CONSTRAINED_SAMPLERS)} (Optuna's samplers that model them), or no constraints"
+        )
     if space.multi_objective and space.scheduler.kind != "none":
         raise ValueError(
             f"scheduler.kind: {space.scheduler.kind!r} ranks trials by one metric; a multi-objective "

@@ -357,18 +357,35 @@ def best_trial(study: Study):
     ot = study.load_optuna()
     if ot is None:
         raise AutoFLError(f"study {study.name!r} has no trials yet")
-    best = best_of(ot.get_trials(deepcopy=False), study.stored_space().mode)
+    trials = ot.get_trials(deepcopy=False)
+    best = best_of(trials, study.stored_space().mode)
     if best is None:
+        no_feasible_trial(study, trials)
         raise AutoFLError(f"study {study.name!r} has no completed trial yet; see autofl status {study.name}")
     return best
 
 
 def best_of(trials: list, mode: str):
-    """The COMPLETE trial with the best (first) objective value, or None."""
+    """The COMPLETE trial with the best (first) objective value that meets the study's constraints
+    (an infeasible trial is never the best), or None."""
+    from autofl.tuning.constraints import is_feasible
     from autofl.tuning.objectives import best
 
-    complete = [t for t in trials if t.state.name == "COMPLETE" and t.values]
+    complete = [t for t in trials if t.state.name == "COMPLETE" and t.values and is_feasible(t)]
     return best(complete, key=lambda t: t.values[0], mode=mode)  # multi-objective: on the first objective
+
+
+def no_feasible_trial(study: Study, trials: list) -> None:
+    """Raise, in one line, when the study has COMPLETE trials but none meets its constraints."""
+    from autofl.tuning.constraints import is_feasible
+
+    complete = [t for t in trials if t.state.name == "COMPLETE" and t.values]
+    if complete and not any(is_feasible(t) for t in complete):
+        constraints = study.stored_space().constraints
+        raise AutoFLError(
+            f"study {study.name!r}: none of its {len(complete)} completed trials meets the constraints "
+            f"({'; '.join(constraints)}), so there is no best config to export; see autofl status {study.name}"
+        )
 
 
 CONFIG_ATTR = "config"  # a trial's user attr: its runnable config, resolved when it was asked for
@@ -408,6 +425,8 @@ def export_pareto(study: Study) -> dict[str, Any]:
         )
     front = pareto_trials(study)
     if not front:
+        ot = study.load_optuna()
+        no_feasible_trial(study, ot.get_trials(deepcopy=False) if ot is not None else [])
         raise AutoFLError(f"study {study.name!r} has no completed trial yet; see autofl status {study.name}")
     return {
         "study": study.name,

@@ -40,6 +40,13 @@ def make_searcher(
     from autofl.tuning.searcher import StudySearcher
     from autofl.tuning.strategy import make_sampler, study_start_points
 
+    points = study_start_points(space)
+    if with_start_point and points:  # a start point a warm-started trial trained is not trained again
+        from autofl.tuning.repeats import config_key
+        from autofl.tuning.warm_start import warm_configs
+
+        warm = warm_configs(ledger.trials())
+        points = [p for p in points if config_key(p) not in warm]
     return StudySearcher(
         ledger,
         DefineByRun(space),
@@ -51,7 +58,7 @@ def make_searcher(
         budget=trials,
         # issue 18: never more start points than the run's budget (a cross-method study with fewer
         # trials than methods left the rest WAITING forever)
-        points_to_evaluate=study_start_points(space)[:trials] if with_start_point else None,
+        points_to_evaluate=points[:trials] if with_start_point else None,
         skip_repeats=space.sampler.skip_repeats,
     )
 
