@@ -57,6 +57,21 @@ def test_flops_per_sample_of_a_fixed_mlp_is_its_matmuls_forward_and_backward():
     assert all(p.grad is None for p in model.parameters())
 
 
+class ReadsAValue(nn.Module):
+    """A forward that reads a tensor's value: it cannot run on the meta device."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.linear(x) * float(x.abs().max())
+
+
+def test_a_model_whose_flops_cannot_be_counted_reports_none_rather_than_failing():
+    assert train_flops_per_sample(ReadsAValue(), (4,), 3) is None
+
+
 def test_round_samples_counts_every_update_of_every_stage_over_the_batches_the_executors_cut():
     upd = Update(("model.",), lambda ws, x, y, f: x.sum())
     stages = [Stage((upd,)), Stage((upd, upd), epochs=3)]

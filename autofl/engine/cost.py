@@ -53,18 +53,22 @@ def tensor_bytes(tree: Any) -> int:
     return 0
 
 
-def train_flops_per_sample(model: torch.nn.Module, input_shape: Sequence[int], num_classes: int) -> int:
+def train_flops_per_sample(model: torch.nn.Module, input_shape: Sequence[int], num_classes: int) -> int | None:
     """FLOPs of one forward and backward pass of `model` (every parameter trained, cross-entropy
     loss) per sample, as FlopCounterMode counts them (matrix products and convolutions). Measured
     on a batch of 2 (a training-mode BatchNorm needs 2) of a meta-device copy: nothing is computed,
-    and the model, its statistics and the RNG are left as they were."""
-    probe = copy.deepcopy(model).to("meta")
-    probe.train()
-    dtype = next((p.dtype for p in probe.parameters()), torch.float32)
-    x = torch.zeros(2, *input_shape, dtype=dtype, device="meta")
-    y = torch.zeros(2, dtype=torch.int64, device="meta")
-    with FlopCounterMode(display=False) as counter:
-        F.cross_entropy(probe(x), y.clamp(max=num_classes - 1)).backward()
+    and the model, its statistics and the RNG are left as they were. None when the model cannot run
+    on the meta device (a plugin's forward that reads a value): an estimate never stops a run."""
+    try:
+        probe = copy.deepcopy(model).to("meta")
+        probe.train()
+        dtype = next((p.dtype for p in probe.parameters()), torch.float32)
+        x = torch.zeros(2, *input_shape, dtype=dtype, device="meta")
+        y = torch.zeros(2, dtype=torch.int64, device="meta")
+        with FlopCounterMode(display=False) as counter:
+            F.cross_entropy(probe(x), y.clamp(max=num_classes - 1)).backward()
+    except (RuntimeError, NotImplementedError, TypeError, ValueError):
+        return None
     return int(counter.get_total_flops()) // 2
 
 
@@ -92,23 +96,25 @@ def rounds_to_target(history: Iterable[Mapping[str, Any]], metric: str, target: 
 
 @dataclasses.dataclass
 class RunCost:
-    """A run's cost so far: bytes uploaded and downloaded, training FLOPs (all cumulative)."""
+    """A run's cost so far: bytes uploaded and downloaded, training FLOPs (all cumulative; FLOPs
+    None where the model's could not be counted)."""
 
     upload_bytes: int = 0
     download_bytes: int = 0
-    train_flops: int = 0
+    train_flops: int | None = 0
 
     def metrics(self, rounds_done: int) -> dict[str, float]:
         """The cost keys of a round's metrics: totals so far and their means per round done."""
         per = max(rounds_done, 1)
-        return {
+        out: dict[str, float] = {
             UPLOAD: self.upload_bytes,
             DOWNLOAD: self.download_bytes,
             "upload_bytes_per_round": self.upload_bytes / per,
             "download_bytes_per_round": self.download_bytes / per,
-            "train_flops": self.train_flops,
-            "flops_per_round": self.train_flops / per,
         }
+        if self.train_flops is not None:
+            out.update({"train_flops": self.train_flops, "flops_per_round": self.train_flops / per})
+        return out
 
-    def state(self) -> dict[str, int]:
+    def state(self) -> dict[str, int | None]:
         return dataclasses.asdict(self)

@@ -53,8 +53,9 @@ class Simulation:
         self.model = self.method.build_model().to(self.device, self.dtype)
         self.shared = self.method.shared_keys(self.model)
         self.received = self.method.received_keys(self.model)  # what a sampled client downloads
-        self.cost = RunCost()  # bytes and FLOPs so far (autofl.engine.cost)
         self.flops_per_sample = train_flops_per_sample(self.model, self.data.input_shape, self.data.num_classes)
+        # bytes and FLOPs so far (autofl.engine.cost); FLOPs None where the model's cannot be counted
+        self.cost = RunCost(train_flops=None if self.flops_per_sample is None else 0)
         self.global_state: StateDict = clone_state(self.model)
         self.workspace = Workspace(self.model, self.method.copies)
         self.executor, self.executor_line = make_executor(
@@ -151,9 +152,10 @@ class Simulation:
             tensor_bytes(received) + tensor_bytes(self.method.server_payload(self.server_state))
         )
         sizes = [len(job.train_idx) for job in jobs]
-        self.cost.train_flops += self.flops_per_sample * round_samples(
-            plan.stages, sizes, self.exp.fl.local_epochs, self.exp.fl.batch_size
-        )
+        if self.flops_per_sample is not None and self.cost.train_flops is not None:
+            self.cost.train_flops += self.flops_per_sample * round_samples(
+                plan.stages, sizes, self.exp.fl.local_epochs, self.exp.fl.batch_size
+            )
         outcomes = self.executor.train(plan, jobs, self.data.x, self.data.y)
         uploads: list[Upload] = []
         for job, outcome in zip(jobs, outcomes):
@@ -224,5 +226,10 @@ class Simulation:
         self.client_states = to_device(state["client_states"])
         self.server_state = self.method.State(**to_device(state["method_state"]))
         self.history = list(state["history"])
-        self.cost = RunCost(**{k: int(v) for k, v in state.get("cost", {}).items()})  # older checkpoints: from 0
+        saved = state.get("cost", {})  # a checkpoint from before the cost metrics: counted from here
+        self.cost = RunCost(
+            int(saved.get("upload_bytes", 0)),
+            int(saved.get("download_bytes", 0)),
+            None if self.flops_per_sample is None else int(saved.get("train_flops") or 0),
+        )
         torch.set_rng_state(state["torch_rng"])
