@@ -232,3 +232,16 @@ def test_status_of_a_study_without_cost_has_no_cost_columns(tmp_path, capsys):
     old.add_trial(optuna.trial.create_trial(params={}, distributions={}, value=0.5))
     assert main(["status", "d", "--dir", str(home)]) == 0  # ... and not for a study from before
     assert "upload/round" not in capsys.readouterr().out
+
+
+def test_a_studys_target_watches_its_objective_unless_the_base_names_a_metric():
+    from autofl.tuning.space import SearchSpace
+
+    def target(objective: str, **eval_keys) -> dict:
+        space = SearchSpace.model_validate({"study": "t", "objective": objective, "base": {"eval": eval_keys}})
+        return space.base["eval"]
+
+    assert target("personal_val_acc_p10", target_acc=0.6) == {"target_acc": 0.6, "target_metric": "personal_val_acc_p10"}
+    assert target("personal_val_acc_std", target_acc=0.6) == {"target_acc": 0.6}  # a spread is not reached
+    assert target("global_val_acc", target_acc=0.6, target_metric="personal_val_acc")["target_metric"] == "personal_val_acc"
+    assert target("global_val_acc") == {}  # no target: nothing reported
