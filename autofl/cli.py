@@ -6,8 +6,9 @@ import argparse
 import contextlib
 import sys
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -17,12 +18,22 @@ from rich.table import Table
 from autofl.errors import AutoFLError
 from autofl.text import clean, terminal_console
 from autofl.tuning.reeval_limits import MAX_SEEDS, MAX_TOP
+from autofl.units import format_bytes, format_flops
 
 # no rich markup in printed user text; 200 columns in a pipe or CI log (autofl/text.py)
 console = terminal_console()
 err_console = terminal_console(stderr=True)
 
 _ROUND_COLUMNS = ("round", "train_loss", "personal_val_acc", "personal_test_acc", "global_val_acc", "global_test_acc")
+
+
+# `autofl status`'s cost columns: (reported key, column title, format)
+_COST_COLUMNS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
+    ("upload_bytes_per_round", "upload/round", format_bytes),
+    ("download_bytes_per_round", "download/round", format_bytes),
+    ("flops_per_round", "FLOPs/round", format_flops),
+    ("rounds_to_target", "rounds to target", lambda v: "-" if v is None else str(int(v))),
+)
 
 
 def _fmt(value: object) -> str:
@@ -83,6 +94,18 @@ def cmd_train(args: argparse.Namespace) -> int:
         f"done: personal_test_acc={_fmt(last.get('personal_test_acc'))} "
         f"personal_val_acc={_fmt(last.get('personal_val_acc'))}; wrote {out}/metrics.jsonl, config.yaml, "
         f"final_state.pt",
+        soft_wrap=True,
+    )
+    target = (
+        f"; rounds_to_target={_fmt(last.get('rounds_to_target'))} ({exp.eval.target_metric} >= {exp.eval.target_acc})"
+        if exp.eval.target_acc is not None
+        else ""
+    )
+    console.print(
+        f"cost: upload {format_bytes(last.get('upload_bytes'))}, download {format_bytes(last.get('download_bytes'))} "
+        f"({format_bytes(last.get('upload_bytes_per_round'))} / "
+        f"{format_bytes(last.get('download_bytes_per_round'))} per round), "
+        f"{format_flops(last.get('flops_per_round'))} per round{target}",
         soft_wrap=True,
     )
     return 0
@@ -185,15 +208,35 @@ def _print_status(study) -> None:
 
     rows = study.trials()  # each row's state as shown: INTERRUPTED for what a stopped driver left
     space = study.stored_space  # a view: no experiment built, so no torch
+    # what each trial cost (autofl.engine.cost), shown once some trial reported it (older studies did not)
+    cost = [c for c in _COST_COLUMNS if any(r["user_attrs"].get(c[0]) is not None for r in rows)]
     table = Table(
-        "trial", "state", "round", " / ".join(space.metrics), "node", "params", "note", title=f"study {study.name}"
+        "trial",
+        "state",
+        "round",
+        " / ".join(space.metrics),
+        *(title for _, title, _ in cost),
+        "node",
+        "params",
+        "note",
+        title=f"study {study.name}",
     )
     for r in rows:
         params = ", ".join(f"{k.split(':')[-1]}={_fmt(v)}" for k, v in r["params"].items())
         state = r["state"]
         node = str(r["user_attrs"].get("node_id") or "-")[:8]
         value = " / ".join(map(_fmt, r["values"])) if space.multi_objective and r["values"] else _fmt(r["objective"])
-        table.add_row(str(r["number"]), state, _fmt(r["round"]), value, node, params, _note(r["user_attrs"]))
+        costs = [show(r["user_attrs"].get(key)) for key, _, show in cost]
+        table.add_row(
+            str(r["number"]),
+            state,
+            _fmt(r["round"]),
+            value,
+            *costs,
+            node,
+            params,
+            _note(r["user_attrs"]),
+        )
     console.print(table)
     console.print(f"storage: {mask_url(study.storage_url)}", soft_wrap=True)
     warm = study.record.get("warm_start")

@@ -154,6 +154,30 @@ class FLConfig(Strict):
     eval_every: int = Field(1, ge=1, le=100_000)
 
 
+# metrics that grow as a run learns: what `eval.target_metric` may name
+TARGET_METRICS = (
+    "personal_val_acc",
+    "personal_val_acc_p10",
+    "global_val_acc",
+    "personal_test_acc",
+    "personal_test_acc_p10",
+    "global_test_acc",
+)
+
+
+class EvalConfig(Strict):
+    target_acc: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="rounds_to_target: the first evaluated round whose target_metric reaches this accuracy; "
+        "None: not reported",
+    )
+    target_metric: Literal[TARGET_METRICS] = Field(  # type: ignore[valid-type]
+        "personal_val_acc", description="the accuracy rounds_to_target watches"
+    )
+
+
 class MethodConfig(BaseModel):
     """`name` plus the method's own parameters, validated by that method's pydantic model."""
 
@@ -198,6 +222,7 @@ class Experiment(Strict):
     model: ModelConfig = Field(default_factory=ModelConfig)
     fl: FLConfig = Field(default_factory=FLConfig)
     method: MethodConfig = Field(default_factory=MethodConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     metadata: dict[str, Any] = Field(
         default_factory=dict,

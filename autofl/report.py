@@ -313,6 +313,55 @@ def leaderboard(space, trials: list, compute: dict[int, float], summary: dict[st
     return sorted(methods.values(), key=lambda r: (r["best"] is None, -sign(space.mode) * (r["best"] or 0)))
 
 
+COST_TABLE_ROWS = 50  # the cost table's trials, best first
+
+
+def cost_table(space, trials: list) -> tuple[list[str], list[list[Any]]]:
+    """The report's cost table: per finished trial that reported its cost (autofl.engine.cost), best
+    first, its objective value, bytes up and down (per round, and in all), training FLOPs per round
+    and rounds to target. No rows for a study whose trials reported no cost (older studies)."""
+    from autofl.units import format_bytes, format_flops
+
+    header = [
+        "trial",
+        space.objective,
+        "upload/round",
+        "download/round",
+        "upload total",
+        "download total",
+        "FLOPs/round",
+        "rounds to target",
+    ]
+    costed = [
+        t
+        for t in trials
+        if t.state.name in ("COMPLETE", "PRUNED") and t.user_attrs.get("upload_bytes_per_round") is not None
+    ]
+
+    def value(t: Any) -> float:
+        if t.values:
+            return t.values[0]
+        steps = t.intermediate_values
+        return steps[max(steps)] if steps else -sign(space.mode) * math.inf
+
+    rows = []
+    for t in sorted(costed, key=lambda t: -sign(space.mode) * value(t))[:COST_TABLE_ROWS]:
+        a = t.user_attrs
+        rows.append(
+            [
+                t.number,
+                value(t),
+                format_bytes(a.get("upload_bytes_per_round")),
+                format_bytes(a.get("download_bytes_per_round")),
+                format_bytes(a.get("upload_bytes")),
+                format_bytes(a.get("download_bytes")),
+                format_flops(a.get("flops_per_round")),
+                a.get("rounds_to_target"),
+            ]
+        )
+    return header, rows
+
+
 def _table(header: list[str], rows: list[list[Any]]) -> str:
     def cell(v: Any) -> str:
         if isinstance(v, float):
@@ -444,6 +493,16 @@ def build_report(study: Study, out_dir: Path) -> Path:
                 ],
             )
         )
+    cost_header, cost_rows = cost_table(space, trials)
+    if cost_rows:
+        parts.append("<h2>Cost</h2>")
+        parts.append(
+            "<p>What each trial cost, as it last reported: bytes between server and clients (what the "
+            "method ships: shared weights, prototypes, payloads; per sampled client), training FLOPs per round "
+            "(an estimate: one forward and backward pass of the model per sample of every update) and the "
+            "first evaluated round that reached eval.target_acc.</p>"
+        )
+        parts.append(_table(cost_header, cost_rows))
     parts.append("<h2>Figures</h2><div class='figures'>")
     for f in figures:
         wide = " class='wide'" if f.name in WIDE else ""

@@ -1,6 +1,18 @@
 """The keys of a round's metrics (spec §1), without torch: the search side (objectives, ledger,
 status) names them, and read-only commands must not import torch to do so."""
 
+# what the run cost so far (autofl.engine.cost): bytes (cumulative, and their mean per round done),
+# training FLOPs (the same two), and the first evaluated round that reached eval.target_acc
+COST_KEYS = (
+    "upload_bytes",
+    "download_bytes",
+    "upload_bytes_per_round",
+    "download_bytes_per_round",
+    "train_flops",
+    "flops_per_round",
+    "rounds_to_target",
+)
+
 METRIC_KEYS = (
     "round",
     "personal_val_acc",
@@ -12,4 +24,5 @@ METRIC_KEYS = (
     "global_val_acc",
     "global_test_acc",
     "train_loss",
+    *COST_KEYS,
 )

@@ -72,10 +72,17 @@ class ServerContext:
 @dataclass(frozen=True)
 class ServerUpdate:
     """What a server hook returns: `global_state` entries replace those of the global state (the
-    other keys stay), and `state`, when given, becomes the method's server state."""
+    other keys stay), and `state`, when given, becomes the method's server state.
+
+    `upload_bytes` / `download_bytes`: client traffic the hook's work stands for, counted into the
+    run's cost (autofl.engine.cost): the simulation lets a hook compute from every client's data on
+    the server (FedFCD's first LFRs, FedECCR's calibration statistics) what a deployment has the
+    clients compute and send."""
 
     global_state: Mapping[str, torch.Tensor] = field(default_factory=dict)
     state: ServerState | None = None
+    upload_bytes: int = 0
+    download_bytes: int = 0
 
 
 class MethodHooks(Protocol):
@@ -91,6 +98,8 @@ class MethodHooks(Protocol):
 
     def build_model(self) -> SplitModel: ...
     def shared_keys(self, model: SplitModel) -> list[str]: ...
+    def received_keys(self, model: SplitModel) -> list[str]: ...
+    def server_payload(self, server: ServerState) -> dict[str, Any]: ...
     def init_server(self, ctx: ServerContext) -> ServerUpdate: ...
     def aggregate(self, uploads: list[Upload]) -> StateDict: ...
     def server_update(self, ctx: ServerContext, uploads: list[Upload]) -> ServerUpdate: ...

@@ -22,6 +22,7 @@ from autofl.config import Experiment
 from autofl.data.datasets import RawDataset, load_raw_dataset
 from autofl.data.federated import FederatedData, build_federated
 from autofl.device import resolve_device
+from autofl.engine.cost import RunCost, round_samples, rounds_to_target, tensor_bytes, train_flops_per_sample
 from autofl.engine.executor import ClientJob, RoundPlan, Workspace, batch_cuts
 from autofl.engine.metrics import evaluate
 from autofl.engine.plan import TrainedClient, Upload, check_trained_copies
@@ -51,6 +52,10 @@ class Simulation:
         torch.manual_seed(exp.seed)
         self.model = self.method.build_model().to(self.device, self.dtype)
         self.shared = self.method.shared_keys(self.model)
+        self.received = self.method.received_keys(self.model)  # what a sampled client downloads
+        self.flops_per_sample = train_flops_per_sample(self.model, self.data.input_shape, self.data.num_classes)
+        # bytes and FLOPs so far (autofl.engine.cost); FLOPs None where the model's cannot be counted
+        self.cost = RunCost(train_flops=None if self.flops_per_sample is None else 0)
         self.global_state: StateDict = clone_state(self.model)
         self.workspace = Workspace(self.model, self.method.copies)
         self.executor, self.executor_line = make_executor(
@@ -131,6 +136,8 @@ class Simulation:
     def apply(self, update: ServerUpdate) -> None:
         """Take a server hook's result: new global-state entries, the method's new server state."""
         self.global_state.update(update.global_state)
+        self.cost.upload_bytes += update.upload_bytes
+        self.cost.download_bytes += update.download_bytes
         if update.state is not None:
             self.server_state = update.state
 
@@ -138,26 +145,31 @@ class Simulation:
         """Train one round; return its metrics when the round is evaluated, else None."""
         self._set_round_seed()
         jobs = [self.client_job(cid) for cid in self.sample_clients(self.round)]
-        outcomes = self.executor.train(self.round_plan(), jobs, self.data.x, self.data.y)
+        plan = self.round_plan()
+        # every sampled client receives the same: the global state's received keys and the server's payload
+        received = {k: self.global_state[k] for k in self.received}
+        self.cost.download_bytes += len(jobs) * (
+            tensor_bytes(received) + tensor_bytes(self.method.server_payload(self.server_state))
+        )
+        sizes = [len(job.train_idx) for job in jobs]
+        if self.flops_per_sample is not None and self.cost.train_flops is not None:
+            self.cost.train_flops += self.flops_per_sample * round_samples(
+                plan.stages, sizes, self.exp.fl.local_epochs, self.exp.fl.batch_size
+            )
+        outcomes = self.executor.train(plan, jobs, self.data.x, self.data.y)
         uploads: list[Upload] = []
         for job, outcome in zip(jobs, outcomes):
             self.model.load_state_dict(outcome.state)
             trained = TrainedClient(
                 job.cid, self.round, self.model, self.data.x, self.data.y, job.train_idx, self.data.num_classes
             )
-            payload = {
-                **self.method.upload_payload(trained),
-                **{k: v for k, v in outcome.losses.items() if k != "loss"},
-            }
-            uploads.append(
-                Upload(
-                    job.cid,
-                    len(job.train_idx),
-                    {k: outcome.state[k] for k in self.shared},
-                    payload,
-                    outcome.losses["loss"],
-                )
+            sent = self.method.upload_payload(trained)
+            payload = {**sent, **{k: v for k, v in outcome.losses.items() if k != "loss"}}
+            upload = Upload(
+                job.cid, len(job.train_idx), {k: outcome.state[k] for k in self.shared}, payload, outcome.losses["loss"]
             )
+            self.cost.upload_bytes += tensor_bytes(upload.state) + tensor_bytes(sent)  # the losses are reports
+            uploads.append(upload)
             self.method.keep_private(outcome.state, self.client_states[job.cid], self.shared)
         self.global_state.update(self.method.aggregate(uploads))
         self.apply(self.method.server_update(self.server_context(trained=True), uploads))
@@ -165,7 +177,17 @@ class Simulation:
         train_loss = sum(u.loss * u.num_samples for u in uploads) / max(sum(u.num_samples for u in uploads), 1)
         if not self.will_evaluate(self.round):
             return None
-        metrics: dict[str, float] = {"round": self.round, **evaluate(self), "train_loss": train_loss}
+        metrics: dict[str, float] = {
+            "round": self.round,
+            **evaluate(self),
+            "train_loss": train_loss,
+            **self.cost.metrics(self.round),
+        }
+        target = self.exp.eval.target_acc
+        if target is not None:
+            reached = rounds_to_target([*self.history, metrics], self.exp.eval.target_metric, target)
+            if reached is not None:  # left out until reached (as a split's keys without samples)
+                metrics["rounds_to_target"] = reached
         self.history.append(metrics)
         return metrics
 
@@ -191,6 +213,7 @@ class Simulation:
             "client_states": self.client_states,
             "method_state": self.server_state.field_values(),
             "history": self.history,
+            "cost": self.cost.state(),
             "torch_rng": torch.get_rng_state(),
         }
 
@@ -203,4 +226,10 @@ class Simulation:
         self.client_states = to_device(state["client_states"])
         self.server_state = self.method.State(**to_device(state["method_state"]))
         self.history = list(state["history"])
+        saved = state.get("cost", {})  # a checkpoint from before the cost metrics: counted from here
+        self.cost = RunCost(
+            int(saved.get("upload_bytes", 0)),
+            int(saved.get("download_bytes", 0)),
+            None if self.flops_per_sample is None else int(saved.get("train_flops") or 0),
+        )
         torch.set_rng_state(state["torch_rng"])

@@ -41,6 +41,7 @@ method's stream of draws of that name.
 state; nothing else the hook does is kept. The other hooks are:
 
     build_model() -> SplitModel                   shared_keys(model) -> list[str]
+    received_keys(model) -> list[str]             server_payload(server) -> dict   (what a client downloads)
     client_start(global_state, client_state, server) -> ClientStart
     local_stages(rnd, server) -> list[Stage]      upload_payload(client: TrainedClient) -> dict
     keep_private(trained, client_state, shared) -> None    (writes the client's own dict)
@@ -202,6 +203,18 @@ class Method:
         private models')."""
         private = self.private_prefixes()
         return [k for k in model.state_dict() if not (private and k.startswith(private))]
+
+    def received_keys(self, model: SplitModel) -> list[str]:
+        """State-dict keys of the global state a sampled client downloads at the start of a round
+        (counted in `download_bytes`); default: the shared keys. A method whose server trains part of
+        the model that nothing aggregates (FedGH's head) names that part here."""
+        return self.shared_keys(model)
+
+    def server_payload(self, server: ServerState) -> dict[str, Any]:
+        """What the server sends each sampled client besides the global state's `received_keys`
+        (global prototypes ...), read from the server state the round starts with; counted in
+        `download_bytes`. Default: nothing."""
+        return {}
 
     # ----- server ----------------------------------------------------------------------------
     def init_server(self, ctx: ServerContext) -> ServerUpdate:

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
+from autofl.engine.cost import tensor_bytes
 from autofl.engine.state import StateDict, clone_state
 from autofl.features import ClassStats, encoded_class_stats, train_head
 from autofl.losses import prototype_contrast
@@ -138,7 +139,8 @@ class FedECCR(Method):
         d = ctx.data
         stats = [encoded_class_stats(ctx.model.encoder, d.x, d.y, split.train, d.num_classes) for split in d.clients]
         assert isinstance(ctx.state, FedECCRState)  # the engine passes this method's State
-        return ServerUpdate(state=updated_prototypes(ctx.state, stats))
+        # every client sends its class means of the common initial encoder (a shared seed: nothing downloaded)
+        return ServerUpdate(state=updated_prototypes(ctx.state, stats), upload_bytes=tensor_bytes(stats))
 
     # ----- client ----------------------------------------------------------------------------
     def local_stages(self, rnd: int, server: ServerState) -> list[Stage]:
@@ -160,6 +162,11 @@ class FedECCR(Method):
 
         return [Stage((Update(("model.",), loss),))]
 
+    def server_payload(self, server: ServerState) -> dict[str, Any]:
+        """The global prototypes the local loss contrasts with."""
+        assert isinstance(server, FedECCRState)  # the engine passes this method's State
+        return {"prototypes": server.prototypes, "has_prototype": server.has_prototype}
+
     def upload_payload(self, client: TrainedClient) -> dict[str, Any]:
         return {
             "class_means": encoded_class_stats(
@@ -174,8 +181,25 @@ class FedECCR(Method):
         last = ctx.completed == ctx.rounds
         every = self.params.calibrate_every
         if self.params.calib_epochs and ctx.evaluated and (last or (every > 0 and ctx.completed % every == 0)):
-            return ServerUpdate(state=replace(state, calibrated=self.calibrate(ctx), calibrated_round=ctx.completed))
+            # CCVR's statistics: every client receives the new global model and sends (n, mu, Sigma) per class
+            clients = len(ctx.data.clients)
+            stats_bytes = clients * tensor_bytes(self.calibration_stats_shape(ctx))
+            return ServerUpdate(
+                state=replace(state, calibrated=self.calibrate(ctx), calibrated_round=ctx.completed),
+                upload_bytes=stats_bytes,
+                download_bytes=clients * tensor_bytes(dict(ctx.global_state)),
+            )
         return ServerUpdate(state=replace(state, calibrated=None, calibrated_round=-1))
+
+    def calibration_stats_shape(self, ctx: ServerContext) -> ClassStats:
+        """A client's calibration statistics as sent (counts (C,), means (C, d), covariances
+        (C, d, d)), as zeros of their sizes and dtype: what each client uploads for CCVR."""
+        c, d, dtype = self.num_classes, ctx.model.feature_dim, next(ctx.model.parameters()).dtype
+        return ClassStats(
+            torch.zeros(c, dtype=dtype, device="meta"),
+            torch.zeros(c, d, dtype=dtype, device="meta"),
+            torch.zeros(c, d, d, dtype=dtype, device="meta"),
+        )
 
     def calibrate(self, ctx: ServerContext) -> StateDict:
         """Retrain only the head of a copy of the global model on virtual features (USCC / CCVR)."""

@@ -5,6 +5,7 @@ representations (GFRs) regularize the extractor. Prediction fuses both heads' lo
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -12,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
+from autofl.engine.cost import tensor_bytes
 from autofl.engine.state import StateDict
 from autofl.features import ClassStats, class_mean_pairs, encoded_class_stats, train_head, weighted_class_means
 from autofl.losses import prototype_distance
@@ -81,6 +83,15 @@ class FedFCD(Method):
     def shared_keys(self, model: SplitModel) -> list[str]:
         return []  # only prototypes go up; phi_g is trained on the server
 
+    def received_keys(self, model: SplitModel) -> list[str]:
+        """phi_g, trained on the server, downloaded by every sampled client."""
+        return [k for k in model.state_dict() if k.startswith("global_head.")]
+
+    def server_payload(self, server: ServerState) -> dict[str, Any]:
+        """The GFRs the extractor's regularizer pulls towards."""
+        assert isinstance(server, FedFCDState)  # the engine passes this method's State
+        return {"gfr": server.gfr, "has_gfr": server.has_gfr}
+
     # ----- server ----------------------------------------------------------------------------
     def init_server(self, ctx: ServerContext) -> ServerUpdate:
         """Before round 1 every client uploads LFRs of its initial extractor; train phi_g, build GFRs."""
@@ -90,7 +101,8 @@ class FedFCD(Method):
             cid: encoded_class_stats(ctx.model.encoder, d.x, d.y, split.train, d.num_classes)
             for cid, split in enumerate(d.clients)
         }
-        return self._server_step(ctx, lfrs)
+        # every client sends the LFRs of its initial extractor (a shared seed: nothing downloaded)
+        return dataclasses.replace(self._server_step(ctx, lfrs), upload_bytes=tensor_bytes(lfrs))
 
     def server_update(self, ctx: ServerContext, uploads: list[Upload]) -> ServerUpdate:
         """phi_g and the GFRs learn from this round's uploads (or, with server_lfrs "latest", from

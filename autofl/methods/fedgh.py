@@ -53,6 +53,10 @@ class FedGH(Method):
     def shared_keys(self, model: SplitModel) -> list[str]:
         return []  # only class means go up; the global head is trained on the server
 
+    def received_keys(self, model: SplitModel) -> list[str]:
+        """The global head, which every sampled client downloads and starts from."""
+        return [k for k in model.state_dict() if k.startswith(_HEAD)]
+
     # ----- server ----------------------------------------------------------------------------
     def server_update(self, ctx: ServerContext, uploads: list[Upload]) -> ServerUpdate:
         """The global head (the `head.*` entries of the global state) trained on this round's uploads."""

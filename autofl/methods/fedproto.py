@@ -99,6 +99,11 @@ class FedProto(Method):
 
         return [Stage((Update(("model.",), loss),))]
 
+    def server_payload(self, server: ServerState) -> dict[str, Any]:
+        """The global prototypes (none before the first round's uploads)."""
+        assert isinstance(server, FedProtoState)  # the engine passes this method's State
+        return {"prototypes": server.prototypes, "has_prototype": server.has_prototype}
+
     def upload_payload(self, client: TrainedClient) -> dict[str, Any]:
         return {
             "protos": encoded_class_stats(

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from autofl.config import Experiment, Strict, read_yaml, set_dotted, with_absolute_data_path
+from autofl.config import TARGET_METRICS, Experiment, Strict, read_yaml, set_dotted, with_absolute_data_path
 from autofl.errors import ConfigError, format_validation_error
 from autofl.experiment import build_experiment
 
@@ -208,6 +208,22 @@ class SearchSpace(Strict):
         from autofl.tuning.storage import check_storage_url
 
         return None if value is None else check_storage_url(value, None)
+
+    @model_validator(mode="after")
+    @model_validator(mode="after")
+    def _target_follows_objective(self) -> SearchSpace:
+        """With `base.eval.target_acc` set and no `target_metric`, rounds_to_target watches the study's
+        (first) objective when it is an accuracy to reach (not a spread): written into base, so every
+        trial, re-evaluation and exported config reads the same."""
+        evaluation = self.base.get("eval")
+        if (
+            isinstance(evaluation, dict)
+            and evaluation.get("target_acc") is not None
+            and "target_metric" not in evaluation
+            and (self.objectives or [self.objective])[0] in TARGET_METRICS
+        ):
+            self.base = {**self.base, "eval": {**evaluation, "target_metric": (self.objectives or [self.objective])[0]}}
+        return self
 
     @model_validator(mode="after")
     def _objective_is_validation(self) -> SearchSpace:
