@@ -210,7 +210,6 @@ class SearchSpace(Strict):
         return None if value is None else check_storage_url(value, None)
 
     @model_validator(mode="after")
-    @model_validator(mode="after")
     def _target_follows_objective(self) -> SearchSpace:
         """With `base.eval.target_acc` set and no `target_metric`, rounds_to_target watches the study's
         (first) objective when it is an accuracy to reach (not a spread): written into base, so every
