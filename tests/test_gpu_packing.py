@@ -107,3 +107,23 @@ def test_a_trial_out_of_gpu_memory_fails_with_one_line():
                                                                           "512.00 MiB."))
     assert str(err).startswith("out of GPU memory: the trial needed 0.50 GiB more than its share left")
     assert "\n" not in str(err)
+
+
+def test_the_out_of_memory_line_is_built_in_a_ray_driver_too(monkeypatch):
+    """In a process where Ray runs as the driver (an in-process `autofl.search` before it), asking for
+    a worker's assigned resources raised an AssertionError; outside a worker the share is the whole card."""
+    import types
+
+    import ray
+
+    from autofl.tuning.trainable import TrialOutOfGPUMemory
+
+    def assigned():
+        raise AssertionError("This method is only available when the process is a worker.")
+
+    driver = types.SimpleNamespace(worker=types.SimpleNamespace(mode=ray.SCRIPT_MODE), get_assigned_resources=assigned)
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: driver)
+    err = TrialOutOfGPUMemory(torch.device("cpu"), torch.OutOfMemoryError("CUDA out of memory. Tried to allocate "
+                                                                          "512.00 MiB."))
+    assert str(err).startswith("out of GPU memory: the trial needed 0.50 GiB more than its share left, 1 of a")

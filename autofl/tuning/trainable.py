@@ -47,7 +47,13 @@ class TrialOutOfGPUMemory(RuntimeError):
         from autofl.tuning.gpu_packing import needed_bytes, oom_line
 
         card = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else 0
-        share = ray.get_runtime_context().get_assigned_resources().get("GPU", 1.0) if ray.is_initialized() else 1.0
+        context = ray.get_runtime_context() if ray.is_initialized() else None
+        # a trial's share of its card; outside a Ray worker (a driver, a plain process) the whole card
+        share = (
+            context.get_assigned_resources().get("GPU", 1.0)
+            if context and context.worker.mode == ray.WORKER_MODE
+            else 1.0
+        )
         super().__init__(oom_line(needed_bytes(err), card, share))
 
 
