@@ -22,7 +22,7 @@ from autofl.config import Experiment
 from autofl.data.datasets import RawDataset, load_raw_dataset
 from autofl.data.federated import FederatedData, build_federated
 from autofl.device import resolve_device
-from autofl.engine.executor import ClientJob, RoundPlan, Workspace, batch_cuts
+from autofl.engine.executor import ClientJob, ClientOutcome, RoundPlan, Workspace, batch_cuts
 from autofl.engine.metrics import evaluate
 from autofl.engine.plan import TrainedClient, Upload, check_trained_copies
 from autofl.engine.server import MethodClass, MethodHooks, ServerContext, ServerState, ServerUpdate
@@ -136,9 +136,19 @@ class Simulation:
 
     def run_round(self) -> dict[str, float] | None:
         """Train one round; return its metrics when the round is evaluated, else None."""
+        jobs, plan = self.begin_round()
+        return self.finish_round(jobs, self.executor.train(plan, jobs, self.data.x, self.data.y))
+
+    def begin_round(self) -> tuple[list[ClientJob], RoundPlan]:
+        """A round up to its local training: the sampled clients' jobs and the round's plan (a
+        population trains several simulations' jobs together, then finishes each: `finish_round`)."""
         self._set_round_seed()
         jobs = [self.client_job(cid) for cid in self.sample_clients(self.round)]
-        outcomes = self.executor.train(self.round_plan(), jobs, self.data.x, self.data.y)
+        return jobs, self.round_plan()
+
+    def finish_round(self, jobs: list[ClientJob], outcomes: list[ClientOutcome]) -> dict[str, float] | None:
+        """A round after its local training (`outcomes` in the order of `jobs`): uploads, aggregation,
+        the server update and, when the round is evaluated, its metrics (else None)."""
         uploads: list[Upload] = []
         for job, outcome in zip(jobs, outcomes):
             self.model.load_state_dict(outcome.state)
