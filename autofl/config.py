@@ -159,7 +159,9 @@ class FLConfig(Strict):
     participation: float = Field(1.0, gt=0, le=1)
     local_epochs: int = Field(1, ge=1, le=1000)
     batch_size: int = Field(32, ge=1, le=100_000)
-    lr: float = Field(0.05, gt=0, le=1e4, json_schema_extra=FUSIBLE)  # larger is a typo (1e4 already diverges to NaN in a few rounds)
+    lr: float = Field(
+        0.05, gt=0, le=1e4, json_schema_extra=FUSIBLE
+    )  # larger is a typo (1e4 already diverges to NaN in a few rounds)
     momentum: float = Field(0.9, ge=0, lt=1, json_schema_extra=FUSIBLE)
     weight_decay: float = Field(0.0, ge=0, le=1, json_schema_extra=FUSIBLE)
     lr_decay: float = Field(1.0, gt=0, le=1, json_schema_extra=FUSIBLE)

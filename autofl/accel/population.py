@@ -27,13 +27,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import cast
 
 import torch
+from torch.func import functional_call
 from torch.optim.sgd import sgd as sgd_update  # the functional SGD that torch.optim.SGD.step runs
 
 from autofl.accel.vectorized import _ChunkRun
-from autofl.engine.executor import ClientJob, ClientOutcome, RoundPlan, Workspace, batch_cuts
-from autofl.engine.plan import ClientStart
+from autofl.engine.executor import ClientJob, ClientOutcome, RoundPlan, Workspace, batch_cuts, outputs_by_slices
+from autofl.engine.plan import ClientStart, Stage
 
 
 @dataclass(frozen=True)
@@ -116,14 +118,78 @@ class _PopulationRun(_ChunkRun):
         settings: list[SGDSettings],
     ):
         self.settings = settings
+        self.pooled_x = x  # the pooled data (a stage with a table of inputs reads the table instead)
         super().__init__(ws, plan, jobs, x, y)
+
+    # ----- a stage's `inputs` computed ahead (`_ChunkRun._inputs_table`), per member -----------------
+    def _inputs_table(self, stage: Stage, module: torch.nn.Module) -> torch.Tensor | None:
+        """The stage's inputs table of every member: member c's in rows c*N .. c*N + N-1 (N pooled rows),
+        each computed as its run alone computes its own: one call over all of the member's rows where
+        its clients all hold the received weights of the module, else one call per client. The stage's
+        steps then read member c's rows at an offset of c*N (`_batch_rows`, `_run_stage`)."""
+        c, n = len(self.settings), len(self.pooled_x)
+        idx = [job.train_idx.to(self.device) for job in self.jobs]
+        for m in range(c):
+            every = torch.cat(idx[m::c])
+            if not len(every) or len(every.unique()) < len(every):
+                return None  # as a run alone: its losses compute the module batch by batch
+        prefix = f"{stage.inputs}."
+        state, dims = self._read_view()
+        names = [name for name in state if name.startswith(prefix)]
+        table: torch.Tensor | None = None
+        for m in range(c):
+            rows = list(range(m, self.k, c))
+            received = all(self._received(name, rows) for name in names)
+            calls = [(rows[0], torch.cat([idx[i] for i in rows]))] if received else [(i, idx[i]) for i in rows]
+            for i, pooled_rows in calls:
+                if not len(pooled_rows):
+                    continue
+                weights = {name[len(prefix) :]: state[name][i] if dims[name] == 0 else state[name] for name in names}
+                outputs = outputs_by_slices(
+                    lambda xs: functional_call(module, weights, (xs,)),  # noqa: B023 - called in this iteration
+                    self.x,
+                    pooled_rows,
+                )
+                if table is None:
+                    table = outputs.new_zeros(c * n, *outputs.shape[1:])
+                table.index_copy_(0, pooled_rows + m * n, outputs)
+        return table
+
+    def _received(self, name: str, rows: list[int]) -> bool:
+        """Whether the stack's rows `rows` (one member's clients) all still hold one received tensor
+        `name`: all started from the same tensor, and no stage has trained or overwritten it."""
+        if name in self.touched:
+            return False
+        model, key = name.split(".", 1)
+        first = self.jobs[rows[0]].start.models[model][key]
+        return all(self.jobs[i].start.models[model][key] is first for i in rows)
+
+    def _run_stage(self, s: int, stage: Stage) -> None:
+        if self.x is self.pooled_x:
+            super()._run_stage(s, stage)
+            return
+        pooled_y, self.y = self.y, self.y.repeat(len(self.settings))  # the table's rows: members' labels
+        try:
+            super()._run_stage(s, stage)
+        finally:
+            self.y = pooled_y
+
+    def _batch_rows(self, s: int, e: int, max_steps: int) -> torch.Tensor:
+        rows = super()._batch_rows(s, e, max_steps)
+        if self.x is self.pooled_x:
+            return rows
+        c, n = len(self.settings), len(self.pooled_x)
+        offsets = torch.arange(self.k, device=rows.device) % c * n
+        return rows + offsets[None, :, None]
 
     def _optimizer(self, key: tuple[int, int], names: list[str]) -> RowSGD:  # type: ignore[override]
         return RowSGD([self.state[n] for n in names], self.settings)
 
-    def _momentum(self, opts, param_names):  # type: ignore[no-untyped-def]
+    def _momentum(
+        self, opts: list[torch.optim.Optimizer], param_names: list[list[str]]
+    ) -> Iterator[tuple[tuple[int, str], torch.Tensor]]:
         for u, (opt, names) in enumerate(zip(opts, param_names)):
-            for n, buf in zip(names, opt.momentum_buffers()):
+            for n, buf in zip(names, cast(RowSGD, opt).momentum_buffers()):
                 if buf is not None:
                     yield (u, n), buf
 
