@@ -8,7 +8,9 @@ clients' states, its server state, its evaluation); only the rounds' local train
 C configs x K sampled clients run as one vmapped model (`autofl.accel.population`).
 
 A method whose class does not declare `population_ready` (its losses may read per-config values
-other than through `Method.fused`) runs each config alone, one after another: populations of one.
+other than through `Method.fused`), or a model the vectorized executor cannot batch, runs each config
+alone, one after another: populations of one. A population's steps are the vectorized executor's,
+eager, whatever `runtime.executor` and `runtime.compile` say.
 
 This is a composition root (as autofl.training is): it resolves the method class from the registry
 and hands it to the engine.
@@ -20,6 +22,7 @@ from typing import Any
 
 import torch
 
+from autofl.accel.choice import vectorizable
 from autofl.accel.population import Member, PopulationExecutor
 from autofl.config import Experiment, FLConfig, fusible_fields
 from autofl.data.datasets import RawDataset, load_raw_dataset
@@ -89,7 +92,12 @@ class Population:
         self.sims = [Simulation(exp, method_cls, raw=raw, device=device) for exp in experiments]
         for sim in self.sims[1:]:  # one data set: the members' data configs and seeds are the same
             sim.data = self.sims[0].data
-        self.fused = bool(getattr(method_cls, "population_ready", False)) and len(self.sims) > 1
+        # a model the vectorized executor cannot batch (`vectorizable`) trains each config alone too
+        self.fused = (
+            bool(getattr(method_cls, "population_ready", False))
+            and len(self.sims) > 1
+            and vectorizable(self.sims[0].workspace) is None
+        )
         self.executor = PopulationExecutor(self.sims[0].workspace) if self.fused else None
         names = fusible_fields(method_cls.Params)
         self.flags = [{f"method.{n}": float(exp.method.params()[n]) for n in names} for exp in experiments]
