@@ -22,6 +22,20 @@ from autofl.errors import ConfigError
 DATA_ROOT_ENV = "AUTOFL_DATA_ROOT"
 
 
+# `json_schema_extra` of a field whose value changes no shape, no step count and no Python control
+# flow: members of one population (autofl.population) may differ in it (`fusible_fields`)
+FUSIBLE: dict[str, Any] = {"fusible": True}
+
+
+def fusible_fields(model: type[BaseModel]) -> tuple[str, ...]:
+    """The fields of `model` declared fusible (`Field(..., json_schema_extra=FUSIBLE)`), in field order."""
+    return tuple(
+        name
+        for name, info in model.model_fields.items()
+        if isinstance(info.json_schema_extra, dict) and info.json_schema_extra.get("fusible") is True
+    )
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -147,10 +161,12 @@ class FLConfig(Strict):
     participation: float = Field(1.0, gt=0, le=1)
     local_epochs: int = Field(1, ge=1, le=1000)
     batch_size: int = Field(32, ge=1, le=100_000)
-    lr: float = Field(0.05, gt=0, le=1e4)  # larger is a typo (1e4 already diverges to NaN in a few rounds)
-    momentum: float = Field(0.9, ge=0, lt=1)
-    weight_decay: float = Field(0.0, ge=0, le=1)
-    lr_decay: float = Field(1.0, gt=0, le=1)
+    lr: float = Field(
+        0.05, gt=0, le=1e4, json_schema_extra=FUSIBLE
+    )  # larger is a typo (1e4 already diverges to NaN in a few rounds)
+    momentum: float = Field(0.9, ge=0, lt=1, json_schema_extra=FUSIBLE)
+    weight_decay: float = Field(0.0, ge=0, le=1, json_schema_extra=FUSIBLE)
+    lr_decay: float = Field(1.0, gt=0, le=1, json_schema_extra=FUSIBLE)
     eval_every: int = Field(1, ge=1, le=100_000)
 
 

@@ -6,14 +6,16 @@ import torch
 import torch.nn.functional as F
 
 
-def contrastive_pair(anchor: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor, tau: float) -> torch.Tensor:
+def contrastive_pair(
+    anchor: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor, tau: float | torch.Tensor
+) -> torch.Tensor:
     """-log( e^{cos(a,p)/tau} / (e^{cos(a,p)/tau} + e^{cos(a,n)/tau}) ), the MOON / FDCL term."""
     a, p, n = (t.flatten(1) for t in (anchor, positive, negative))
     logits = torch.stack([F.cosine_similarity(a, p, dim=1), F.cosine_similarity(a, n, dim=1)], dim=1) / tau
     return -F.log_softmax(logits, dim=1)[:, 0].mean()
 
 
-def supcon(z: torch.Tensor, y: torch.Tensor, tau: float) -> torch.Tensor:
+def supcon(z: torch.Tensor, y: torch.Tensor, tau: float | torch.Tensor) -> torch.Tensor:
     """Supervised contrastive loss (DualFed): z is already L2-normalised.
 
     mean_i [ -1/(|P(i)|+1e-6) * sum_{p in P(i)} log( e^{z_i.z_p/tau} / sum_{a != i} e^{z_i.z_a/tau} ) ];

@@ -23,7 +23,7 @@ from autofl.data.datasets import RawDataset, load_raw_dataset
 from autofl.data.federated import FederatedData, build_federated
 from autofl.device import resolve_device
 from autofl.engine.cost import RunCost, round_samples, rounds_to_target, tensor_bytes, train_flops_per_sample
-from autofl.engine.executor import ClientJob, RoundPlan, Workspace, batch_cuts
+from autofl.engine.executor import ClientJob, ClientOutcome, RoundPlan, Workspace, batch_cuts
 from autofl.engine.metrics import evaluate
 from autofl.engine.plan import TrainedClient, Upload, check_trained_copies
 from autofl.engine.server import MethodClass, MethodHooks, ServerContext, ServerState, ServerUpdate
@@ -143,6 +143,12 @@ class Simulation:
 
     def run_round(self) -> dict[str, float] | None:
         """Train one round; return its metrics when the round is evaluated, else None."""
+        jobs, plan = self.begin_round()
+        return self.finish_round(jobs, self.executor.train(plan, jobs, self.data.x, self.data.y))
+
+    def begin_round(self) -> tuple[list[ClientJob], RoundPlan]:
+        """A round up to its local training: the sampled clients' jobs and the round's plan (a
+        population trains several simulations' jobs together, then finishes each: `finish_round`)."""
         self._set_round_seed()
         jobs = [self.client_job(cid) for cid in self.sample_clients(self.round)]
         plan = self.round_plan()
@@ -156,7 +162,11 @@ class Simulation:
             self.cost.train_flops += self.flops_per_sample * round_samples(
                 plan.stages, sizes, self.exp.fl.local_epochs, self.exp.fl.batch_size
             )
-        outcomes = self.executor.train(plan, jobs, self.data.x, self.data.y)
+        return jobs, plan
+
+    def finish_round(self, jobs: list[ClientJob], outcomes: list[ClientOutcome]) -> dict[str, float] | None:
+        """A round after its local training (`outcomes` in the order of `jobs`): uploads, aggregation,
+        the server update and, when the round is evaluated, its metrics (else None)."""
         uploads: list[Upload] = []
         for job, outcome in zip(jobs, outcomes):
             self.model.load_state_dict(outcome.state)

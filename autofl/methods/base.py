@@ -119,6 +119,12 @@ class Method:
     # if it is also listed in `scratch_copies` (trained and dropped on purpose, as FedSiam-DA's f')
     copies: ClassVar[tuple[str, ...]] = ()
     scratch_copies: ClassVar[tuple[str, ...]] = ()
+    # whether configs of this method may train as members of one population (autofl.population): its
+    # local step reads each of its fusible parameters (`Params` fields declared with
+    # `json_schema_extra=FUSIBLE`) through `self.fused(flags, name)`, and nothing else that differs
+    # between configs (no server state, no other parameter). A method that does not say so still runs
+    # in a population, each of its configs alone (populations of one).
+    population_ready: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -264,6 +270,12 @@ class Method:
 
     def loss(self, ws: ModelCopies, x: torch.Tensor, y: torch.Tensor, flags: dict[str, torch.Tensor]) -> torch.Tensor:
         return F.cross_entropy(ws.model(x), y)
+
+    def fused(self, flags: dict[str, torch.Tensor], name: str) -> torch.Tensor | float:
+        """The fusible parameter `name` as a loss reads it: the per-client tensor a population executor
+        supplies under `flags["method.<name>"]` (each member's own value), else `self.params.<name>`."""
+        value = flags.get(f"method.{name}")
+        return value if value is not None else float(getattr(self.params, name))
 
     def upload_payload(self, client: TrainedClient) -> dict[str, Any]:
         """Extra uploads computed from the trained model (prototypes, statistics)."""

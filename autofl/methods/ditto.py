@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
+from autofl.config import FUSIBLE
 from autofl.engine.state import StateDict
 from autofl.methods.base import ClientStart, Method, MethodParams, ModelCopies, ServerState, Stage, Update
 from autofl.methods.registry import register
@@ -31,7 +32,10 @@ _GLOBAL_PARTS = ("model.encoder.", "model.projector.", "model.head.")
 
 class DittoParams(MethodParams):
     lam: float = Field(
-        0.1, ge=0, description="lambda: weight of the personal model's proximal term to the received global model"
+        0.1,
+        ge=0,
+        description="lambda: weight of the personal model's proximal term to the received global model",
+        json_schema_extra=FUSIBLE,
     )
     personal_epochs: int | None = Field(
         None,
@@ -49,6 +53,7 @@ class Ditto(Method):
     params: DittoParams  # the validated Params (Method.__init__)
     private_models = ("personal",)  # v: each client's own, starting as the received global model
     copies = ("glob",)  # the received global model: the personal model's proximal anchor
+    population_ready = True
 
     def client_start(self, global_state: StateDict, client_state: dict[str, Any], server: ServerState) -> ClientStart:
         return ClientStart({"model": self.start_state(global_state, client_state), "glob": global_state})
@@ -57,12 +62,13 @@ class Ditto(Method):
         """w on CE (FedAvg) and v on its proximal CE (reported as `personal_loss`): per batch, w then
         v; or, with personal_epochs, v alone for that many epochs, then w (each its own batch order
         and optimizer)."""
-        lam = self.params.lam
 
         def personal_loss(ws: ModelCopies, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
             v = ws.model.personal
             anchor = {k: p.detach() for k, p in ws.glob.named_parameters() if not k.startswith(_PERSONAL)}
-            return F.cross_entropy(v(x), y) + lam / 2 * ws.proximal(dict(v.named_parameters()), anchor)
+            return F.cross_entropy(v(x), y) + self.fused(flags, "lam") / 2 * ws.proximal(
+                dict(v.named_parameters()), anchor
+            )
 
         def global_loss(ws: ModelCopies, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
             return F.cross_entropy(ws.model(x), y)

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
+from autofl.config import FUSIBLE
 from autofl.engine.state import StateDict, weighted_average
 from autofl.losses import supcon
 from autofl.methods.base import Method, MethodParams, ModelCopies, ServerState, Stage, Update, Upload
@@ -19,8 +20,8 @@ _BN_BUFFERS = ("running_mean", "running_var", "num_batches_tracked")
 
 
 class DualFedParams(MethodParams):
-    lam: float = Field(2.0, ge=0, description="lambda: weight of SupCon")
-    tau: float = Field(0.05, gt=0, description="SupCon temperature")
+    lam: float = Field(2.0, ge=0, description="lambda: weight of SupCon", json_schema_extra=FUSIBLE)
+    tau: float = Field(0.05, gt=0, description="SupCon temperature", json_schema_extra=FUSIBLE)
     weighted: bool = Field(False, description="size-weighted aggregation (the official code weights equally)")
 
 
@@ -33,6 +34,7 @@ class DualFed(Method):
     default_projector_depth = 2
     min_projector_depth = 1
     personal_is_global = False
+    population_ready = True
 
     def build_model(self) -> SplitModel:
         model = super().build_model()
@@ -56,12 +58,12 @@ class DualFed(Method):
         return weighted_average([u.state for u in uploads], weights)
 
     def local_stages(self, rnd: int, server: ServerState) -> list[Stage]:
-        lam, tau = self.params.lam, self.params.tau
-
         def stage1_loss(ws: ModelCopies, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
             """CE(h_p(g(f(x)))) + lambda * SupCon(normalize(g(f(x))))."""
             z = ws.model.projector(ws.model.encoder(x))
-            return F.cross_entropy(ws.model.head(z), y) + lam * supcon(F.normalize(z, dim=1), y, tau)
+            return F.cross_entropy(ws.model.head(z), y) + self.fused(flags, "lam") * supcon(
+                F.normalize(z, dim=1), y, self.fused(flags, "tau")
+            )
 
         def stage2_loss(ws: ModelCopies, f: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
             """CE(h_g(f)) on the features f = f(x) (the stage's `inputs`: f's weights fixed, no

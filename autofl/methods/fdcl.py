@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
+from autofl.config import FUSIBLE
 from autofl.engine.state import StateDict
 from autofl.losses import contrastive_pair
 from autofl.methods.base import ClientStart, Method, MethodParams, ModelCopies, ServerState
@@ -16,12 +17,12 @@ from autofl.models.parts import SplitModel
 
 
 class FDCLParams(MethodParams):
-    mu: float = Field(0.1, ge=0, description="weight of l_e + l_c (paper range 0.05..2)")
-    tau: float = Field(0.5, gt=0, description="temperature")
+    mu: float = Field(0.1, ge=0, description="weight of l_e + l_c (paper range 0.05..2)", json_schema_extra=FUSIBLE)
+    tau: float = Field(0.5, gt=0, description="temperature", json_schema_extra=FUSIBLE)
 
 
 def fdcl_terms(
-    pe: tuple[torch.Tensor, ...], pc: tuple[torch.Tensor, ...], tau: float
+    pe: tuple[torch.Tensor, ...], pc: tuple[torch.Tensor, ...], tau: float | torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(l_e, l_c) from (local, global, previous) encoder outputs `pe` and logits `pc`."""
     pe_l, pe_g, pe_p = pe
@@ -38,6 +39,7 @@ class FDCL(Method):
     Params = FDCLParams
     params: FDCLParams  # the validated Params (Method.__init__)
     personal_is_global = False
+    population_ready = True
     copies = ("glob", "prev")  # frozen: the received global model, the client's previous local model
 
     def client_start(self, global_state: StateDict, client_state: dict, server: ServerState) -> ClientStart:
@@ -50,8 +52,8 @@ class FDCL(Method):
         with torch.no_grad():
             pe_g, pe_p = ws.glob.encoder(x), ws.prev.encoder(x)
             pc_g, pc_p = ws.glob.head(pe_g), ws.prev.head(pe_p)
-        l_e, l_c = fdcl_terms((pe_l, pe_g, pe_p), (pc_l, pc_g, pc_p), self.params.tau)
-        return F.cross_entropy(pc_l, y) + flags["has_prev"] * self.params.mu * (l_e + l_c)
+        l_e, l_c = fdcl_terms((pe_l, pe_g, pe_p), (pc_l, pc_g, pc_p), self.fused(flags, "tau"))
+        return F.cross_entropy(pc_l, y) + flags["has_prev"] * self.fused(flags, "mu") * (l_e + l_c)
 
     def keep_private(self, trained: StateDict, client_state: dict, shared: list[str]) -> None:
         client_state["prev"] = trained  # also the client's personal model

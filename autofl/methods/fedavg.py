@@ -7,3 +7,4 @@ from autofl.methods.registry import register
 @register
 class FedAvg(Method):
     name = "fedavg"
+    population_ready = True

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from pydantic import Field
 
+from autofl.config import FUSIBLE
 from autofl.engine.state import StateDict
 from autofl.features import ClassStats, class_mean_pairs, encoded_class_stats, train_head
 from autofl.methods.base import Method, MethodParams, ServerContext, ServerUpdate, TrainedClient, Upload
@@ -28,7 +29,9 @@ GLOBAL_HEAD_STREAM = 0xF6E
 
 
 class FedGHParams(MethodParams):
-    server_lr: float = Field(0.01, gt=0, description="learning rate of the server's SGD on the global head")
+    server_lr: float = Field(
+        0.01, gt=0, description="learning rate of the server's SGD on the global head", json_schema_extra=FUSIBLE
+    )
     server_epochs: int = Field(1, ge=1, le=1000, description="epochs over the uploaded class means per round")
 
 
@@ -49,6 +52,7 @@ class FedGH(Method):
     params: FedGHParams  # the validated Params (Method.__init__)
     has_global_model = False  # the encoders stay on the clients: no whole global model
     personal_is_global = False
+    population_ready = True  # its local step is FedAvg's; server_lr acts on the server alone
 
     def shared_keys(self, model: SplitModel) -> list[str]:
         return []  # only class means go up; the global head is trained on the server

@@ -10,6 +10,7 @@ class FedPer(Method):
     name = "fedper"
     has_global_model = False  # the server never trains a head
     personal_is_global = False
+    population_ready = True
 
     def shared_keys(self, model: SplitModel) -> list[str]:
         return [k for k in model.state_dict() if not k.startswith("head.")]

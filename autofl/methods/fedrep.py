@@ -34,6 +34,7 @@ class FedRep(Method):
     params: FedRepParams  # the validated Params (Method.__init__)
     has_global_model = False  # the server never trains a head
     personal_is_global = False
+    population_ready = True
 
     def build_model(self) -> SplitModel:
         model = super().build_model()

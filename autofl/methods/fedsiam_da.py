@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
+from autofl.config import FUSIBLE
 from autofl.engine.state import StateDict, weighted_average
 from autofl.losses import negative_cosine
 from autofl.methods.base import ClientStart, Method, MethodParams, ModelCopies, ServerState, Stage, Update, Upload
@@ -21,7 +22,9 @@ EMBED_DIM = 256  # the projector's output z and the predictor's in/out width (pa
 
 
 class FedSiamDAParams(MethodParams):
-    mu: float = Field(0.1, ge=0, description="weight of the Siamese and history terms (tested 0.05..1)")
+    mu: float = Field(
+        0.1, ge=0, description="weight of the Siamese and history terms (tested 0.05..1)", json_schema_extra=FUSIBLE
+    )
 
 
 def build_predictor(dim: int) -> nn.Module:
@@ -57,6 +60,7 @@ class FedSiamDA(Method):
     projector_out_dim = EMBED_DIM
     personal_is_global = False
     copies = ("siamese", "hist")  # f'; the frozen history model
+    population_ready = True
     scratch_copies = ("siamese",)  # f' is trained and dropped after the round: it restarts from the global model
 
     def build_model(self) -> SplitModel:
@@ -86,7 +90,6 @@ class FedSiamDA(Method):
         """Per batch: 1. f' on 1/2 D-(q_f'(z_f'), sg(z_local)); 2. the local model on
         CE + mu (D+(sg(z_hist), z_local) + 1/2 D-(q(z_local), sg(z_f'))), z_f' recomputed after step 1.
         After each local epoch the history becomes a snapshot of the local model."""
-        mu = self.params.mu
 
         def siamese_loss(ws: ModelCopies, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
             with torch.no_grad():
@@ -101,7 +104,7 @@ class FedSiamDA(Method):
             ce = F.cross_entropy(ws.model.head(z_local), y)
             siam_term = 0.5 * negative_cosine(ws.model.predictor(z_local), z_s)
             hist_term = flags["has_hist"] * F.cosine_similarity(z_hist, z_local, dim=1).mean()
-            return ce + mu * (hist_term + siam_term)
+            return ce + self.fused(flags, "mu") * (hist_term + siam_term)
 
         siamese = Update(("siamese.encoder.", "siamese.projector.", "siamese.predictor."), siamese_loss, report=None)
         local = Update(("model.",), local_loss, frozen_stats=("model.encoder", "model.projector"))

@@ -4,6 +4,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
+from autofl.config import FUSIBLE
 from autofl.engine.state import StateDict
 from autofl.losses import contrastive_pair
 from autofl.methods.base import ClientStart, Method, MethodParams, ModelCopies, ServerState
@@ -12,8 +13,8 @@ from autofl.models.parts import SplitModel
 
 
 class MoonParams(MethodParams):
-    mu: float = Field(1.0, ge=0, description="weight of the model-contrastive term")
-    tau: float = Field(0.5, gt=0, description="temperature")
+    mu: float = Field(1.0, ge=0, description="weight of the model-contrastive term", json_schema_extra=FUSIBLE)
+    tau: float = Field(0.5, gt=0, description="temperature", json_schema_extra=FUSIBLE)
 
 
 def embed(model: SplitModel, x: torch.Tensor) -> torch.Tensor:
@@ -27,6 +28,7 @@ class Moon(Method):
     params: MoonParams  # the validated Params (Method.__init__)
     uses_projector = True
     default_projector_depth = 0
+    population_ready = True
     copies = ("glob", "prev")  # frozen: the received global model, the client's previous local model
 
     def client_start(self, global_state: StateDict, client_state: dict, server: ServerState) -> ClientStart:
@@ -37,7 +39,9 @@ class Moon(Method):
         ce = F.cross_entropy(ws.model.head(z), y)
         with torch.no_grad():
             z_g, z_p = embed(ws.glob, x), embed(ws.prev, x)
-        return ce + flags["has_prev"] * self.params.mu * contrastive_pair(z, z_g, z_p, self.params.tau)
+        return ce + flags["has_prev"] * self.fused(flags, "mu") * contrastive_pair(
+            z, z_g, z_p, self.fused(flags, "tau")
+        )
 
     def keep_private(self, trained: StateDict, client_state: dict, shared: list[str]) -> None:
         client_state["prev"] = trained

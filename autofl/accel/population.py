@@ -1,0 +1,237 @@
+"""The population executor: C configs x K sampled clients trained as one batched model.
+
+A population is C configs of one method that differ only in fusible values (`autofl.config.FUSIBLE`:
+fl.lr, fl.momentum, fl.weight_decay, fl.lr_decay and the method's fusible parameters). Configs that
+agree on everything else sample the same clients, cut them into the same batches and run the same
+step language, so their rounds' local training can be one lockstep run of the vectorized executor
+(`autofl.accel.vectorized`) over rows that are (config, client) pairs:
+
+- Rows are client-major: client k of the round's sorted order (batches, then last batch size,
+  descending) holds rows k*C .. k*C + C-1, one per config. The vectorized executor's invariants
+  (the clients still training are a prefix of the stack; clients with the same batch size at a
+  step form contiguous runs) hold for the rows, since a client's C rows have the same batches.
+- Each row starts from its own config's state (its global model, its copies, its flags), and its
+  config's fusible method parameters reach the losses as per-row flags (`flags["method.<name>"]`,
+  read through `Method.fused`).
+- The optimizer steps each config's rows (a strided view of the stack, rows c, c+C, ...) with
+  that config's SGD settings by `torch.optim.sgd.sgd`, the function `torch.optim.SGD.step` runs;
+  when every config has the same settings, the whole stack in one call, as the vectorized executor
+  does.
+
+Every row's arithmetic is that of the same client in its config's own vectorized run, so in float64
+a member's states and metrics equal its solo run's (tests/test_population.py). Steps run eagerly:
+`runtime.compile` is not applied to populations yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import cast
+
+import torch
+from torch.func import functional_call
+from torch.optim.sgd import sgd as sgd_update  # the functional SGD that torch.optim.SGD.step runs
+
+from autofl.accel.vectorized import _ChunkRun
+from autofl.engine.executor import ClientJob, ClientOutcome, RoundPlan, Workspace, batch_cuts, outputs_by_slices
+from autofl.engine.plan import ClientStart, Stage
+
+
+@dataclass(frozen=True)
+class SGDSettings:
+    lr: float
+    momentum: float
+    weight_decay: float
+
+
+@dataclass
+class Member:
+    """One config's round: its plan (its learning rate this round, its SGD settings), its sampled
+    clients' jobs, and its fusible method parameters as flags (`"method.<name>"` -> value)."""
+
+    plan: RoundPlan
+    jobs: list[ClientJob]
+    flags: dict[str, float]
+
+
+class RowSGD:
+    """SGD over stacked tensors whose rows belong to C configs (row r to config r % C), each config's
+    rows stepped with its own settings, exactly as `torch.optim.SGD` steps them alone."""
+
+    def __init__(self, params: list[torch.Tensor], settings: list[SGDSettings]):
+        self.params = params
+        self.settings = settings
+        self.members = len(settings)
+        self.uniform = len(set(settings)) == 1
+        self.buffers: list[torch.Tensor | None] = [None] * len(params)  # momentum, made at the first step
+
+    def rows(self) -> Iterator[tuple[slice, SGDSettings]]:
+        if self.uniform:
+            yield slice(None), self.settings[0]
+            return
+        for c, settings in enumerate(self.settings):
+            yield slice(c, None, self.members), settings
+
+    def step(self) -> None:
+        with torch.no_grad():
+            for i, p in enumerate(self.params):
+                grad = p.grad
+                assert grad is not None  # the executor sets every trained tensor's gradient before a step
+                first = self.buffers[i] is None
+                if first and any(s.momentum != 0 for s in self.settings):
+                    self.buffers[i] = torch.zeros_like(p)
+                full = self.buffers[i]
+                for rows, s in self.rows():
+                    buffers: list[torch.Tensor | None] = [None if first or full is None else full[rows]]
+                    sgd_update(
+                        [p[rows]],
+                        [grad[rows]],
+                        buffers,
+                        foreach=False,
+                        weight_decay=s.weight_decay,
+                        momentum=s.momentum,
+                        lr=s.lr,
+                        dampening=0.0,
+                        nesterov=False,
+                        maximize=False,
+                    )
+                    made = buffers[0]
+                    if first and made is not None and full is not None:  # SGD's first step: the buffer is the gradient
+                        full[rows] = made
+
+    def momentum_buffers(self) -> list[torch.Tensor | None]:
+        return self.buffers
+
+
+class _PopulationRun(_ChunkRun):
+    """The vectorized executor's chunk run over (config, client) rows, with `RowSGD` as each update's
+    optimizer."""
+
+    def __init__(
+        self,
+        ws: Workspace,
+        plan: RoundPlan,
+        jobs: list[ClientJob],
+        x: torch.Tensor,
+        y: torch.Tensor,
+        settings: list[SGDSettings],
+    ):
+        self.settings = settings
+        self.pooled_x = x  # the pooled data (a stage with a table of inputs reads the table instead)
+        super().__init__(ws, plan, jobs, x, y)
+
+    # ----- a stage's `inputs` computed ahead (`_ChunkRun._inputs_table`), per member -----------------
+    def _inputs_table(self, stage: Stage, module: torch.nn.Module) -> torch.Tensor | None:
+        """The stage's inputs table of every member: member c's in rows c*N .. c*N + N-1 (N pooled rows),
+        each computed as its run alone computes its own: one call over all of the member's rows where
+        its clients all hold the received weights of the module, else one call per client. The stage's
+        steps then read member c's rows at an offset of c*N (`_batch_rows`, `_run_stage`)."""
+        c, n = len(self.settings), len(self.pooled_x)
+        idx = [job.train_idx.to(self.device) for job in self.jobs]
+        for m in range(c):
+            every = torch.cat(idx[m::c])
+            if not len(every) or len(every.unique()) < len(every):
+                return None  # as a run alone: its losses compute the module batch by batch
+        prefix = f"{stage.inputs}."
+        state, dims = self._read_view()
+        names = [name for name in state if name.startswith(prefix)]
+        table: torch.Tensor | None = None
+        for m in range(c):
+            rows = list(range(m, self.k, c))
+            received = all(self._received(name, rows) for name in names)
+            calls = [(rows[0], torch.cat([idx[i] for i in rows]))] if received else [(i, idx[i]) for i in rows]
+            for i, pooled_rows in calls:
+                if not len(pooled_rows):
+                    continue
+                weights = {name[len(prefix) :]: state[name][i] if dims[name] == 0 else state[name] for name in names}
+                outputs = outputs_by_slices(
+                    lambda xs: functional_call(module, weights, (xs,)),  # noqa: B023 - called in this iteration
+                    self.x,
+                    pooled_rows,
+                )
+                if table is None:
+                    table = outputs.new_zeros(c * n, *outputs.shape[1:])
+                table.index_copy_(0, pooled_rows + m * n, outputs)
+        return table
+
+    def _received(self, name: str, rows: list[int]) -> bool:
+        """Whether the stack's rows `rows` (one member's clients) all still hold one received tensor
+        `name`: all started from the same tensor, and no stage has trained or overwritten it."""
+        if name in self.touched:
+            return False
+        model, key = name.split(".", 1)
+        first = self.jobs[rows[0]].start.models[model][key]
+        return all(self.jobs[i].start.models[model][key] is first for i in rows)
+
+    def _run_stage(self, s: int, stage: Stage) -> None:
+        if self.x is self.pooled_x:
+            super()._run_stage(s, stage)
+            return
+        pooled_y, self.y = self.y, self.y.repeat(len(self.settings))  # the table's rows: members' labels
+        try:
+            super()._run_stage(s, stage)
+        finally:
+            self.y = pooled_y
+
+    def _batch_rows(self, s: int, e: int, max_steps: int) -> torch.Tensor:
+        rows = super()._batch_rows(s, e, max_steps)
+        if self.x is self.pooled_x:
+            return rows
+        c, n = len(self.settings), len(self.pooled_x)
+        offsets = torch.arange(self.k, device=rows.device) % c * n
+        return rows + offsets[None, :, None]
+
+    def _optimizer(self, key: tuple[int, int], names: list[str]) -> RowSGD:  # type: ignore[override]
+        return RowSGD([self.state[n] for n in names], self.settings)
+
+    def _momentum(
+        self, opts: list[torch.optim.Optimizer], param_names: list[list[str]]
+    ) -> Iterator[tuple[tuple[int, str], torch.Tensor]]:
+        for u, (opt, names) in enumerate(zip(opts, param_names)):
+            for n, buf in zip(names, cast(RowSGD, opt).momentum_buffers()):
+                if buf is not None:
+                    yield (u, n), buf
+
+
+class PopulationExecutor:
+    """Trains the rounds of C members together (`train`); the workspace is any member's (all have
+    the same layout, and the losses are the first member's, which read per-member values from flags)."""
+
+    name = "population"
+
+    def __init__(self, ws: Workspace):
+        self.ws = ws
+
+    def train(self, members: list[Member], x: torch.Tensor, y: torch.Tensor) -> list[list[ClientOutcome]]:
+        """Each member's outcomes, in the order of its jobs. The members' jobs must be the same clients
+        on the same rows with the same batch size and local epochs (configs that differ only in
+        fusible values)."""
+        first = members[0]
+        for m in members[1:]:
+            if [j.cid for j in m.jobs] != [j.cid for j in first.jobs] or (m.plan.batch_size, m.plan.local_epochs) != (
+                first.plan.batch_size,
+                first.plan.local_epochs,
+            ):
+                raise ValueError("population members must sample the same clients with the same batches")
+        if not first.jobs:
+            return [[] for _ in members]
+        bs = first.plan.batch_size
+        sizes = [[b - a for a, b in batch_cuts(len(job.train_idx), bs)] for job in first.jobs]
+        order = sorted(range(len(first.jobs)), key=lambda i: (-len(sizes[i]), -(sizes[i][-1] if sizes[i] else 0)))
+        rows: list[ClientJob] = []
+        for k in order:
+            for m in members:
+                job = m.jobs[k]
+                start = ClientStart(job.start.models, {**job.start.flags, **m.flags})
+                rows.append(ClientJob(job.cid, start, job.train_idx, job.generator))
+        settings = [SGDSettings(m.plan.lr, m.plan.momentum, m.plan.weight_decay) for m in members]
+        outcomes = _PopulationRun(self.ws, first.plan, rows, x, y, settings).run()
+        c = len(members)
+        out: list[list[ClientOutcome | None]] = [[None] * len(first.jobs) for _ in members]
+        for position, k in enumerate(order):
+            for member in range(c):
+                out[member][k] = outcomes[position * c + member]
+        for m in members:
+            m.plan.finished(len(m.jobs))
+        return [[o for o in member if o is not None] for member in out]

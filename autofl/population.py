@@ -1,0 +1,144 @@
+"""Population trials: several configs of one method trained as one batched model.
+
+`train_population(experiments)` trains C experiments that differ only in fusible values (fields
+declared with `json_schema_extra=autofl.config.FUSIBLE`: fl.lr, fl.momentum, fl.weight_decay,
+fl.lr_decay and the method's own, e.g. FedProx's mu) and returns each one's evaluated rounds, the
+same values each gives trained alone. Each config keeps its own simulation (its global model, its
+clients' states, its server state, its evaluation); only the rounds' local training is shared: the
+C configs x K sampled clients run as one vmapped model (`autofl.accel.population`).
+
+A method whose class does not declare `population_ready` (its losses may read per-config values
+other than through `Method.fused`), or a model the vectorized executor cannot batch, runs each config
+alone, one after another: populations of one. A population's steps are the vectorized executor's,
+eager, whatever `runtime.executor` and `runtime.compile` say.
+
+This is a composition root (as autofl.training is): it resolves the method class from the registry
+and hands it to the engine.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from autofl.accel.choice import vectorizable
+from autofl.accel.population import Member, PopulationExecutor
+from autofl.config import Experiment, FLConfig, fusible_fields
+from autofl.data.datasets import RawDataset, load_raw_dataset
+from autofl.engine.simulation import Simulation
+from autofl.errors import ConfigError
+from autofl.methods.registry import get_method_class
+
+# keys members may differ in without changing what they run (labels, not settings)
+IGNORED = ("metadata",)
+
+
+def flat(obj: Any, prefix: str = "") -> dict[str, Any]:
+    """A config dumped as dotted keys (`fl.lr` -> 0.05)."""
+    if isinstance(obj, dict):
+        out: dict[str, Any] = {}
+        for key, value in obj.items():
+            out.update(flat(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: obj}
+
+
+def fusible_keys(method_cls: Any) -> tuple[str, ...]:
+    """The dotted keys members of a population of `method_cls` may differ in."""
+    return (
+        *(f"fl.{n}" for n in fusible_fields(FLConfig)),
+        *(f"method.{n}" for n in fusible_fields(method_cls.Params)),
+    )
+
+
+def check_population(experiments: list[Experiment]) -> Any:
+    """The method class shared by `experiments`; a ConfigError naming the first key (in config
+    order) in which a member differs from the first one without that key being fusible."""
+    if not experiments:
+        raise ConfigError("population: no experiments; give at least one")
+    name = experiments[0].method.name
+    for i, exp in enumerate(experiments[1:], start=1):
+        if exp.method.name != name:
+            raise ConfigError(
+                f"population: member {i} has method.name={exp.method.name!r}, member 0 {name!r}; "
+                "a population is configs of one method"
+            )
+    method_cls = get_method_class(name)
+    allowed = set(fusible_keys(method_cls))
+    base = flat(experiments[0].model_dump(mode="json"))
+    for i, exp in enumerate(experiments[1:], start=1):
+        other = flat(exp.model_dump(mode="json"))
+        for key in [*base, *(k for k in other if k not in base)]:
+            if key.split(".", 1)[0] in IGNORED or key in allowed or base.get(key) == other.get(key):
+                continue
+            raise ConfigError(
+                f"population: member {i} has {key}={other.get(key)!r}, member 0 {base.get(key)!r}, and {key} is "
+                f"not fusible; members may differ only in: {', '.join(sorted(allowed))}"
+            )
+    return method_cls
+
+
+class Population:
+    """C simulations of configs that differ only in fusible values, trained round by round with their
+    local training shared (`run_round`), or one after another where the method is not
+    `population_ready` or C is 1."""
+
+    def __init__(
+        self, experiments: list[Experiment], raw: RawDataset | None = None, device: torch.device | None = None
+    ):
+        method_cls = check_population(experiments)
+        raw = raw if raw is not None else load_raw_dataset(experiments[0].data)
+        self.sims = [Simulation(exp, method_cls, raw=raw, device=device) for exp in experiments]
+        for sim in self.sims[1:]:  # one data set: the members' data configs and seeds are the same
+            sim.data = self.sims[0].data
+        # a model the vectorized executor cannot batch (`vectorizable`) trains each config alone too
+        self.fused = (
+            bool(getattr(method_cls, "population_ready", False))
+            and len(self.sims) > 1
+            and vectorizable(self.sims[0].workspace) is None
+        )
+        self.executor = PopulationExecutor(self.sims[0].workspace) if self.fused else None
+        names = fusible_fields(method_cls.Params)
+        self.flags = [{f"method.{n}": float(exp.method.params()[n]) for n in names} for exp in experiments]
+
+    def run_round(self) -> list[dict[str, float] | None]:
+        """One round of every member: each one's metrics when the round is evaluated, else None."""
+        if self.executor is None:
+            return [sim.run_round() for sim in self.sims]
+        members, rng = [], []
+        for sim, flags in zip(self.sims, self.flags):
+            jobs, plan = sim.begin_round()
+            members.append(Member(plan, jobs, flags))
+            rng.append(torch.get_rng_state())  # each member finishes its round from its own draws
+        data = self.sims[0].data
+        outcomes = self.executor.train(members, data.x, data.y)
+        results = []
+        for sim, member, state, outs in zip(self.sims, members, rng, outcomes):
+            torch.set_rng_state(state)
+            results.append(sim.finish_round(member.jobs, outs))
+        return results
+
+    def done(self) -> bool:
+        return self.sims[0].done()
+
+    def run(self) -> list[list[dict[str, float]]]:
+        """Every member's evaluated rounds, to the end of `fl.rounds`."""
+        if self.executor is None:  # populations of one: each config alone, as `autofl train` runs it
+            return [list(sim.run()) for sim in self.sims]
+        histories: list[list[dict[str, float]]] = [[] for _ in self.sims]
+        while not self.done():
+            for history, metrics in zip(histories, self.run_round()):
+                if metrics is not None:
+                    history.append(metrics)
+        return histories
+
+
+def train_population(
+    experiments: list[Experiment], raw: RawDataset | None = None, device: torch.device | None = None
+) -> list[list[dict[str, float]]]:
+    """Train `experiments` (resolved, e.g. by `autofl.experiment.load_experiment`) as one population and
+    return each one's metrics of every evaluated round, in their order: the values each gives trained
+    alone with the vectorized executor. Raises ConfigError (one line) where they differ in a key that is
+    not fusible, or in their method."""
+    return Population(experiments, raw, device).run()
