@@ -13,20 +13,11 @@ import pytest
 import yaml
 from optuna.distributions import FloatDistribution
 
-from autofl.cli import main
 from autofl.errors import AutoFLError, ConfigError
+from tests.test_hostile_input import cli
 
 LR = {"type": "float", "low": 0.01, "high": 0.1}
 BASE = {"data": {"num_clients": 3}, "fl": {"rounds": 2}}
-
-
-def cli(capsys, *args) -> tuple[int, str, str]:
-    try:
-        code = main([str(a) for a in args])
-    except SystemExit as exit_:  # argparse's own errors
-        code = exit_.code
-    out = capsys.readouterr()
-    return code, out.out, out.err.strip()
 
 
 def space_dict(name: str, **extra: Any) -> dict[str, Any]:
