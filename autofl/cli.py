@@ -27,8 +27,11 @@ err_console = terminal_console(stderr=True)
 _ROUND_COLUMNS = ("round", "train_loss", "personal_val_acc", "personal_test_acc", "global_val_acc", "global_test_acc")
 
 
-# `autofl status`'s cost columns: (reported key, column title, format)
+# `autofl status`'s columns beside the objective, shown once some trial reported them: clients held
+# out of training (validation only: status is read during a search), then the cost (reported key,
+# column title, format)
 _COST_COLUMNS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
+    ("unseen_val_acc", "unseen val", lambda v: _fmt(v)),
     ("upload_bytes_per_round", "upload/round", format_bytes),
     ("download_bytes_per_round", "download/round", format_bytes),
     ("flops_per_round", "FLOPs/round", format_flops),
@@ -96,6 +99,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         f"final_state.pt",
         soft_wrap=True,
     )
+    if "unseen_test_acc" in last:  # data.holdout_clients
+        console.print(
+            f"unseen clients ({exp.data.holdout_count()} held out, {exp.eval.newcomer_epochs} newcomer epochs): "
+            f"unseen_test_acc={_fmt(last.get('unseen_test_acc'))} "
+            f"participation_gap={_fmt(last.get('participation_gap'))}",
+            soft_wrap=True,
+        )
     target = (
         f"; rounds_to_target={_fmt(last.get('rounds_to_target'))} ({exp.eval.target_metric} >= {exp.eval.target_acc})"
         if exp.eval.target_acc is not None

@@ -113,6 +113,12 @@ class DataConfig(Strict):
     num_clients: int = Field(10, ge=1)
     split: SplitConfig = Field(default_factory=SplitConfig)
     min_size: int = Field(10, ge=0, description="dirichlet: fewest samples a client may hold")
+    holdout_clients: int | float = Field(
+        0,
+        ge=0,
+        description="clients kept out of training altogether and tested as newcomers (unseen_* metrics): "
+        "a count, or a fraction of num_clients below 1 (at least one client); 0: none",
+    )
     seed: int | None = Field(
         None,
         ge=0,
@@ -130,6 +136,29 @@ class DataConfig(Strict):
     @classmethod
     def _absolute_path(cls, path: str | None) -> str | None:
         return None if path is None else absolute_path(path)
+
+    @field_validator("holdout_clients")
+    @classmethod
+    def _count_or_fraction(cls, value: int | float) -> int | float:
+        if isinstance(value, float) and value >= 1:
+            if not value.is_integer():
+                raise ValueError(
+                    f"{value:g} is neither a count nor a fraction; allowed: a count (0, 1, 2 ...) "
+                    "or a fraction of num_clients below 1"
+                )
+            return int(value)
+        return value
+
+    def holdout_count(self) -> int:
+        """How many of the num_clients clients are held out (a fraction rounds half up, to at least 1)."""
+        value = self.holdout_clients
+        if isinstance(value, float):
+            return max(1, math.floor(value * self.num_clients + 0.5)) if value > 0 else 0
+        return value
+
+    def training_clients(self) -> int:
+        """The clients that take part in training: num_clients less the held-out ones."""
+        return self.num_clients - self.holdout_count()
 
     def resolved_root(self) -> Path:
         return Path(self.root or os.environ.get(DATA_ROOT_ENV) or "data").expanduser()
@@ -175,9 +204,11 @@ TARGET_METRICS = (
     "personal_val_acc",
     "personal_val_acc_p10",
     "global_val_acc",
+    "unseen_val_acc",
     "personal_test_acc",
     "personal_test_acc_p10",
     "global_test_acc",
+    "unseen_test_acc",
 )
 
 
@@ -191,6 +222,13 @@ class EvalConfig(Strict):
     )
     target_metric: Literal[TARGET_METRICS] = Field(  # type: ignore[valid-type]
         "personal_val_acc", description="the accuracy rounds_to_target watches"
+    )
+    newcomer_epochs: int = Field(
+        1,
+        ge=0,
+        le=1000,
+        description="data.holdout_clients: the local epochs a held-out client trains, the method's own "
+        "local step from the global model, before it is tested; 0: tested on the global model as received",
     )
 
 
@@ -246,8 +284,9 @@ class Experiment(Strict):
     )
 
     def clients_per_round(self) -> int:
-        """How many clients a round samples: participation x num_clients rounded half up, 1 to all."""
-        n = self.data.num_clients
+        """How many clients a round samples: participation x the training clients (num_clients less
+        data.holdout_clients) rounded half up, 1 to all."""
+        n = self.data.training_clients()
         return min(n, max(1, math.floor(self.fl.participation * n + 0.5)))
 
     def data_seed(self) -> int:
@@ -322,6 +361,13 @@ class Experiment(Strict):
                     "data.pool: train+test with the natural partition needs the test samples' client "
                     "ids (npz: client_test); allowed here: train"
                 )
+        held = self.data.holdout_count()
+        if held >= self.data.num_clients:
+            raise ValueError(
+                f"data.holdout_clients: {self.data.holdout_clients:g} holds out {held} of the "
+                f"{self.data.num_clients} clients and leaves none to train; allowed: 0 to "
+                f"{self.data.num_clients - 1}, or a fraction that leaves at least one"
+            )
         if part.kind == "pathological":
             k = part.classes_per_client
             if k > num_classes:

@@ -451,6 +451,8 @@ def build_report(study: Study, out_dir: Path) -> Path:
     if summary is not None:
         parts.append("<h2>Re-evaluation over fresh seeds</h2>")
         parts.append(f"<p class='verdict'>{html.escape(summary['verdict'])}</p>")
+        # clients held out of training (data.holdout_clients), when the study has them
+        unseen = [k for k in ("unseen_test_acc", "participation_gap") if any(k in r for r in summary["rows"])]
         parts.append(
             _table(
                 [
@@ -458,6 +460,7 @@ def build_report(study: Study, out_dir: Path) -> Path:
                     "search value",
                     f"{space.objective} mean [95% CI]",
                     "personal_test_acc mean [95% CI]",
+                    *(f"{k} mean [95% CI]" for k in unseen),
                     f"Δ {space.objective} vs default [95% CI]",
                     "seeds",
                 ],
@@ -467,6 +470,7 @@ def build_report(study: Study, out_dir: Path) -> Path:
                         r.get("search_value"),
                         _interval(r.get(space.objective)),
                         _interval(r.get("personal_test_acc")),
+                        *(_interval(r.get(k)) for k in unseen),
                         _interval(r.get(f"diff_{space.objective}")),
                         len(r["seeds"]),
                     ]

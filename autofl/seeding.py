@@ -19,6 +19,8 @@ class SeedPurpose(IntEnum):
     CLIENT_SAMPLING = 0x5A3  # which clients a round samples
     ROUND_TORCH = 0x7011  # torch's global generator at the start of a round (dropout, init of spares)
     CLIENT_BATCHES = 0xB47  # a client's batch order in a round
+    HOLDOUT = 0x401D  # which clients data.holdout_clients keeps out of training
+    NEWCOMER_BATCHES = 0xE3C  # a held-out client's batch order when it is personalized at an evaluated round
 
 
 # the part that marks a stream named by a string (`named_stream`): two parts where numbered streams have one

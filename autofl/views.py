@@ -44,11 +44,14 @@ def reeval_table(summary: dict[str, Any]) -> Table:
         f"re-evaluation over {len(seeds)} fresh seeds ({seeds[0]}..{seeds[-1]}, {partition}): "
         f"mean ± 95% CI half-width; Δ = paired difference to the paper default"
     )
+    # clients held out of training (data.holdout_clients), when the study has them
+    unseen = [k for k in ("unseen_test_acc", "participation_gap") if any(k in row for row in summary["rows"])]
     table = Table(
         "config",
         "search",
         objective,
         "personal_test_acc",
+        *unseen,
         f"Δ {objective}",
         "Δ personal_test_acc",
         "seeds",
@@ -63,6 +66,7 @@ def reeval_table(summary: dict[str, Any]) -> Table:
             search,
             _interval(row.get(objective)),
             _interval(row.get("personal_test_acc")),
+            *(_interval(row.get(k), signed=k == "participation_gap") for k in unseen),
             _interval(row.get(f"diff_{objective}"), signed=True),
             _interval(row.get("diff_personal_test_acc"), signed=True),
             str(len(row["seeds"])),

@@ -20,7 +20,8 @@ def draws(gen: torch.Generator) -> list[int]:
 
 
 def test_the_core_seed_enum_names_only_the_engines_streams():
-    assert {p.name for p in SeedPurpose} == {"PARTITION", "CLIENT_SAMPLING", "ROUND_TORCH", "CLIENT_BATCHES"}
+    assert {p.name for p in SeedPurpose} == {
+        "PARTITION", "CLIENT_SAMPLING", "ROUND_TORCH", "CLIENT_BATCHES", "HOLDOUT", "NEWCOMER_BATCHES"}
 
 
 def test_a_named_stream_is_reproducible_and_apart_from_other_streams():

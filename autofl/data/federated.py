@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -29,6 +29,8 @@ class FederatedData:
     test_x: torch.Tensor  # the global test set
     test_y: torch.Tensor
     num_classes: int
+    # clients held out of training (data.holdout_clients): personalized as newcomers and tested
+    newcomers: list[ClientSplit] = field(default_factory=list)
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -46,6 +48,7 @@ class FederatedData:
             self.test_x.to(device, dtype),
             self.test_y.to(device),
             self.num_classes,
+            [ClientSplit(c.train.to(device), c.val.to(device), c.test.to(device)) for c in self.newcomers],
         )
 
 
@@ -114,4 +117,23 @@ def build_federated(raw: RawDataset, cfg: DataConfig, seed: int) -> FederatedDat
         test_x, test_y = x[union], y[union]
     else:
         test_x, test_y = raw.test_x, raw.test_y
-    return FederatedData(x, y, clients, test_x, test_y, raw.num_classes)
+    held = holdout_clients(cfg, seed)
+    return FederatedData(
+        x,
+        y,
+        [c for k, c in enumerate(clients) if k not in held],
+        test_x,
+        test_y,
+        raw.num_classes,
+        [clients[k] for k in sorted(held)],
+    )
+
+
+def holdout_clients(cfg: DataConfig, seed: int) -> set[int]:
+    """The clients `data.holdout_clients` keeps out of training: drawn from a stream of their own, so
+    the partition and every other client's split are those of the same config without a holdout."""
+    count = cfg.holdout_count()
+    if not count:
+        return set()
+    rng = np.random.default_rng([seed, int(SeedPurpose.HOLDOUT)])
+    return {int(k) for k in rng.choice(cfg.num_clients, size=count, replace=False)}

@@ -23,6 +23,11 @@ METRIC_KEYS = (
     "personal_test_acc_p10",
     "global_val_acc",
     "global_test_acc",
+    # data.holdout_clients: the held-out clients personalized as newcomers (autofl.engine.newcomers),
+    # and participation_gap = personal_test_acc - unseen_test_acc
+    "unseen_val_acc",
+    "unseen_test_acc",
+    "participation_gap",
     "train_loss",
     *COST_KEYS,
 )

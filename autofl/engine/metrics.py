@@ -8,8 +8,9 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from autofl.data.federated import FederatedData
+from autofl.data.federated import ClientSplit, FederatedData
 from autofl.engine.metric_keys import METRIC_KEYS  # noqa: F401  (a round's keys, named here as before)
+from autofl.engine.newcomers import Newcomer
 from autofl.engine.server import MethodHooks, ServerState
 from autofl.engine.state import StateDict
 from autofl.models.parts import SplitModel
@@ -53,22 +54,36 @@ def _per_client(name: str, correct: list[int], sizes: list[int]) -> dict[str, fl
 
 
 @torch.no_grad()
-def evaluate(sim: Evaluated) -> dict[str, float]:
+def personal_counts(
+    sim: Evaluated, splits: list[ClientSplit], states: list[dict[str, Any]], newcomers: list[Newcomer] | None = None
+) -> tuple[list[int], list[int], list[int], list[int]]:
+    """Correct predictions of each client's personal model (its state beside its split; a held-out
+    client's from `newcomers`) on its val and test split, and the splits' sizes: (val_correct,
+    test_correct, val_sizes, test_sizes)."""
     method, model, data, server = sim.method, sim.model, sim.data, sim.server_state
     model.eval()
     val_correct, test_correct = [], []
-    val_sizes, test_sizes = [], []
     loaded_global = False
-    for cid, split in enumerate(data.clients):
-        state = sim.client_states.get(cid, {})
-        if not (method.personal_is_global and loaded_global):
+    for k, (split, state) in enumerate(zip(splits, states)):
+        if newcomers is not None:
+            method.load_newcomer(model, newcomers[k].trained, state, server)
+            model.eval()
+        elif not (method.personal_is_global and loaded_global):
             method.load_personal(model, sim.global_state, state, server)
             loaded_global = method.personal_is_global
         predict = lambda x, s=state: method.predict(model, x, s, server)  # noqa: E731
         val_correct.append(count_correct(predict, data.x[split.val], data.y[split.val]))
         test_correct.append(count_correct(predict, data.x[split.test], data.y[split.test]))
-        val_sizes.append(len(split.val))
-        test_sizes.append(len(split.test))
+    return val_correct, test_correct, [len(s.val) for s in splits], [len(s.test) for s in splits]
+
+
+@torch.no_grad()
+def evaluate(sim: Evaluated, newcomers: list[Newcomer] | None = None) -> dict[str, float]:
+    """A round's metrics. `newcomers`: the held-out clients after their newcomer training
+    (autofl.engine.newcomers), for the unseen_* metrics and the participation gap."""
+    method, model, data, server = sim.method, sim.model, sim.data, sim.server_state
+    states = [sim.client_states.get(cid, {}) for cid in range(len(data.clients))]
+    val_correct, test_correct, val_sizes, test_sizes = personal_counts(sim, data.clients, states)
     # a split with no samples (data.split.val: 0 or test: 0) has no accuracy: its keys are left out,
     # as the global ones are for methods without a global model, rather than reported as 0.0
     out: dict[str, float] = {}
@@ -78,6 +93,16 @@ def evaluate(sim: Evaluated) -> dict[str, float]:
     if sum(test_sizes):
         out["personal_test_acc"] = sum(test_correct) / sum(test_sizes)
         out.update(_per_client("personal_test_acc", test_correct, test_sizes))
+    if data.newcomers and newcomers:
+        val_correct, test_correct, val_sizes, test_sizes = personal_counts(
+            sim, data.newcomers, [n.state for n in newcomers], newcomers
+        )
+        if sum(val_sizes):
+            out["unseen_val_acc"] = sum(val_correct) / sum(val_sizes)
+        if sum(test_sizes):
+            out["unseen_test_acc"] = sum(test_correct) / sum(test_sizes)
+            if "personal_test_acc" in out:  # what a client gains by taking part in training
+                out["participation_gap"] = out["personal_test_acc"] - out["unseen_test_acc"]
     if method.has_global_model:
         method.load_global(model, sim.global_state, server)
         predict_global = lambda x: method.predict_global(model, x, server)  # noqa: E731

@@ -25,6 +25,7 @@ from autofl.device import resolve_device
 from autofl.engine.cost import RunCost, round_samples, rounds_to_target, tensor_bytes, train_flops_per_sample
 from autofl.engine.executor import ClientJob, ClientOutcome, RoundPlan, Workspace, batch_cuts
 from autofl.engine.metrics import evaluate
+from autofl.engine.newcomers import personalize_newcomers
 from autofl.engine.plan import TrainedClient, Upload, check_trained_copies
 from autofl.engine.server import MethodClass, MethodHooks, ServerContext, ServerState, ServerUpdate
 from autofl.engine.state import StateDict, clone_state, map_tree
@@ -189,7 +190,7 @@ class Simulation:
             return None
         metrics: dict[str, float] = {
             "round": self.round,
-            **evaluate(self),
+            **evaluate(self, personalize_newcomers(self)),
             "train_loss": train_loss,
             **self.cost.metrics(self.round),
         }

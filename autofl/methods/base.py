@@ -300,6 +300,17 @@ class Method:
         """Logits of a client's personal model (already loaded into `model`)."""
         return model(x)
 
+    def load_newcomer(
+        self, model: SplitModel, trained: StateDict, client_state: dict[str, Any], server: ServerState
+    ) -> None:
+        """A held-out client's personal model (data.holdout_clients; `predict` then reads it with
+        `client_state`): `trained` is what its newcomer training left, the received global model
+        after eval.newcomer_epochs of this method's local step on its own data (the model as received
+        with 0 epochs); `client_state` what `keep_private` kept of it. Default: `trained`, the global
+        model fine-tuned on the client's own data. Override for a method that personalizes a newcomer
+        another way."""
+        model.load_state_dict(trained)
+
     def load_global(self, model: SplitModel, global_state: StateDict, server: ServerState) -> None:
         model.load_state_dict(global_state)
 

@@ -15,8 +15,22 @@ T = TypeVar("T")
 
 REPORTED_KEYS = (*METRIC_KEYS, "node_id")  # a round's metrics and the Ray node that trained it
 # what a study may optimize: validation metrics only (the test split is reported, never optimized)
-VALIDATION_OBJECTIVES = ("personal_val_acc", "personal_val_acc_p10", "personal_val_acc_std", "global_val_acc")
-TEST_METRICS = ("personal_test_acc", "personal_test_acc_std", "personal_test_acc_p10", "global_test_acc")
+VALIDATION_OBJECTIVES = (
+    "personal_val_acc",
+    "personal_val_acc_p10",
+    "personal_val_acc_std",
+    "global_val_acc",
+    "unseen_val_acc",
+)
+# participation_gap is read off the test splits: a test metric
+TEST_METRICS = (
+    "personal_test_acc",
+    "personal_test_acc_std",
+    "personal_test_acc_p10",
+    "global_test_acc",
+    "unseen_test_acc",
+    "participation_gap",
+)
 MODES = ("max", "min")
 
 

@@ -416,6 +416,15 @@ def validate_space(space: SearchSpace) -> None:
                     f"objective: method {m} has no global model, so global_val_acc is undefined; "
                     f"allowed: {', '.join(o for o in VALIDATION_OBJECTIVES if o != 'global_val_acc')}"
                 )
+    if "data.holdout_clients" not in space.params and not base.data.holdout_count():
+        unseen = [m for m in space.metrics if m.startswith("unseen_")]
+        unseen += [c.metric for c in space.parsed_constraints if c.metric.startswith("unseen_")]
+        if unseen:
+            raise ConfigError(
+                f"{'objective' if unseen[0] in space.metrics else 'constraints'}: {unseen[0]} needs clients held "
+                f"out of training, but base data.holdout_clients is 0; allowed: data.holdout_clients > 0 "
+                f"(a count or a fraction), or a personal_* metric"
+            )
     for i, constraint in enumerate(space.parsed_constraints):
         if constraint.metric.startswith("global_"):
             from autofl.methods.registry import get_method_class
