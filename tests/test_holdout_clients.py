@@ -107,3 +107,54 @@ def test_unseen_val_acc_may_be_the_objective_of_a_study_with_held_out_clients_on
         parse_space(_space({}, objective="unseen_val_acc"), "s.yaml")
     with pytest.raises(ConfigError, match="not a validation metric"):
         parse_space(_space({"holdout_clients": 2}, objective="unseen_test_acc"), "s.yaml")
+
+
+# ----- status, re-evaluation and the report show them ---------------------------------------------
+def test_status_shows_unseen_val_and_reeval_and_the_report_show_the_unseen_test_columns(tmp_path, capsys):
+    import io
+
+    import optuna
+    import yaml
+    from rich.console import Console
+
+    from autofl.cli import main
+    from autofl.tuning import reeval
+    from autofl.tuning.objectives import REPORTED_KEYS
+    from autofl.tuning.study import Study
+    from autofl.views import reeval_table
+
+    assert set(UNSEEN) <= set(REPORTED_KEYS)  # what the ledger keeps of a trial's last result
+    home = tmp_path / "home"
+    root = home / "s"
+    root.mkdir(parents=True)
+    (root / "space.yaml").write_text(yaml.safe_dump({
+        "study": "s", "base": {"data": {"holdout_clients": 2}, "fl": {"rounds": 2, "lr": 0.05}},
+        "params": {"fl.lr": {"type": "float", "low": 0.001, "high": 1.0}}}))
+    ot = optuna.create_study(study_name="s", storage=f"sqlite:///{root / 'optuna.db'}", direction="maximize")
+    dist = {"fl.lr": optuna.distributions.FloatDistribution(0.001, 1.0)}
+    for lr, value in ((0.05, 0.8), (0.1, 0.9)):
+        ot.add_trial(optuna.trial.create_trial(params={"fl.lr": lr}, distributions=dist, value=value,
+                                               user_attrs={"round": 2, "unseen_val_acc": value - 0.1234}))
+    assert main(["status", "s", "--dir", str(home)]) == 0
+    out = capsys.readouterr().out
+    assert "unseen val" in out and "0.7766" in out and "unseen_test" not in out  # no test metric in status
+
+    study = Study(root)
+    chosen, runs = reeval.plan(study, seeds=2, top=1, vary_partition=False)
+    for run in runs:
+        gain = 0.05 if run.candidate.label != "default" else 0.0
+        reeval.record_run(study, run, {"round": 2, "personal_val_acc": 0.8 + gain, "personal_test_acc": 0.78 + gain,
+                                       "unseen_test_acc": 0.6 + gain + run.seed % 2 / 100,
+                                       "participation_gap": 0.18 - run.seed % 2 / 100})
+    summary = reeval.summarize(study, chosen, runs)
+    row = {r["candidate"]: r for r in summary["rows"]}
+    assert row["trial-1"]["unseen_test_acc"]["mean"] == pytest.approx(0.655)
+    assert row["default"]["participation_gap"]["mean"] == pytest.approx(0.175)
+    text = io.StringIO()
+    Console(file=text, width=250).print(reeval_table(summary))
+    assert "unseen_test_acc" in text.getvalue() and "participation_gap" in text.getvalue()
+    reeval.save_summary(study, summary)
+    assert main(["report", "s", "--dir", str(home), "-o", str(tmp_path / "out")]) == 0
+    page = (tmp_path / "out" / "report.html").read_text()
+    section = page[page.index("Re-evaluation over fresh seeds"):]
+    assert "unseen_test_acc mean [95% CI]" in section and "participation_gap mean [95% CI]" in section
