@@ -9,8 +9,12 @@ from __future__ import annotations
 import os
 import random
 import signal
+import sqlite3
 import subprocess
 import time
+
+from contextlib import closing
+from pathlib import Path
 
 from types import SimpleNamespace
 
@@ -23,15 +27,20 @@ from test_search_e2e import AUTOFL, run, space_file, study_record
 
 pytestmark = pytest.mark.slow
 KILLS = int(os.environ.get("AUTOFL_STRESS_KILLS", "10"))
-TRIALS = 256
+TRIALS = 128
 
 
-def _killed_after(args: list, seconds: float) -> int | None:
-    """Run autofl with `args`, SIGKILL its whole process group after `seconds`; its exit code if
-    it ended first."""
+def _killed_after(args: list, seconds: float, more_finished: int = 0, db: Path | None = None) -> int | None:
+    """Run autofl with `args`, SIGKILL its whole process group `seconds` after it starts or, with
+    `more_finished`, `seconds` after that many more trials finished in `db` (at most 120 s in); its
+    exit code if it ended first."""
     proc = subprocess.Popen([*AUTOFL, *map(str, args)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     try:
+        if more_finished:
+            target, deadline = _finished(db) + more_finished, time.monotonic() + 120
+            while _finished(db) < target and time.monotonic() < deadline and proc.poll() is None:
+                time.sleep(0.1)
         return proc.wait(timeout=seconds)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -39,28 +48,47 @@ def _killed_after(args: list, seconds: float) -> int | None:
         return None
 
 
+def _finished(db: Path) -> int:
+    """How many trials of the study in `db` are COMPLETE or PRUNED (read-only, without Optuna: cheap
+    enough to ask ten times a second)."""
+    if not db.is_file():
+        return 0
+    try:
+        with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)) as con:
+            return con.execute("SELECT COUNT(*) FROM trials WHERE state IN ('COMPLETE', 'PRUNED')").fetchone()[0]
+    except sqlite3.OperationalError:  # no tables yet
+        return 0
+
+
 def test_random_kills_and_resumes_end_with_exactly_the_requested_trials(tmp_path):
     rng = random.Random(20261122)
     home = tmp_path / "home"
-    # a whole run takes longer than all the kills together. Most trials stop at round 1 (~0.2 s each), so the
-    # first run alone finishes ~29 of them: with 32 trials CI (2026-11-26) finished the study in the third run,
-    # before its kill. With 256, the 10 kills end with 39 finished here (a 6x margin; the test takes ~115 s)
+    # a whole run takes longer than all the kills together: the 7 kills a few trials in leave about 7 x 6 = 42
+    # trials finished of 128 (with 32, CI (2026-11-26) finished the study in the third run, before its kill)
     space = space_file(tmp_path, "stress", trials=TRIALS, rounds=12)
     data = yaml.safe_load(space.read_text())
     # a checkpoint every round; one trial at a time, so each trial is judged against all earlier ones
     space.write_text(yaml.safe_dump({**data, "checkpoint_every_s": 0, "resources": {"cpu": 1, "max_concurrent": 1}}))
     made = lambda: (home / "stress" / "space.yaml").is_file()  # noqa: E731
-    moments = []  # seconds after start of each kill that happened
-    for _ in range(KILLS):
-        seconds = rng.uniform(0.5, 11.0)  # from before Ray is up to a few trials in
-        args = ["search", "--resume", "stress"] if made() else ["search", "--space", space]
-        if _killed_after([*args, "--dir", home], seconds) == 0:
-            break  # the study finished before this kill
-        moments.append(round(seconds, 1))
+    moments = []  # each kill that happened: seconds after start, or (trials finished first, seconds after)
     db = home / "stress" / "optuna.db"
-    done = [t for t in optuna.load_study(study_name="stress", storage=f"sqlite:///{db}").trials
-            if t.state.name in ("COMPLETE", "PRUNED")] if db.is_file() else []
-    print(f"killed after {moments} s, with {len(done)} of {TRIALS} trials finished")
+    for i in range(KILLS):
+        args = ["search", "--resume", "stress"] if made() else ["search", "--space", space]
+        # every third kill (the 2nd, 5th, 8th) before or while Ray starts; the others a few trials in,
+        # while a trial trains, checkpoints or is recorded: counted in finished trials, as a start takes
+        # 5-12 s on 2 cores (kills drawn in seconds alone came before every start's first trial on CI)
+        if i % 3 == 1:
+            moment = round(rng.uniform(0.5, 6.0), 1)
+            code = _killed_after([*args, "--dir", home], moment)
+        else:
+            moment = (rng.randint(1, 6), round(rng.uniform(0.0, 0.6), 2))
+            code = _killed_after([*args, "--dir", home], moment[1], more_finished=moment[0], db=db)
+        if code == 0:
+            break  # the study finished before this kill
+        assert code is None, (moments, moment, code)  # a run that failed on its own is no kill
+        moments.append(moment)
+    done = _finished(db)
+    print(f"killed at {moments}, with {done} of {TRIALS} trials finished")
     assert len(moments) >= min(KILLS, 3), moments  # the stress really killed drivers
     proc = run(["search", "--resume", "stress", "--dir", home] if made() else
                ["search", "--space", space, "--dir", home])
@@ -75,7 +103,10 @@ def test_random_kills_and_resumes_end_with_exactly_the_requested_trials(tmp_path
     assert len(set(tune_ids)) == len(tune_ids), moments  # no Tune trial recorded twice
     for t in real:  # every round a trial reached is recorded once, in order
         assert sorted(t.intermediate_values) == list(range(1, max(t.intermediate_values) + 1))
-    assert [_last_round(t) for t in real] == _uninterrupted_asha(real, data), moments
+    expected = _uninterrupted_asha(real, data)
+    assert [_last_round(t) for t in real] == expected, (moments, [
+        (t.number, _last_round(t), e, t.intermediate_values, {k: v for k, v in t.user_attrs.items() if "tune" in k})
+        for t, e in zip(real, expected) if _last_round(t) != e])
     # issue 42: the killed and resumed study is the one an uninterrupted run of its space and seed makes,
     # trial for trial: the same configs, per-round values and states, and no placeholder trial
     assert len(trials) == TRIALS, (moments, [(t.number, t.state.name, t.user_attrs) for t in trials])

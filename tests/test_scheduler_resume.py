@@ -52,8 +52,22 @@ def test_rungs_hold_the_studys_values_at_each_milestone(tmp_path):
     # a new trial at round 2 below the rung's cutoff (its median here) is stopped, above it continues
     assert _judge(asha, "new1", 2, 0.2) == TrialScheduler.STOP
     assert _judge(asha, "new2", 2, 0.6) == TrialScheduler.CONTINUE
-    # a resumed trial already judged at rung 2 is not judged there again
-    assert _judge(asha, "b", 2, 0.0) == TrialScheduler.CONTINUE
+    # a resumed trial already judged at a rung is not judged there again: `a` passed rung 2 (it reported
+    # round 4 after it), so it goes on whatever it reports now
+    assert _judge(asha, "a", 2, 0.0) == TrialScheduler.CONTINUE
+
+
+def test_a_trial_stopped_at_its_last_rung_by_a_killed_driver_stays_stopped(tmp_path):
+    """A driver killed after ASHA stopped a trial but before the trial ended leaves it with its value at
+    the rung: the next driver stops it at its first result (an uninterrupted run never trains it on),
+    and lets on a trial whose last rung let it continue."""
+    root = _study(tmp_path, {"a": {1: 0.4, 2: 0.5}, "low": {1: 0.3, 2: 0.3}, "high": {1: 0.6, 2: 0.7}})
+    asha = _asha(root)
+    # `low` was judged at rung 2 against `a` (0.3 < 0.5: stopped); restored from its round-2 checkpoint
+    assert _judge(asha, "low", 3, 0.9) == TrialScheduler.STOP
+    # `high` passed rung 2 (0.7 beats the rung's other values) and trains on
+    assert _judge(asha, "high", 3, 0.7) == TrialScheduler.CONTINUE
+    assert _judge(asha, "high", 4, 0.7) == TrialScheduler.CONTINUE  # judged at rung 4 as usual
 
 
 def test_minimized_objectives_are_recorded_and_judged_as_asha_does(tmp_path):

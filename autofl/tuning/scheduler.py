@@ -45,7 +45,7 @@ class StudyASHA(FIFOScheduler):
         self._rung_history: list[dict[float, dict[str, float]]] | None = None  # per bracket, from the ledger
 
     def __getstate__(self) -> dict[str, Any]:  # a restored driver rebuilds the rungs from the study
-        return {**self.__dict__, "_rung_history": None, "_numbers": {}}
+        return {**self.__dict__, "_rung_history": None, "_numbers": {}, "_seen": set()}
 
     def set_search_properties(self, metric: str | None, mode: str | None, **spec: Any) -> bool:
         if (self._metric and metric) or (self._mode and mode):
@@ -143,9 +143,43 @@ class StudyASHA(FIFOScheduler):
     def on_trial_result(self, tune_controller: Any, trial: Any, result: dict) -> str:
         if self._time_attr not in result or self._metric not in result:
             return TrialScheduler.CONTINUE
+        seen = self.__dict__.setdefault("_seen", set())
+        if trial.trial_id not in seen:  # its first result in this driver
+            seen.add(trial.trial_id)
+            if self._stopped_before(trial.trial_id):
+                return TrialScheduler.STOP
         if result[self._time_attr] >= self._max_t:
             return TrialScheduler.STOP  # finished; recorded when Tune reports it complete
         return self._record(trial.trial_id, result[self._time_attr], result[self._metric])
+
+    def _stopped_before(self, trial_id: str) -> bool:
+        """Whether an earlier driver's ASHA stopped this trial at its last rung, and was killed before
+        the trial ended (CI, 2026-11-27: a kill just after a decision): its value at that rung is in the
+        study, so it is not judged there again, and without this it ran on. The decision is the rung's
+        rule on the value against the rung's other values (the others it was judged against, when trials
+        run one at a time). Only the last rung a trial was judged at is unsettled: a trial that reported
+        a later round passed it."""
+        number = self._ledger.number_of(trial_id)
+        trial = next((t for t in self._ledger.trials() if t.number == number), None) if number is not None else None
+        if trial is None or not trial.intermediate_values:
+            return False
+        bracket = self.bracket_of(trial_id)
+        milestones = self._milestones[bracket]
+        judged: list[float] = []
+        last_judged: tuple[int, float] | None = None
+        for rnd in sorted(trial.intermediate_values):  # the rung each of its results was judged at
+            milestone = asha.rung_to_judge(milestones, rnd, judged) if rnd < self._max_t else None
+            if milestone is not None:
+                judged.append(milestone)
+                last_judged = (rnd, milestone)
+        if last_judged is None or last_judged[0] != max(trial.intermediate_values):
+            return False  # never judged, or it reported a round after its last rung: it passed
+        recorded = self.rungs_per_bracket[bracket].get(last_judged[1], {})
+        if trial_id not in recorded:
+            return False
+        others = [v for other, v in recorded.items() if other != trial_id]
+        assert self._mode is not None  # checked in on_trial_add
+        return asha.decide(others, recorded[trial_id], self._mode, self._rf)
 
     def on_trial_complete(self, tune_controller: Any, trial: Any, result: dict) -> None:
         if self._time_attr in result and self._metric in result:
