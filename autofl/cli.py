@@ -99,6 +99,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         f"final_state.pt",
         soft_wrap=True,
     )
+    if "harmed_frac" in last:  # eval.harmed_clients
+        console.print(
+            f"harmed clients: harmed_frac={_fmt(last.get('harmed_frac'))} (below training alone), "
+            f"harmed_vs_global={_fmt(last.get('harmed_vs_global'))} (below the FedAvg global model)",
+            soft_wrap=True,
+        )
     if "unseen_test_acc" in last:  # data.holdout_clients
         console.print(
             f"unseen clients ({exp.data.holdout_count()} held out, {exp.eval.newcomer_epochs} newcomer epochs): "

@@ -223,6 +223,12 @@ class EvalConfig(Strict):
     target_metric: Literal[TARGET_METRICS] = Field(  # type: ignore[valid-type]
         "personal_val_acc", description="the accuracy rounds_to_target watches"
     )
+    harmed_clients: bool = Field(
+        False,
+        description="report harmed_frac and harmed_vs_global: the share of clients whose personal test accuracy "
+        "is below their own training alone (the local method) / the FedAvg global model, references computed "
+        "once per partition and seed (a study caches them in its folder)",
+    )
     newcomer_epochs: int = Field(
         1,
         ge=0,

@@ -451,8 +451,12 @@ def build_report(study: Study, out_dir: Path) -> Path:
     if summary is not None:
         parts.append("<h2>Re-evaluation over fresh seeds</h2>")
         parts.append(f"<p class='verdict'>{html.escape(summary['verdict'])}</p>")
-        # clients held out of training (data.holdout_clients), when the study has them
-        unseen = [k for k in ("unseen_test_acc", "participation_gap") if any(k in r for r in summary["rows"])]
+        # clients held out of training (data.holdout_clients) and harmed clients (eval.harmed_clients)
+        unseen = [
+            k
+            for k in ("unseen_test_acc", "participation_gap", "harmed_frac", "harmed_vs_global")
+            if any(k in r for r in summary["rows"])
+        ]
         parts.append(
             _table(
                 [

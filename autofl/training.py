@@ -100,6 +100,12 @@ def run_training(
     sim.clients_done = on_clients
     if announce is not None:
         announce(sim.executor_line)
+    if exp.eval.harmed_clients:  # its references, two runs on the same partition and seed (not cached)
+        from autofl.harm_references import harm_reference
+
+        if announce is not None:
+            announce("eval.harmed_clients: training the references first (local and FedAvg, same partition and seed)")
+        sim.harm_reference = harm_reference(exp, device=sim.device)
     replacing = out.is_dir() and any(out.iterdir())
     work = out.with_name(f".{out.name}.new-{os.getpid()}") if replacing else out
     if replacing and announce is not None:

@@ -44,8 +44,12 @@ def reeval_table(summary: dict[str, Any]) -> Table:
         f"re-evaluation over {len(seeds)} fresh seeds ({seeds[0]}..{seeds[-1]}, {partition}): "
         f"mean ± 95% CI half-width; Δ = paired difference to the paper default"
     )
-    # clients held out of training (data.holdout_clients), when the study has them
-    unseen = [k for k in ("unseen_test_acc", "participation_gap") if any(k in row for row in summary["rows"])]
+    # clients held out of training (data.holdout_clients) and harmed clients (eval.harmed_clients), when reported
+    unseen = [
+        k
+        for k in ("unseen_test_acc", "participation_gap", "harmed_frac", "harmed_vs_global")
+        if any(k in row for row in summary["rows"])
+    ]
     table = Table(
         "config",
         "search",

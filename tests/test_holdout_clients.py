@@ -145,16 +145,18 @@ def test_status_shows_unseen_val_and_reeval_and_the_report_show_the_unseen_test_
         gain = 0.05 if run.candidate.label != "default" else 0.0
         reeval.record_run(study, run, {"round": 2, "personal_val_acc": 0.8 + gain, "personal_test_acc": 0.78 + gain,
                                        "unseen_test_acc": 0.6 + gain + run.seed % 2 / 100,
-                                       "participation_gap": 0.18 - run.seed % 2 / 100})
+                                       "participation_gap": 0.18 - run.seed % 2 / 100, "harmed_frac": 0.2})
     summary = reeval.summarize(study, chosen, runs)
     row = {r["candidate"]: r for r in summary["rows"]}
     assert row["trial-1"]["unseen_test_acc"]["mean"] == pytest.approx(0.655)
     assert row["default"]["participation_gap"]["mean"] == pytest.approx(0.175)
     text = io.StringIO()
     Console(file=text, width=250).print(reeval_table(summary))
-    assert "unseen_test_acc" in text.getvalue() and "participation_gap" in text.getvalue()
+    assert all(k in text.getvalue() for k in ("unseen_test_acc", "participation_gap", "harmed_frac"))
+    assert "harmed_vs_global" not in text.getvalue()  # no run reported it
     reeval.save_summary(study, summary)
     assert main(["report", "s", "--dir", str(home), "-o", str(tmp_path / "out")]) == 0
     page = (tmp_path / "out" / "report.html").read_text()
     section = page[page.index("Re-evaluation over fresh seeds"):]
     assert "unseen_test_acc mean [95% CI]" in section and "participation_gap mean [95% CI]" in section
+    assert "harmed_frac mean [95% CI]" in section

@@ -28,6 +28,9 @@ METRIC_KEYS = (
     "unseen_val_acc",
     "unseen_test_acc",
     "participation_gap",
+    # eval.harmed_clients: the share of clients below their local-only / FedAvg-global accuracy (autofl.engine.harm)
+    "harmed_frac",
+    "harmed_vs_global",
     "train_loss",
     *COST_KEYS,
 )

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from autofl.data.federated import ClientSplit, FederatedData
+from autofl.engine.harm import HarmReference, client_accuracies, harmed_metrics
 from autofl.engine.metric_keys import METRIC_KEYS  # noqa: F401  (a round's keys, named here as before)
 from autofl.engine.newcomers import Newcomer
 from autofl.engine.server import MethodHooks, ServerState
@@ -78,9 +79,12 @@ def personal_counts(
 
 
 @torch.no_grad()
-def evaluate(sim: Evaluated, newcomers: list[Newcomer] | None = None) -> dict[str, float]:
+def evaluate(
+    sim: Evaluated, newcomers: list[Newcomer] | None = None, harm: HarmReference | None = None
+) -> dict[str, float]:
     """A round's metrics. `newcomers`: the held-out clients after their newcomer training
-    (autofl.engine.newcomers), for the unseen_* metrics and the participation gap."""
+    (autofl.engine.newcomers), for the unseen_* metrics and the participation gap; `harm`: the
+    per-client references of harmed_frac and harmed_vs_global (autofl.engine.harm)."""
     method, model, data, server = sim.method, sim.model, sim.data, sim.server_state
     states = [sim.client_states.get(cid, {}) for cid in range(len(data.clients))]
     val_correct, test_correct, val_sizes, test_sizes = personal_counts(sim, data.clients, states)
@@ -93,6 +97,8 @@ def evaluate(sim: Evaluated, newcomers: list[Newcomer] | None = None) -> dict[st
     if sum(test_sizes):
         out["personal_test_acc"] = sum(test_correct) / sum(test_sizes)
         out.update(_per_client("personal_test_acc", test_correct, test_sizes))
+        if harm is not None:
+            out.update(harmed_metrics(client_accuracies(test_correct, test_sizes), harm))
     if data.newcomers and newcomers:
         val_correct, test_correct, val_sizes, test_sizes = personal_counts(
             sim, data.newcomers, [n.state for n in newcomers], newcomers
@@ -112,3 +118,19 @@ def evaluate(sim: Evaluated, newcomers: list[Newcomer] | None = None) -> dict[st
         if len(data.test_y):
             out["global_test_acc"] = count_correct(predict_global, data.test_x, data.test_y) / len(data.test_y)
     return out
+
+
+@torch.no_grad()
+def client_test_accuracies(sim: Evaluated, global_model: bool) -> list[float | None]:
+    """Each training client's accuracy on its own test split: of its personal model, or (with
+    `global_model`) of the method's global model (None for a client without test samples)."""
+    method, model, data, server = sim.method, sim.model, sim.data, sim.server_state
+    if not global_model:
+        states = [sim.client_states.get(cid, {}) for cid in range(len(data.clients))]
+        _, test_correct, _, test_sizes = personal_counts(sim, data.clients, states)
+        return client_accuracies(test_correct, test_sizes)
+    method.load_global(model, sim.global_state, server)
+    model.eval()
+    predict = lambda x: method.predict_global(model, x, server)  # noqa: E731
+    correct = [count_correct(predict, data.x[c.test], data.y[c.test]) for c in data.clients]
+    return client_accuracies(correct, [len(c.test) for c in data.clients])

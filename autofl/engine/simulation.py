@@ -24,6 +24,7 @@ from autofl.data.federated import FederatedData, build_federated
 from autofl.device import resolve_device
 from autofl.engine.cost import RunCost, round_samples, rounds_to_target, tensor_bytes, train_flops_per_sample
 from autofl.engine.executor import ClientJob, ClientOutcome, RoundPlan, Workspace, batch_cuts
+from autofl.engine.harm import HarmReference
 from autofl.engine.metrics import evaluate
 from autofl.engine.newcomers import personalize_newcomers
 from autofl.engine.plan import TrainedClient, Upload, check_trained_copies
@@ -74,6 +75,8 @@ class Simulation:
         self.server_state: ServerState = self.method.State()  # the method's server-side state
         # a progress display's hook: told how many more of this round's clients finished training
         self.clients_done: Callable[[int], None] | None = None
+        # eval.harmed_clients: the per-client references harmed_frac compares with (autofl.harm_references)
+        self.harm_reference: HarmReference | None = None
         self._set_round_seed()
         self.apply(self.method.init_server(self.server_context(trained=False)))
 
@@ -190,7 +193,7 @@ class Simulation:
             return None
         metrics: dict[str, float] = {
             "round": self.round,
-            **evaluate(self, personalize_newcomers(self)),
+            **evaluate(self, personalize_newcomers(self), self.harm_reference),
             "train_loss": train_loss,
             **self.cost.metrics(self.round),
         }

@@ -22,7 +22,7 @@ VALIDATION_OBJECTIVES = (
     "global_val_acc",
     "unseen_val_acc",
 )
-# participation_gap is read off the test splits: a test metric
+# participation_gap and the harmed fractions are read off the test splits: test metrics
 TEST_METRICS = (
     "personal_test_acc",
     "personal_test_acc_std",
@@ -30,6 +30,8 @@ TEST_METRICS = (
     "global_test_acc",
     "unseen_test_acc",
     "participation_gap",
+    "harmed_frac",
+    "harmed_vs_global",
 )
 MODES = ("max", "min")
 

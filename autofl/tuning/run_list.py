@@ -14,7 +14,7 @@ from ray.tune import Callback
 
 from autofl.tuning import interrupt
 from autofl.tuning.ray_start import init_ray
-from autofl.tuning.study import Study
+from autofl.tuning.study import REFERENCE_DIR, Study
 from autofl.tuning.trainable import RunListTrainable
 from autofl.tuning.tune_run import study_trainable
 
@@ -50,7 +50,11 @@ def run_configs(
     space = study.space()
     init_ray(address)
     trainable = study_trainable(
-        space, RunListTrainable, runs=configs, checkpoint_every_s=math.inf
+        space,
+        RunListTrainable,
+        runs=configs,
+        checkpoint_every_s=math.inf,
+        reference_dir=str(study.root / REFERENCE_DIR),
     )  # a run is re-run, not restored, after a kill
     recorder = _Recorder(on_done)
     tuner = tune.Tuner(

@@ -22,6 +22,7 @@ from autofl.tuning.strategy_spec import SAMPLER_OPTIONS, SamplerSpec
 HOME_ENV = "AUTOFL_HOME"
 SPACE_FILE = "space.yaml"
 META_FILE = "study.json"
+REFERENCE_DIR = "references"  # eval.harmed_clients: the references trials compare with (autofl.harm_references)
 TUNE_DIR = "tune"
 FINISHED = ("COMPLETE", "PRUNED", "FAIL")
 DEFAULT_SAMPLER_KEY = "default_sampler"  # study.json: the default sampler when the space names none

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -66,8 +67,10 @@ class FLTrainable(tune.Trainable):
         threads: int = 1,
         checkpoint_every_s: float = 0.0,
         method_base: dict[str, dict[str, Any]] | None = None,
+        reference_dir: str | None = None,
     ) -> None:
         torch.set_num_threads(max(1, threads))
+        self._reference_dir = reference_dir  # where eval.harmed_clients' references are cached (the study's)
         load_plugins()  # this worker's process sees the methods, models, datasets of installed plugins
         self._base, self._raw, self._method_base = base or {}, raw_data, method_base or {}
         self._checkpoint_every_s = checkpoint_every_s
@@ -80,7 +83,14 @@ class FLTrainable(tune.Trainable):
         exp = build_experiment(experiment_dict(self._base, config, self._method_base))
         # the shared dataset, unless the dataset itself is searched: then this trial loads its own
         raw = self._raw if self._raw is not None and self._raw.name == exp.data.dataset else None
-        return Simulation(exp, get_method_class(exp.method.name), raw=raw, device=trial_device())
+        sim = Simulation(exp, get_method_class(exp.method.name), raw=raw, device=trial_device())
+        if exp.eval.harmed_clients:  # the study's references for this partition and seed, with the base's training
+            from autofl.config import FLConfig
+            from autofl.harm_references import harm_reference
+
+            folder = Path(self._reference_dir) if self._reference_dir else None
+            sim.harm_reference = harm_reference(exp, FLConfig(**self._base.get("fl", {})), folder, raw, sim.device)
+        return sim
 
     def reset_config(self, new_config: dict[str, Any]) -> bool:
         """Reuse this worker for the next trial (no new process, no second torch import)."""
