@@ -17,6 +17,9 @@ from typing import Iterator
 
 DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "scontrol", "squeue", "scancel")
 START_TIMEOUT_S = 60
+# the states of a job that ran and will not run again (scontrol shows them for MinJobAge)
+ENDED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
+                   "DEADLINE", "PREEMPTED", "GONE"})
 
 
 @dataclass
@@ -33,10 +36,21 @@ class SlurmCluster:
         return subprocess.run(list(args), capture_output=True, text=True, env=self.env, timeout=60, check=check)
 
     def job_state(self, job_id: str) -> tuple[str, str]:
-        """(state, reason) of a job SLURM still knows, else ("GONE", "")."""
-        proc = self.run("squeue", "-h", "-j", job_id, "-o", "%T %r", check=False)
-        fields = proc.stdout.split()
-        return (fields[0], fields[1] if len(fields) > 1 else "") if proc.returncode == 0 and fields else ("GONE", "")
+        """(state, reason) of a job SLURM still knows (COMPLETED and the other ends included, for
+        MinJobAge), else ("GONE", ""). A controller that does not answer is asked again: CI (2 cores,
+        a search beside the job) once read a timed-out query as the job's end."""
+        for _ in range(30):
+            proc = self.run("scontrol", "show", "job", "-o", job_id, check=False)
+            if proc.returncode == 0:
+                fields = dict(f.split("=", 1) for f in proc.stdout.split() if "=" in f)
+                return fields["JobState"], fields.get("Reason", "")
+            if "Invalid job id" in proc.stderr:
+                return "GONE", ""
+            time.sleep(1.0)
+        raise AssertionError(f"scontrol show job {job_id} failed 30 times: {proc.stderr}")
+
+    def job_ended(self, job_id: str) -> bool:
+        return self.job_state(job_id)[0] in ENDED
 
 
 def _free_port() -> int:

@@ -151,14 +151,14 @@ def test_a_signalled_study_is_requeued_and_ends_as_an_uninterrupted_run(slurm, t
         except KeyError:  # not created yet
             return 0
 
-    wait_until(lambda: finished() >= 1 or slurm.job_state(job)[0] == "GONE", "the first trial")
+    wait_until(lambda: finished() >= 1 or slurm.job_ended(job), "the first trial")
     assert finished() < 4 and slurm.job_state(job)[0] == "RUNNING", out.read_text()[-3000:]
     slurm.run("scancel", "--signal=USR1", "--batch", job)  # what SLURM sends signal_before_s before the limit
     before = {t.number: (t.state.name, t.params, t.value) for t in trials_of(url, "hpc") if t.state.is_finished()}
-    wait_until(lambda: slurm.job_state(job)[0] in ("PENDING", "GONE"), "the requeue")
+    wait_until(lambda: slurm.job_state(job)[0] == "PENDING" or slurm.job_ended(job), "the requeue")
     assert slurm.job_state(job)[0] == "PENDING", out.read_text()[-3000:]
     slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")  # SLURM holds a requeued job back 2 min
-    wait_until(lambda: slurm.job_state(job)[0] == "GONE", "the requeued job's end", seconds=600)
+    wait_until(lambda: slurm.job_ended(job), "the requeued job's end", seconds=600)
     log = out.read_text()
     assert "time limit is near" in log and f"requeueing job {job}" in log and "(run 2)" in log, log[-3000:]
     assert "autofl search exited with 0" in log, log[-3000:]
