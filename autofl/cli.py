@@ -283,10 +283,11 @@ def _print_status(study) -> None:
     console.print("trials: " + (", ".join(f"{v} {k.lower()}" for k, v in sorted(counts.items())) or "none"))
     summary = study.reeval_summary()
     if summary is not None:
-        from autofl.views import reeval_table
+        from autofl.views import reeval_table, report_card_table
 
         console.print(reeval_table(summary))
         console.print(f"verdict: {summary['verdict']}", soft_wrap=True)
+        console.print(report_card_table(summary))
 
 
 def cmd_studies(args: argparse.Namespace) -> int:
@@ -369,10 +370,11 @@ def _reevaluate(
     summary = study.reevaluate(
         seeds, top, vary_partition=vary_partition, address=address, verbose=verbose, on_plan=on_plan, on_done=on_done
     )
-    from autofl.views import reeval_table
+    from autofl.views import reeval_table, report_card_table
 
     show.print(reeval_table(summary))
     show.print(f"verdict: {summary['verdict']}", soft_wrap=True)
+    show.print(report_card_table(summary))
     return summary
 
 

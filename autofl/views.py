@@ -44,18 +44,11 @@ def reeval_table(summary: dict[str, Any]) -> Table:
         f"re-evaluation over {len(seeds)} fresh seeds ({seeds[0]}..{seeds[-1]}, {partition}): "
         f"mean ± 95% CI half-width; Δ = paired difference to the paper default"
     )
-    # clients held out of training (data.holdout_clients) and harmed clients (eval.harmed_clients), when reported
-    unseen = [
-        k
-        for k in ("unseen_test_acc", "participation_gap", "harmed_frac", "harmed_vs_global")
-        if any(k in row for row in summary["rows"])
-    ]
     table = Table(
         "config",
         "search",
         objective,
         "personal_test_acc",
-        *unseen,
         f"Δ {objective}",
         "Δ personal_test_acc",
         "seeds",
@@ -70,10 +63,59 @@ def reeval_table(summary: dict[str, Any]) -> Table:
             search,
             _interval(row.get(objective)),
             _interval(row.get("personal_test_acc")),
-            *(_interval(row.get(k), signed=k == "participation_gap") for k in unseen),
             _interval(row.get(f"diff_{objective}"), signed=True),
             _interval(row.get("diff_personal_test_acc"), signed=True),
             str(len(row["seeds"])),
             format_params(row["params"]) or "(paper default)",
         )
+    return table
+
+
+# the report card (issue 40): per re-evaluated config, mean and 95% CI over seeds of what a pFL
+# reviewer reads, a column where some config reported it: (metric, title, format of the mean)
+CARD_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("personal_test_acc", "test acc (sample-weighted)"),
+    ("personal_test_acc_unweighted", "test acc (client mean)"),
+    ("personal_test_acc_std", "std over clients"),
+    ("personal_test_acc_p10", "p10 client"),
+    ("unseen_test_acc", "unseen clients"),
+    ("participation_gap", "participation gap"),
+    ("harmed_frac", "harmed (vs local)"),
+    ("harmed_vs_global", "harmed (vs FedAvg)"),
+    ("upload_bytes_per_round", "upload/round"),
+    ("download_bytes_per_round", "download/round"),
+    ("flops_per_round", "FLOPs/round"),
+)
+
+
+def report_card(summary: dict[str, Any], bounds: bool = False) -> tuple[list[str], list[list[str]]]:
+    """The report card's header and rows (text): config, then each CARD_COLUMNS metric some config
+    has, as `mean ± h` (or `mean [low, high]` with `bounds`); bytes and FLOPs as their mean."""
+    from autofl.units import format_bytes, format_flops
+
+    rows = summary["rows"]
+    columns = [(k, title) for k, title in CARD_COLUMNS if any(k in r for r in rows)]
+
+    def cell(key: str, stat: dict[str, float] | None) -> str:
+        if stat is None:
+            return "-"
+        if key.endswith("bytes_per_round"):
+            return format_bytes(stat["mean"])
+        if key == "flops_per_round":
+            return format_flops(stat["mean"])
+        return format_interval(stat, signed=key == "participation_gap", bounds=bounds)
+
+    body = [
+        [r["candidate"] + (" (best)" if r["candidate"] == summary["best"] else "")]
+        + [cell(k, r.get(k)) for k, _ in columns]
+        for r in rows
+    ]
+    return ["config", *(title for _, title in columns)], body
+
+
+def report_card_table(summary: dict[str, Any]) -> Table:
+    header, body = report_card(summary)
+    table = Table(*header, title=f"report card: mean ± 95% CI over {len(summary['seeds'])} seeds, test splits")
+    for row in body:
+        table.add_row(*row)
     return table

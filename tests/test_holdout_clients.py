@@ -121,7 +121,7 @@ def test_status_shows_unseen_val_and_reeval_and_the_report_show_the_unseen_test_
     from autofl.tuning import reeval
     from autofl.tuning.objectives import REPORTED_KEYS
     from autofl.tuning.study import Study
-    from autofl.views import reeval_table
+    from autofl.views import reeval_table, report_card, report_card_table
 
     assert set(UNSEEN) <= set(REPORTED_KEYS)  # what the ledger keeps of a trial's last result
     home = tmp_path / "home"
@@ -150,13 +150,18 @@ def test_status_shows_unseen_val_and_reeval_and_the_report_show_the_unseen_test_
     row = {r["candidate"]: r for r in summary["rows"]}
     assert row["trial-1"]["unseen_test_acc"]["mean"] == pytest.approx(0.655)
     assert row["default"]["participation_gap"]["mean"] == pytest.approx(0.175)
+    header, body = report_card(summary)
+    assert header == ["config", "test acc (sample-weighted)", "unseen clients", "participation gap", "harmed (vs local)"]
+    assert body[1][0] == "trial-1 (best)" and body[1][4] == "0.2000 ± 0.0000"  # the same in both seeds
+    unseen = row["trial-1"]["unseen_test_acc"]
+    assert body[1][2] == f"{unseen['mean']:.4f} ± {unseen['ci_high'] - unseen['mean']:.4f}"
+    assert body[0][3].startswith("+0.1750 ± ")  # the gap is signed
     text = io.StringIO()
-    Console(file=text, width=250).print(reeval_table(summary))
-    assert all(k in text.getvalue() for k in ("unseen_test_acc", "participation_gap", "harmed_frac"))
-    assert "harmed_vs_global" not in text.getvalue()  # no run reported it
+    Console(file=text, width=250).print(reeval_table(summary), report_card_table(summary))
+    assert "unseen clients" in text.getvalue() and "harmed (vs FedAvg)" not in text.getvalue()  # none reported it
     reeval.save_summary(study, summary)
     assert main(["report", "s", "--dir", str(home), "-o", str(tmp_path / "out")]) == 0
     page = (tmp_path / "out" / "report.html").read_text()
-    section = page[page.index("Re-evaluation over fresh seeds"):]
-    assert "unseen_test_acc mean [95% CI]" in section and "participation_gap mean [95% CI]" in section
-    assert "harmed_frac mean [95% CI]" in section
+    card = page[page.index("<h2>Report card</h2>"):]
+    assert "unseen clients" in card and "participation gap" in card and "harmed (vs local)" in card
+    assert f"[{unseen['ci_low']:.4f}, {unseen['ci_high']:.4f}]" in card  # the report shows the CI's bounds

@@ -6,6 +6,7 @@ from autofl.experiment import load_experiment
 from conftest import read_metrics
 
 METRIC_KEYS = {"round", "personal_val_acc", "personal_val_acc_std", "personal_val_acc_p10", "personal_test_acc", "personal_test_acc_std", "personal_test_acc_p10",
+               "personal_val_acc_unweighted", "personal_test_acc_unweighted",
                "global_val_acc", "global_test_acc", "train_loss", "upload_bytes", "download_bytes",
                "upload_bytes_per_round", "download_bytes_per_round", "train_flops", "flops_per_round"}
 

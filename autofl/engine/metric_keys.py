@@ -16,9 +16,11 @@ COST_KEYS = (
 METRIC_KEYS = (
     "round",
     "personal_val_acc",
+    "personal_val_acc_unweighted",
     "personal_val_acc_std",
     "personal_val_acc_p10",
     "personal_test_acc",
+    "personal_test_acc_unweighted",
     "personal_test_acc_std",
     "personal_test_acc_p10",
     "global_val_acc",

@@ -47,11 +47,15 @@ def count_correct(predict: Callable[[torch.Tensor], torch.Tensor], x: torch.Tens
 
 
 def _per_client(name: str, correct: list[int], sizes: list[int]) -> dict[str, float]:
-    """The spread of per-client accuracies (clients holding samples of that split): `<name>_std`
-    (population std) and `<name>_p10`, the 10th percentile (the worst-decile client, a fairness
-    objective)."""
+    """Per-client accuracies (clients holding samples of that split) summarized: `<name>_unweighted`
+    (their mean, every client counted once: pFL-Bench's unweighted mean), `<name>_std` (population
+    std) and `<name>_p10`, the 10th percentile (the worst-decile client, a fairness objective)."""
     acc = np.array([c / n for c, n in zip(correct, sizes) if n > 0])  # evaluate() calls it for splits with samples
-    return {f"{name}_std": float(acc.std()), f"{name}_p10": float(np.percentile(acc, 10))}
+    return {
+        f"{name}_unweighted": float(acc.mean()),
+        f"{name}_std": float(acc.std()),
+        f"{name}_p10": float(np.percentile(acc, 10)),
+    }
 
 
 @torch.no_grad()

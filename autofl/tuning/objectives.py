@@ -17,6 +17,7 @@ REPORTED_KEYS = (*METRIC_KEYS, "node_id")  # a round's metrics and the Ray node 
 # what a study may optimize: validation metrics only (the test split is reported, never optimized)
 VALIDATION_OBJECTIVES = (
     "personal_val_acc",
+    "personal_val_acc_unweighted",
     "personal_val_acc_p10",
     "personal_val_acc_std",
     "global_val_acc",
@@ -25,6 +26,7 @@ VALIDATION_OBJECTIVES = (
 # participation_gap and the harmed fractions are read off the test splits: test metrics
 TEST_METRICS = (
     "personal_test_acc",
+    "personal_test_acc_unweighted",
     "personal_test_acc_std",
     "personal_test_acc_p10",
     "global_test_acc",

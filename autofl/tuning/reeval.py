@@ -29,6 +29,8 @@ from autofl.tuning.objectives import TEST_METRICS, best, best_first, gain
 from autofl.tuning.study import Study
 
 REEVAL_DIR = "reeval"
+# what a round ships and computes, on the report card beside the test metrics
+CARD_COST_KEYS = ("upload_bytes_per_round", "download_bytes_per_round", "flops_per_round")
 SEED_OFFSET = 1000  # fresh seeds start here, above any seed a study is likely to have searched with
 DEFAULT_LABEL = "default"
 from autofl.tuning.reeval_limits import MAX_SEEDS, MAX_TOP, check_reeval_size  # noqa: E402,F401
@@ -199,7 +201,7 @@ def summarize(study: Study, chosen: list[Candidate], runs: list[Run]) -> dict[st
             "seeds": sorted(per_seed),
             "config": resolved_config(space, c.params),  # what `best-config export` writes, read without torch
         }
-        for metric in (space.objective, *TEST_METRICS):
+        for metric in (space.objective, *TEST_METRICS, *CARD_COST_KEYS):
             values = [m[metric] for m in per_seed.values() if metric in m]
             if values:
                 row[metric] = t_interval(values)
