@@ -113,9 +113,10 @@ class DataConfig(Strict):
     num_clients: int = Field(10, ge=1)
     split: SplitConfig = Field(default_factory=SplitConfig)
     min_size: int = Field(10, ge=0, description="dirichlet: fewest samples a client may hold")
-    holdout_clients: int | float = Field(
+    holdout_clients: float = Field(
         0,
         ge=0,
+        allow_inf_nan=False,
         description="clients kept out of training altogether and tested as newcomers (unseen_* metrics): "
         "a count, or a fraction of num_clients below 1 (at least one client); 0: none",
     )
@@ -139,22 +140,21 @@ class DataConfig(Strict):
 
     @field_validator("holdout_clients")
     @classmethod
-    def _count_or_fraction(cls, value: int | float) -> int | float:
-        if isinstance(value, float) and value >= 1:
-            if not value.is_integer():
-                raise ValueError(
-                    f"{value:g} is neither a count nor a fraction; allowed: a count (0, 1, 2 ...) "
-                    "or a fraction of num_clients below 1"
-                )
-            return int(value)
+    def _count_or_fraction(cls, value: float) -> float:
+        if value >= 1 and not value.is_integer():
+            raise ValueError(
+                f"{value:g} is neither a count nor a fraction; allowed: a count (0, 1, 2 ...) or a fraction "
+                "of num_clients below 1"
+            )
         return value
 
     def holdout_count(self) -> int:
-        """How many of the num_clients clients are held out (a fraction rounds half up, to at least 1)."""
+        """How many of the num_clients clients are held out: a count (1 or more), or a fraction (below 1)
+        of num_clients rounded half up, to at least 1."""
         value = self.holdout_clients
-        if isinstance(value, float):
-            return max(1, math.floor(value * self.num_clients + 0.5)) if value > 0 else 0
-        return value
+        if value >= 1:
+            return int(value)
+        return max(1, math.floor(value * self.num_clients + 0.5)) if value > 0 else 0
 
     def training_clients(self) -> int:
         """The clients that take part in training: num_clients less the held-out ones."""
