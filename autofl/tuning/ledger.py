@@ -187,25 +187,26 @@ class Ledger:
         trials = study.get_trials(deepcopy=False)
         return trials if states is None else [t for t in trials if t.state.name in states]
 
-    def number_of(self, tune_trial_id: str) -> int | None:
-        """The Optuna trial number of a Tune trial id (the latest, if several runs used the id)."""
+    def trial_of(self, tune_trial_id: str) -> Any | None:
+        """The FrozenTrial of a Tune trial id (the latest, if several runs used the id), else None."""
         for t in reversed(self.trials()):
             if t.user_attrs.get("tune_trial_id") == tune_trial_id:
-                return t.number
+                return t
         return None
 
+    def number_of(self, tune_trial_id: str) -> int | None:
+        """The Optuna trial number of a Tune trial id (the latest, if several runs used the id)."""
+        trial = self.trial_of(tune_trial_id)
+        return None if trial is None else trial.number
+
     def state_of(self, tune_trial_id: str) -> str | None:
-        for t in reversed(self.trials()):
-            if t.user_attrs.get("tune_trial_id") == tune_trial_id:
-                return t.state.name
-        return None
+        trial = self.trial_of(tune_trial_id)
+        return None if trial is None else trial.state.name
 
     def feasible_of(self, tune_trial_id: str) -> bool:
         """Whether the trial meets the study's constraints (True where it has none, or is unknown)."""
-        for t in reversed(self.trials()):
-            if t.user_attrs.get("tune_trial_id") == tune_trial_id:
-                return t.user_attrs.get("feasible") is not False
-        return True
+        trial = self.trial_of(tune_trial_id)
+        return trial is None or trial.user_attrs.get("feasible") is not False
 
     def finished_in_run(self, run_name: str) -> set[str]:
         """Tune trial ids of the trials that `run_name` ran and the study has finished."""

@@ -159,8 +159,7 @@ class StudyASHA(FIFOScheduler):
         rule on the value against the rung's other values (the others it was judged against, when trials
         run one at a time). Only the last rung a trial was judged at is unsettled: a trial that reported
         a later round passed it."""
-        number = self._ledger.number_of(trial_id)
-        trial = next((t for t in self._ledger.trials() if t.number == number), None) if number is not None else None
+        trial = self._ledger.trial_of(trial_id)  # one read of the study
         if trial is None or not trial.intermediate_values:
             return False
         bracket = self.bracket_of(trial_id)
