@@ -30,7 +30,7 @@ _ROUND_COLUMNS = ("round", "train_loss", "personal_val_acc", "personal_test_acc"
 # `autofl status`'s columns beside the objective, shown once some trial reported them: clients held
 # out of training (validation only: status is read during a search), then the cost (reported key,
 # column title, format)
-_COST_COLUMNS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
+_STATUS_COLUMNS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
     ("unseen_val_acc", "unseen val", lambda v: _fmt(v)),
     ("upload_bytes_per_round", "upload/round", format_bytes),
     ("download_bytes_per_round", "download/round", format_bytes),
@@ -224,14 +224,14 @@ def _print_status(study) -> None:
 
     rows = study.trials()  # each row's state as shown: INTERRUPTED for what a stopped driver left
     space = study.stored_space  # a view: no experiment built, so no torch
-    # what each trial cost (autofl.engine.cost), shown once some trial reported it (older studies did not)
-    cost = [c for c in _COST_COLUMNS if any(r["user_attrs"].get(c[0]) is not None for r in rows)]
+    # unseen clients and what each trial cost, shown once some trial reported them (older studies did not)
+    extra = [c for c in _STATUS_COLUMNS if any(r["user_attrs"].get(c[0]) is not None for r in rows)]
     table = Table(
         "trial",
         "state",
         "round",
         " / ".join(space.metrics),
-        *(title for _, title, _ in cost),
+        *(title for _, title, _ in extra),
         "node",
         "params",
         "note",
@@ -242,7 +242,7 @@ def _print_status(study) -> None:
         state = r["state"]
         node = str(r["user_attrs"].get("node_id") or "-")[:8]
         value = " / ".join(map(_fmt, r["values"])) if space.multi_objective and r["values"] else _fmt(r["objective"])
-        costs = [show(r["user_attrs"].get(key)) for key, _, show in cost]
+        costs = [show(r["user_attrs"].get(key)) for key, _, show in extra]
         table.add_row(
             str(r["number"]),
             state,

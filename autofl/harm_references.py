@@ -23,15 +23,17 @@ from autofl.files import write_atomic
 
 def reference_experiment(exp: Experiment, method: str, fl: FLConfig | None = None) -> Experiment:
     """`exp`'s data, seed and model architecture (its arch's own parameters, no method's projector),
-    trained by `method` with `fl` (default: exp's), without newcomer training or a target."""
+    trained by `method` with `fl` (default: exp's), evaluated at its last round only (what the
+    references read), without newcomer training or a target."""
     d = exp.model_dump(mode="json")
     model = {"arch": exp.model.arch, "head_layers": exp.model.head_layers, **(exp.model.model_extra or {})}
+    training = (fl or exp.fl).model_dump(mode="json")
     return build_experiment(
         {
             "seed": d["seed"],
             "data": d["data"],
             "model": model,
-            "fl": (fl or exp.fl).model_dump(mode="json"),
+            "fl": {**training, "eval_every": training["rounds"]},
             "method": {"name": method},
             "eval": {"newcomer_epochs": 0},
             "runtime": d["runtime"],
@@ -39,9 +41,10 @@ def reference_experiment(exp: Experiment, method: str, fl: FLConfig | None = Non
     )
 
 
-def reference_key(local: Experiment, fedavg: Experiment) -> str:
-    """What fixes both references' numbers: data, seed, model, fl, dtype (not threads or executor)."""
-    parts = [{k: e.model_dump(mode="json")[k] for k in ("seed", "data", "model", "fl")} for e in (local, fedavg)]
+def reference_key(local: Experiment) -> str:
+    """What fixes both references' numbers (the two runs differ in their method only): data, seed,
+    model, fl, dtype (not threads or executor)."""
+    parts = {k: local.model_dump(mode="json")[k] for k in ("seed", "data", "model", "fl")}
     return hashlib.sha256(json.dumps([parts, local.runtime.dtype], sort_keys=True).encode()).hexdigest()[:24]
 
 
@@ -74,7 +77,7 @@ def harm_reference(
     if folder is None:
         return compute_reference(local, fedavg, raw, device)
     folder.mkdir(parents=True, exist_ok=True)
-    key = reference_key(local, fedavg)
+    key = reference_key(local)
     path = folder / f"{key}.json"
     with open(folder / f"{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one computes, the others wait and read its file

@@ -20,6 +20,9 @@ class ClientSplit:
     val: torch.Tensor
     test: torch.Tensor
 
+    def to(self, device: torch.device) -> ClientSplit:
+        return ClientSplit(self.train.to(device), self.val.to(device), self.test.to(device))
+
 
 @dataclass
 class FederatedData:
@@ -44,11 +47,11 @@ class FederatedData:
         return FederatedData(
             self.x.to(device, dtype),
             self.y.to(device),
-            [ClientSplit(c.train.to(device), c.val.to(device), c.test.to(device)) for c in self.clients],
+            [c.to(device) for c in self.clients],
             self.test_x.to(device, dtype),
             self.test_y.to(device),
             self.num_classes,
-            [ClientSplit(c.train.to(device), c.val.to(device), c.test.to(device)) for c in self.newcomers],
+            [c.to(device) for c in self.newcomers],
         )
 
 
