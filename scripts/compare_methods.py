@@ -24,7 +24,9 @@ from autofl.methods.registry import get_method_class, method_names
 DEFAULT_METHODS = ["fedavg", "fedprox", "fedper", "moon", "fdcl", "fedeccr", "dualfed", "fedsiam_da", "fedfcd"]
 
 
-def run_one(raw_cfg: dict, method: str, seed: int, raw_data) -> dict:
+def run_one(raw_cfg: dict, method: str, seed: int, raw_data, progress_every: int = 0) -> dict:
+    """One method's run; with `progress_every` N, a line `METHOD seed S round R ... s/round` every N
+    evaluated rounds (a long run cut off by a time limit still says how far it got)."""
     cfg = dict(raw_cfg, seed=seed, method={**raw_cfg.get("method", {}), "name": method})  # keeps given params
     model = dict(cfg.get("model", {}))
 
@@ -35,7 +37,12 @@ def run_one(raw_cfg: dict, method: str, seed: int, raw_data) -> dict:
     exp = build_experiment(cfg)
     sim = Simulation(exp, get_method_class(exp.method.name), raw=raw_data)
     start = time.perf_counter()
-    history = list(sim.run())
+    history = []
+    for metrics in sim.run():
+        history.append(metrics)
+        if progress_every and len(history) % progress_every == 0:
+            print(f"{method} seed {seed} round {metrics['round']} personal_test_acc {metrics['personal_test_acc']:.4f} "
+                  f"{(time.perf_counter() - start) / metrics['round']:.3f} s/round ({sim.executor_line})", flush=True)
     seconds = (time.perf_counter() - start) / exp.fl.rounds
     last = history[-1]
     return {

@@ -14,8 +14,10 @@ over seeds), rounds and seconds per round. Tables that report the best accuracy 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -128,6 +130,24 @@ def method_config(preset: Preset, method: str, rounds: int | None = None) -> dic
     return cfg
 
 
+def finished_runs(path: Path, configs: dict[str, dict[str, Any]]) -> dict[tuple[str, int], dict[str, Any]]:
+    """The runs `path` holds (one JSON object a line, as `--rows` appends them) whose config is the one
+    this invocation would train for their method: (method, seed) -> run. A run of another config (other
+    rounds, another --set) is not reused; a last line cut off by a kill is skipped."""
+    out: dict[tuple[str, int], dict[str, Any]] = {}
+    wanted = json.loads(json.dumps(configs))  # as a line holds them (tuples as lists)
+    if not path.exists():
+        return out
+    for line in path.read_text().splitlines():
+        try:
+            run = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if wanted.get(run["method"]) == run["config"]:
+            out[(run["method"], run["seed"])] = run
+    return out
+
+
 def _stat(values: list[float]) -> str:
     std = statistics.stdev(values) if len(values) > 1 else 0.0
     return f"{100 * statistics.mean(values):.2f} ± {100 * std:.2f}"
@@ -143,6 +163,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--download", action="store_true", help="let torchvision download the dataset")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="change the setting for every row (a variant of the paper's), e.g. fl.participation=0.4")
+    parser.add_argument("--rows", type=Path, metavar="FILE.jsonl",
+                        help="append each finished (method, seed) run to this file and reuse the runs already in it: "
+                        "a killed reproduction run again with the same file trains only what it had not finished")
+    parser.add_argument("--progress", type=int, default=0, metavar="N",
+                        help="print each run's accuracy and seconds per round every N evaluated rounds")
     args = parser.parse_args(argv)
     if args.list or args.name is None:
         for name, p in PRESETS.items():
@@ -163,10 +188,16 @@ def main(argv: list[str] | None = None) -> int:
     if preset.note:
         print(f"note: {preset.note}")
     print(f"{'method':<10} {'paper':>7} {'ours best':>15} {'ours final':>15} {'s/round':>8}")
+    done = finished_runs(args.rows, configs) if args.rows else {}
     for method in methods:
         curves = []
         for seed in args.seeds:
-            run = run_one(configs[method], method, seed, raw)
+            run = done.get((method, seed))
+            if run is None:
+                run = run_one(configs[method], method, seed, raw, args.progress)
+                if args.rows:
+                    with args.rows.open("a") as rows:
+                        rows.write(json.dumps({"config": configs[method], **run}) + "\n")
             curves.append(([h[preset.metric] for h in run["history"]], run["seconds_per_round"]))
         paper = preset.paper.get(method)
         print(f"{method:<10} {('-' if paper is None else f'{paper:.2f}'):>7} "

@@ -13,10 +13,10 @@ step language, so their rounds' local training can be one lockstep run of the ve
 - Each row starts from its own config's state (its global model, its copies, its flags), and its
   config's fusible method parameters reach the losses as per-row flags (`flags["method.<name>"]`,
   read through `Method.fused`).
-- The optimizer steps each config's rows (a strided view of the stack, rows c, c+C, ...) with
-  that config's SGD settings by `torch.optim.sgd.sgd`, the function `torch.optim.SGD.step` runs;
-  when every config has the same settings, the whole stack in one call, as the vectorized executor
-  does.
+- The optimizer (`RowSGD`) steps each config's rows (rows c, c+C, ...) with that config's SGD
+  settings, all rows at once with the settings as per-row tensors, rounding as
+  `torch.optim.SGD.step` rounds each config alone; when every config has the same settings, the
+  whole stack by `torch.optim.sgd.sgd`, the function that step runs, as the vectorized executor does.
 
 Every row's arithmetic is that of the same client in its config's own vectorized run, so in float64
 a member's states and metrics equal its solo run's (tests/test_population.py). Steps run eagerly:
@@ -57,48 +57,77 @@ class Member:
 
 class RowSGD:
     """SGD over stacked tensors whose rows belong to C configs (row r to config r % C), each config's
-    rows stepped with its own settings, exactly as `torch.optim.SGD` steps them alone."""
+    rows stepped with its own settings, exactly as `torch.optim.SGD` steps them alone.
+
+    Where the configs' settings differ, every row is stepped at once with its config's learning rate,
+    weight decay and momentum as per-row tensors: `torch.addcmul` with a per-row factor rounds as
+    `Tensor.add(other, alpha=factor)` does (the single-tensor SGD's `grad.add(param, alpha=wd)`,
+    `param.add_(grad, alpha=-lr)`), and a buffer that starts at zero takes SGD's first step (the buffer
+    is the gradient) as `0 * m + grad`; so a config's rows get, bit for bit, the update SGD gives them
+    alone (tests/test_population.py), in a constant number of kernels per tensor whatever C is. A row
+    of a config without momentum keeps a buffer it never reads (0 * buffer + gradient)."""
 
     def __init__(self, params: list[torch.Tensor], settings: list[SGDSettings]):
         self.params = params
         self.settings = settings
         self.members = len(settings)
         self.uniform = len(set(settings)) == 1
+        self.momentum = any(s.momentum != 0 for s in settings)
         self.buffers: list[torch.Tensor | None] = [None] * len(params)  # momentum, made at the first step
+        self.factors: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # by the tensors' rank
 
-    def rows(self) -> Iterator[tuple[slice, SGDSettings]]:
-        if self.uniform:
-            yield slice(None), self.settings[0]
-            return
-        for c, settings in enumerate(self.settings):
-            yield slice(c, None, self.members), settings
+    def _per_row(self, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(-lr, weight decay, momentum) of each row of `p`, shaped to broadcast over its other dims."""
+        if p.dim() not in self.factors:
+            shape = (p.shape[0], *([1] * (p.dim() - 1)))
+            reps = -(-p.shape[0] // self.members)
+
+            def column(values: list[float]) -> torch.Tensor:
+                rows = torch.tensor(values, dtype=p.dtype, device=p.device).repeat(reps)[: p.shape[0]]
+                return rows.reshape(shape)
+
+            self.factors[p.dim()] = (
+                column([-s.lr for s in self.settings]),
+                column([s.weight_decay for s in self.settings]),
+                column([s.momentum for s in self.settings]),
+            )
+        return self.factors[p.dim()]
 
     def step(self) -> None:
         with torch.no_grad():
             for i, p in enumerate(self.params):
                 grad = p.grad
                 assert grad is not None  # the executor sets every trained tensor's gradient before a step
-                first = self.buffers[i] is None
-                if first and any(s.momentum != 0 for s in self.settings):
-                    self.buffers[i] = torch.zeros_like(p)
-                full = self.buffers[i]
-                for rows, s in self.rows():
-                    buffers: list[torch.Tensor | None] = [None if first or full is None else full[rows]]
-                    sgd_update(
-                        [p[rows]],
-                        [grad[rows]],
-                        buffers,
-                        foreach=False,
-                        weight_decay=s.weight_decay,
-                        momentum=s.momentum,
-                        lr=s.lr,
-                        dampening=0.0,
-                        nesterov=False,
-                        maximize=False,
-                    )
-                    made = buffers[0]
-                    if first and made is not None and full is not None:  # SGD's first step: the buffer is the gradient
-                        full[rows] = made
+                if self.uniform:
+                    self._step_uniform(i, p, grad)
+                    continue
+                neg_lr, weight_decay, momentum = self._per_row(p)
+                grad = torch.addcmul(grad, p, weight_decay)
+                if self.momentum:
+                    buf = self.buffers[i]
+                    if buf is None:
+                        buf = self.buffers[i] = torch.zeros_like(p)
+                    buf.mul_(momentum).add_(grad)
+                    grad = buf
+                p.addcmul_(grad, neg_lr)
+
+    def _step_uniform(self, i: int, p: torch.Tensor, grad: torch.Tensor) -> None:
+        """Every row with the one config's settings: the function `torch.optim.SGD.step` runs."""
+        s = self.settings[0]
+        buffers: list[torch.Tensor | None] = [self.buffers[i]]
+        sgd_update(
+            [p],
+            [grad],
+            buffers,
+            foreach=False,
+            weight_decay=s.weight_decay,
+            momentum=s.momentum,
+            lr=s.lr,
+            dampening=0.0,
+            nesterov=False,
+            maximize=False,
+        )
+        self.buffers[i] = buffers[0]  # SGD's first step makes the buffer (the gradient)
 
     def momentum_buffers(self) -> list[torch.Tensor | None]:
         return self.buffers
