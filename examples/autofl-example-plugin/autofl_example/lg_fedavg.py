@@ -11,6 +11,7 @@ class LGFedAvg(Method):
     name = "lg_fedavg"
     has_global_model = False  # no global representation exists, so no global model to evaluate
     personal_is_global = False
+    population_ready = True  # its local step is FedAvg's and reads no per-config value: configs can train as one
 
     def shared_keys(self, model: SplitModel) -> list[str]:
         """Only the head (the global layers) is uploaded and averaged."""
