@@ -12,6 +12,7 @@ import optuna
 import pytest
 import yaml
 
+from autofl.tuning.objectives import TEST_METRICS
 from autofl.tuning.storage import open_storage
 from conftest import STORAGE_KINDS, read_metrics
 
@@ -76,15 +77,17 @@ def test_quickstart_sized_study_prunes_and_exports_a_reproducible_config(tmp_pat
     proc = run(["best-config", "export", "e2e", "--dir", home, "-o", out])
     assert proc.returncode == 0, proc.stderr[-3000:]
     meta = yaml.safe_load(out.read_text())["metadata"]
-    assert meta["study"] == "e2e" and meta["objective_round"] == 4 and "personal_test_acc" in \
-        meta["test_metrics_reported_not_optimized"]
+    assert meta["study"] == "e2e" and meta["objective_round"] == 4 and "not read by the search" in meta["test_split"]
     proc = run(["train", "--config", out, "--out", tmp_path / "rerun"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     trial_dir = next((home / "e2e" / "tune").glob(f"run-1/FLTrainable_{meta['tune_trial_id']}_*"))
     tuned = [json.loads(line) for line in (trial_dir / "result.json").read_text().splitlines()]
-    keys = ["round", "personal_val_acc", "personal_test_acc", "global_val_acc", "global_test_acc", "train_loss"]
-    assert [{k: m[k] for k in keys} for m in read_metrics(tmp_path / "rerun")] == \
-        [{k: m[k] for k in keys} for m in tuned]
+    keys = ["round", "personal_val_acc", "global_val_acc", "train_loss"]
+    rerun = read_metrics(tmp_path / "rerun")
+    assert [{k: m[k] for k in keys} for m in rerun] == [{k: m[k] for k in keys} for m in tuned]
+    # the search read no test split (tests/test_test_seal.py); the exported config's run does
+    assert not any(set(TEST_METRICS) & set(m) for m in tuned) and "personal_test_acc" in rerun[-1]
+    assert not any(set(TEST_METRICS) & set(t.user_attrs) for t in trials)
 
     proc = run(["search", "--resume", "e2e", "--trials", "2", "--dir", home])  # extend the finished study
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -248,7 +251,7 @@ def test_a_budget_ending_on_a_trials_last_round_completes_it(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     real = [t for t in trials_of(home, "exact") if not t.user_attrs.get("interrupted")]
     assert [(t.state.name, max(t.intermediate_values)) for t in real] == [("COMPLETE", 4), ("COMPLETE", 4)]
-    assert all("personal_test_acc" in t.user_attrs for t in real)
+    assert all("personal_val_acc" in t.user_attrs and "personal_test_acc" not in t.user_attrs for t in real)
 
 
 def test_ctrl_c_stops_the_study_within_seconds_and_it_resumes(tmp_path):

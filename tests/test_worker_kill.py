@@ -89,4 +89,4 @@ def test_killed_worker_resumes_from_its_checkpoint_round_for_round(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     clean = [json.loads(line) for line in (tmp_path / "t" / "metrics.jsonl").read_text().splitlines()]
     assert {r["round"]: r["personal_val_acc"] for r in clean} == trial.intermediate_values
-    assert clean[-1]["personal_test_acc"] == trial.user_attrs["personal_test_acc"]
+    assert clean[-1]["train_loss"] == trial.user_attrs["train_loss"]

@@ -39,6 +39,20 @@ class FederatedData:
     def input_shape(self) -> tuple[int, ...]:
         return tuple(self.x.shape[1:])
 
+    def without_test(self) -> FederatedData:
+        """The same data with every test split empty: the clients' and newcomers' test indices and the
+        global test set. What a search trial holds, so that no test sample is read before a study
+        ends (the test metrics are then absent from its rounds; `autofl reeval` reads them)."""
+        return FederatedData(
+            self.x,
+            self.y,
+            [ClientSplit(c.train, c.val, c.test[:0]) for c in self.clients],
+            self.test_x[:0],
+            self.test_y[:0],
+            self.num_classes,
+            [ClientSplit(c.train, c.val, c.test[:0]) for c in self.newcomers],
+        )
+
     def train_sizes(self) -> list[int]:
         return [len(c.train) for c in self.clients]
 

@@ -40,6 +40,7 @@ class Simulation:
         method_cls: MethodClass,
         raw: RawDataset | None = None,
         device: torch.device | None = None,
+        sealed_test: bool = False,
     ):
         self.exp = exp
         self.device = device or resolve_device(exp.runtime.device)
@@ -47,7 +48,9 @@ class Simulation:
             torch.set_num_threads(exp.runtime.threads)
         raw = raw if raw is not None else load_raw_dataset(exp.data)
         self.dtype = getattr(torch, exp.runtime.dtype)
-        self.data: FederatedData = build_federated(raw, exp.data, exp.data_seed()).to(self.device, self.dtype)
+        data = build_federated(raw, exp.data, exp.data_seed())
+        # sealed_test (a search trial): every test split empty, so no round reads a test sample
+        self.data: FederatedData = (data.without_test() if sealed_test else data).to(self.device, self.dtype)
         self.method: MethodHooks = method_cls(
             method_cls.Params(**exp.method.params()), exp, self.data.input_shape, self.data.num_classes
         )

@@ -235,6 +235,12 @@ class SearchSpace(Strict):
                     f"{field}: {name!r} is not a validation metric; allowed: "
                     f"{', '.join(VALIDATION_OBJECTIVES)} (test metrics are reported, never optimized)"
                 )
+        target = (self.base.get("eval") or {}).get("target_metric") if isinstance(self.base.get("eval"), dict) else None
+        if target is not None and target not in VALIDATION_OBJECTIVES and target in TARGET_METRICS:
+            raise ValueError(
+                f"base.eval.target_metric: {target!r} reads the test split, which a search never reads; allowed: "
+                f"{', '.join(m for m in TARGET_METRICS if m in VALIDATION_OBJECTIVES)}"
+            )
         if self.conditional and "method.name" not in self.params:
             raise ValueError("conditional: needs method.name among params (conditional params follow the method)")
         parse_constraints(self.constraints)

@@ -492,13 +492,17 @@ def trial_config(
         "objective": space.objective,
         "objective_value": value,
         "objective_round": attrs.get("round"),
-        "test_metrics_reported_not_optimized": {k: attrs[k] for k in TEST_METRICS if k in attrs},
         "seed": config["seed"],
         "versions": {
             "autofl": autofl.__version__,
             **{name: _installed_version(name) for name in ("torch", "ray", "optuna")},
         },
     }
+    tested = {k: attrs[k] for k in TEST_METRICS if k in attrs}
+    if tested:  # a trial of a study made before its search sealed the test split
+        config["metadata"]["test_metrics_reported_not_optimized"] = tested
+    else:
+        config["metadata"]["test_split"] = "not read by the search; --reeval re-evaluates on it"
     return config
 
 

@@ -68,9 +68,13 @@ class FLTrainable(tune.Trainable):
         checkpoint_every_s: float = 0.0,
         method_base: dict[str, dict[str, Any]] | None = None,
         reference_dir: str | None = None,
+        seal_test: bool = False,
     ) -> None:
         torch.set_num_threads(max(1, threads))
         self._reference_dir = reference_dir  # where eval.harmed_clients' references are cached (the study's)
+        # a search's trial: its data holds no test split, so the test metrics (and the harmed-client
+        # fractions, read off the test splits) are absent from its rounds; re-evaluation reads them
+        self._seal_test = seal_test
         load_plugins()  # this worker's process sees the methods, models, datasets of installed plugins
         self._base, self._raw, self._method_base = base or {}, raw_data, method_base or {}
         self._checkpoint_every_s = checkpoint_every_s
@@ -83,8 +87,11 @@ class FLTrainable(tune.Trainable):
         exp = build_experiment(experiment_dict(self._base, config, self._method_base))
         # the shared dataset, unless the dataset itself is searched: then this trial loads its own
         raw = self._raw if self._raw is not None and self._raw.name == exp.data.dataset else None
-        sim = Simulation(exp, get_method_class(exp.method.name), raw=raw, device=trial_device())
-        if exp.eval.harmed_clients:  # the study's references for this partition and seed, with the base's training
+        sim = Simulation(
+            exp, get_method_class(exp.method.name), raw=raw, device=trial_device(), sealed_test=self._seal_test
+        )
+        # the study's references for this partition and seed, with the base's training (re-evaluation only)
+        if exp.eval.harmed_clients and not self._seal_test:
             from autofl.config import FLConfig
             from autofl.harm_references import harm_reference
 

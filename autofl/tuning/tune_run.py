@@ -14,7 +14,7 @@ from typing import Any
 from autofl.errors import AutoFLError
 from autofl.tuning.ledger import Ledger, bound_to
 from autofl.tuning.space import DefineByRun, SearchSpace
-from autofl.tuning.study import REFERENCE_DIR, Study
+from autofl.tuning.study import Study
 
 
 class StudyIncomplete(AutoFLError):
@@ -142,7 +142,7 @@ def _run_experiment(study: Study, trials: int, address: str | None, restore: str
     space = study.space()
     ledger = Ledger(study.root)
     init_ray(address)
-    trainable = study_trainable(space, reference_dir=str(study.root / REFERENCE_DIR))
+    trainable = study_trainable(space, seal_test=True)  # no test split is read before the study ends
     if restore is not None:
         tuner = tune.Tuner.restore(
             restore, trainable=trainable, resume_unfinished=True, resume_errored=False, restart_errored=False
