@@ -12,21 +12,29 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
+from pathlib import Path
+
+import torch
 
 from autofl.config import apply_overrides, read_yaml
 from autofl.experiment import build_experiment
 from autofl.data.datasets import load_raw_dataset
 from autofl.engine.simulation import Simulation
+from autofl.features import ClassStats
 from autofl.methods.registry import get_method_class, method_names
 
 DEFAULT_METHODS = ["fedavg", "fedprox", "fedper", "moon", "fdcl", "fedeccr", "dualfed", "fedsiam_da", "fedfcd"]
 
 
-def run_one(raw_cfg: dict, method: str, seed: int, raw_data, progress_every: int = 0) -> dict:
+def run_one(raw_cfg: dict, method: str, seed: int, raw_data, progress_every: int = 0,
+            checkpoint: Path | None = None, checkpoint_every: int = 10) -> dict:
     """One method's run; with `progress_every` N, a line `METHOD seed S round R ... s/round` every N
-    evaluated rounds (a long run cut off by a time limit still says how far it got)."""
+    evaluated rounds (a long run cut off by a time limit still says how far it got). With `checkpoint`
+    (a file), the run's state is saved there every `checkpoint_every` rounds and a run that finds the
+    file continues from it (a killed run loses at most that many rounds); the file is removed at the end."""
     cfg = dict(raw_cfg, seed=seed, method={**raw_cfg.get("method", {}), "name": method})  # keeps given params
     model = dict(cfg.get("model", {}))
 
@@ -36,14 +44,24 @@ def run_one(raw_cfg: dict, method: str, seed: int, raw_data, progress_every: int
     cfg["model"] = model
     exp = build_experiment(cfg)
     sim = Simulation(exp, get_method_class(exp.method.name), raw=raw_data)
-    start = time.perf_counter()
-    history = []
+    if checkpoint is not None and checkpoint.exists():
+        with torch.serialization.safe_globals([ClassStats]):
+            sim.load_state_dict(torch.load(checkpoint, map_location="cpu", weights_only=True))
+        print(f"{method} seed {seed}: continues from round {sim.round} ({checkpoint})", flush=True)
+    start, first = time.perf_counter(), sim.round
+    history = list(sim.history)
     for metrics in sim.run():
         history.append(metrics)
+        if checkpoint is not None and sim.round % checkpoint_every == 0 and not sim.done():
+            torch.save(sim.state_dict(), checkpoint.with_suffix(".tmp"))
+            os.replace(checkpoint.with_suffix(".tmp"), checkpoint)
         if progress_every and len(history) % progress_every == 0:
             print(f"{method} seed {seed} round {metrics['round']} personal_test_acc {metrics['personal_test_acc']:.4f} "
-                  f"{(time.perf_counter() - start) / metrics['round']:.3f} s/round ({sim.executor_line})", flush=True)
-    seconds = (time.perf_counter() - start) / exp.fl.rounds
+                  f"{(time.perf_counter() - start) / (metrics['round'] - first):.3f} s/round ({sim.executor_line})",
+                  flush=True)
+    seconds = (time.perf_counter() - start) / max(exp.fl.rounds - first, 1)
+    if checkpoint is not None:
+        checkpoint.unlink(missing_ok=True)
     last = history[-1]
     return {
         "method": method, "seed": seed,

@@ -14,6 +14,7 @@ over seeds), rounds and seconds per round. Tables that report the best accuracy 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import statistics
 import sys
@@ -164,8 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="change the setting for every row (a variant of the paper's), e.g. fl.participation=0.4")
     parser.add_argument("--rows", type=Path, metavar="FILE.jsonl",
-                        help="append each finished (method, seed) run to this file and reuse the runs already in it: "
-                        "a killed reproduction run again with the same file trains only what it had not finished")
+                        help="append each finished (method, seed) run to this file and reuse the runs already in it; "
+                        "a run in progress is saved every 10 rounds beside it (FILE-METHOD-SEED-CONFIGHASH.pt): a killed "
+                        "reproduction run again with the same file continues where it was")
     parser.add_argument("--progress", type=int, default=0, metavar="N",
                         help="print each run's accuracy and seconds per round every N evaluated rounds")
     args = parser.parse_args(argv)
@@ -194,7 +196,9 @@ def main(argv: list[str] | None = None) -> int:
         for seed in args.seeds:
             run = done.get((method, seed))
             if run is None:
-                run = run_one(configs[method], method, seed, raw, args.progress)
+                tag = hashlib.sha256(json.dumps(configs[method], sort_keys=True).encode()).hexdigest()[:10]
+                ckpt = args.rows.with_name(f"{args.rows.stem}-{method}-{seed}-{tag}.pt") if args.rows else None
+                run = run_one(configs[method], method, seed, raw, args.progress, ckpt)
                 if args.rows:
                     with args.rows.open("a") as rows:
                         rows.write(json.dumps({"config": configs[method], **run}) + "\n")
