@@ -564,13 +564,14 @@ def cmd_slurm(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from autofl.listing import listing
+    from autofl.listing import cached_listing
 
     kinds = [args.kind] if args.kind else ["methods", "models", "datasets"]
+    rows = cached_listing(kinds)
     for kind in kinds:
         columns = ("name", "from", "about") + (("parameters: default, range",) if kind != "datasets" else ())
         table = Table(*columns, title=kind, title_justify="left")
-        for row in listing([kind]):
+        for row in (r for r in rows if r.kind == kind):
             table.add_row(
                 row.name, row.source, row.facts, *(("\n".join(row.params) or "-",) if kind != "datasets" else ())
             )

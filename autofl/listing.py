@@ -1,10 +1,24 @@
 """What `autofl list` shows: every registered method, model and dataset, where it comes from, and
-its parameters with their defaults and ranges (read from the pydantic models)."""
+its parameters with their defaults and ranges (read from the pydantic models).
+
+Reading them imports every method's module, and with it torch (4-6 s on a 2-core machine), so
+`cached_listing` keeps the rows in `$XDG_CACHE_HOME/autofl` (default `~/.cache/autofl`) under a
+fingerprint of what they are read from: autofl's version and source files, the Python version, and
+every installed plugin entry point with its distribution's version and its package's source files
+(stat'ed, not imported). A listing that skipped a plugin is not kept, so its one-line warning shows
+on every run until it is fixed."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import importlib.util
+import json
+import os
+import sys
 import typing
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from annotated_types import Ge, Gt, Le, Lt
@@ -106,3 +120,78 @@ def listing(kinds: list[str]) -> list[Listed]:
             else:
                 rows.append(Listed(kind, entry.name, entry.source, _dataset_facts(value), []))
     return rows
+
+
+CACHE_FORMAT = 1  # bump when Listed or the text of a row changes
+
+
+def cache_folder() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "autofl"
+
+
+def _stamps(root: Path) -> list[tuple[str, int, int]]:
+    """(path, mtime, size) of every .py file under `root` (a package folder) or of `root` (a module)."""
+    files = sorted(root.rglob("*.py")) if root.is_dir() else [root]
+    out = []
+    for path in files:
+        try:
+            st = path.stat()
+        except OSError:
+            continue
+        out.append((str(path), st.st_mtime_ns, st.st_size))
+    return out
+
+
+def _source_of(module: str) -> list[tuple[str, int, int]] | str:
+    """The stamps of a plugin's top-level package, located without importing it."""
+    try:
+        spec = importlib.util.find_spec(module.split(".")[0])
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        return "missing"
+    if spec.submodule_search_locations:
+        return [s for location in spec.submodule_search_locations for s in _stamps(Path(location))]
+    return _stamps(Path(spec.origin)) if spec.origin else "no file"
+
+
+def fingerprint() -> str:
+    """What the rows depend on, hashed (see the module's docstring)."""
+    from importlib.metadata import entry_points
+
+    import autofl
+    from autofl.registry import REGISTRIES
+
+    parts: list[Any] = [CACHE_FORMAT, sys.version, autofl.__version__, _stamps(Path(autofl.__file__).parent)]
+    for registry in REGISTRIES.values():
+        for ep in sorted(entry_points(group=registry.group), key=lambda e: (e.name, e.value)):
+            dist = (ep.dist.name, ep.dist.version) if ep.dist is not None else None
+            parts.append((registry.group, ep.name, ep.value, dist, _source_of(ep.module)))
+    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:24]
+
+
+def cached_listing(kinds: list[str]) -> list[Listed]:
+    """`listing(kinds)`, from the cache when its fingerprint matches; else read (importing every
+    entry) and kept for the next call, unless a plugin was skipped or the cache cannot be written."""
+    from autofl.registry import REGISTRIES, plugin_problems
+
+    path = cache_folder() / f"listing-{fingerprint()}.json"
+    try:
+        rows = [Listed(**row) for row in json.loads(path.read_text())]
+    except (OSError, ValueError, TypeError):
+        rows = listing(list(REGISTRIES))
+        if not plugin_problems():
+            _keep(path, rows)
+    return [row for kind in kinds for row in rows if row.kind == kind]
+
+
+def _keep(path: Path, rows: list[Listed]) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for old in path.parent.glob("listing-*.json"):
+            old.unlink(missing_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps([dataclasses.asdict(row) for row in rows]))
+        os.replace(tmp, path)
+    except OSError:  # a read-only home: the listing is read each time
+        pass

@@ -71,3 +71,46 @@ def test_python_m_autofl_runs_the_cli():
     proc = subprocess.run([sys.executable, "-m", "autofl", "list", "--bogus"], capture_output=True, text=True,
                           env=env, timeout=300)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--bogus" in proc.stderr
+
+
+LIST_PROBE = ("import contextlib, io, json, sys\n"
+              "from autofl.cli import main\n"
+              "out = io.StringIO()\n"
+              "with contextlib.redirect_stdout(out):\n"
+              "    code = main(sys.argv[1:])\n"
+              f"print(json.dumps([code, [m for m in {HEAVY!r} if m in sys.modules], out.getvalue()]))\n")
+GOOD_PLUGIN = {
+    "goodplug/__init__.py": "",
+    "goodplug/m.py": "from autofl.methods.base import Method\n\n\nclass Plain(Method):\n"
+                     "    \"\"\"Plain: FedAvg under another name.\"\"\"\n\n    name = \"plain\"\n",
+    "goodplug-0.1.dist-info/METADATA": "Metadata-Version: 2.1\nName: goodplug\nVersion: 0.1\n",
+    "goodplug-0.1.dist-info/entry_points.txt": "[autofl.methods]\nplain = goodplug.m:Plain\n",
+}
+
+
+def test_list_is_read_from_its_cache_without_torch_and_a_changed_plugin_is_read_anew(tmp_path):
+    """`autofl list` imported every method's module (torch: 4-6 s); its rows are kept under a fingerprint
+    of autofl's and the plugins' sources, so a second call imports nothing heavy, and an edited plugin
+    (its file's size and time change) is read again."""
+    site = tmp_path / "site"
+    for rel, text in GOOD_PLUGIN.items():
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_text(text)
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"),
+           "PYTHONPATH": os.pathsep.join([str(REPO), str(site), os.environ.get("PYTHONPATH", "")])}
+
+    def listed() -> tuple[int, set[str], str]:
+        proc = subprocess.run([sys.executable, "-c", LIST_PROBE, "list", "methods"], capture_output=True, text=True,
+                              env=env, timeout=300)
+        code, modules, out = json.loads(proc.stdout.strip().splitlines()[-1])
+        return code, set(modules), " ".join(out.replace("│", " ").split())
+
+    first = listed()
+    assert first[0] == 0 and "torch" in first[1] and "plain goodplug Plain: FedAvg under another name." in first[2]
+    assert len(list((tmp_path / "cache" / "autofl").glob("listing-*.json"))) == 1
+    second = listed()
+    assert second == (0, set(), first[2])
+    (site / "goodplug" / "m.py").write_text(GOOD_PLUGIN["goodplug/m.py"].replace("another name", "a new name!"))
+    third = listed()
+    assert "torch" in third[1] and "Plain: FedAvg under a new name!" in third[2]
+    assert len(list((tmp_path / "cache" / "autofl").glob("listing-*.json"))) == 1  # the old rows were dropped
