@@ -210,7 +210,7 @@ class Study:
         live = self.driver_running()
         return [
             {**r, "optuna_state": r["state"], "state": shown_state(r["state"], r["user_attrs"], live)}
-            for r in trial_rows(self._folder)
+            for r in trial_rows(self._folder, snapshot=not live)  # an idle study's rows may come from its snapshot
         ]
 
     def optuna_trials(self) -> list:

@@ -292,6 +292,7 @@ def _print_status(study) -> None:
 
 def cmd_studies(args: argparse.Namespace) -> int:
     from autofl import api
+    from autofl.tuning.study import best_row_value
 
     home = api.studies_dir(args.dir)
     names = api.list_studies(home)
@@ -319,10 +320,7 @@ def cmd_studies(args: argparse.Namespace) -> int:
             table.add_row(name, "unreadable", "-", "-", "-", "-", "-", clean(" ".join(str(err).split())[:120]))
             continue
         counts = Counter(r["state"] for r in rows)
-        try:
-            best = s.best_value()
-        except AutoFLError:  # no completed trial yet
-            best = None
+        best = best_row_value([{**r, "state": r["optuna_state"]} for r in rows], s.stored_space.mode)
         table.add_row(
             name,
             str(len(rows)),

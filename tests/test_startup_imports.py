@@ -114,3 +114,33 @@ def test_list_is_read_from_its_cache_without_torch_and_a_changed_plugin_is_read_
     third = listed()
     assert "torch" in third[1] and "Plain: FedAvg under a new name!" in third[2]
     assert len(list((tmp_path / "cache" / "autofl").glob("listing-*.json"))) == 1  # the old rows were dropped
+
+
+def test_an_idle_studys_trials_come_from_its_snapshot_until_its_storage_is_written(tmp_path):
+    """`studies` and `status` of an idle study read the rows kept beside its storage while the storage's
+    files are unchanged (no Optuna import: 2.3 s -> 0.6 s here); any write to the storage (here a trial
+    added) makes them read it again, so they never show a stale study."""
+    import optuna
+    from optuna.distributions import FloatDistribution
+
+    from autofl import api
+    from autofl.tuning.study import TRIALS_SNAPSHOT
+
+    root = study_with_trials(tmp_path, "snap", ["a", "b"], with_configs=True)
+    home = root.parent
+    # the first read puts the file (made by plain Optuna) in WAL mode, as a search's storage is: a write
+    assert loaded("status", "snap", "--dir", home)[1] == {"optuna"}
+    assert loaded("status", "snap", "--dir", home)[1] == {"optuna"}  # read from the storage, then kept
+    assert (root / TRIALS_SNAPSHOT).exists()
+    assert loaded("status", "snap", "--dir", home) == (0, set())
+    assert loaded("studies", "--dir", home) == (0, set())
+    kept = api.load_study("snap", home).trials()
+    assert [r["number"] for r in kept] == [0, 1, 2] and all(r["feasible"] for r in kept)
+
+    storage = optuna.storages.RDBStorage(f"sqlite:///{root / 'optuna.db'}")
+    optuna.load_study(study_name="snap", storage=storage).add_trial(optuna.trial.create_trial(
+        params={"fl.lr": 0.09}, distributions={"fl.lr": FloatDistribution(0.01, 0.1)}, value=0.9))
+    storage.engine.dispose()  # as a search's driver does when it ends
+    fresh = api.load_study("snap", home).trials()
+    assert [r["number"] for r in fresh] == [0, 1, 2, 3] and fresh[3]["objective"] == 0.9
+    assert loaded("status", "snap", "--dir", home) == (0, set())  # kept again

@@ -4,6 +4,7 @@ Ray Tune experiment(s). Create, resume, extend, list, inspect, and export the be
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -24,6 +25,9 @@ SPACE_FILE = "space.yaml"
 META_FILE = "study.json"
 REFERENCE_DIR = "references"  # eval.harmed_clients: the references trials compare with (autofl.harm_references)
 TUNE_DIR = "tune"
+# the trials as read-only views show them, kept with the stamps of the storage's files they were read
+# from (trial_rows): a later view of an idle study reads them without importing Optuna
+TRIALS_SNAPSHOT = "trials-snapshot.json"
 FINISHED = ("COMPLETE", "PRUNED", "FAIL")
 DEFAULT_SAMPLER_KEY = "default_sampler"  # study.json: the default sampler when the space names none
 LEGACY_DEFAULT_SAMPLER = {"kind": "tpe", "skip_repeats": False}  # autofl's default until 2026-11-24
@@ -319,7 +323,67 @@ def create_study(
     return study
 
 
-def trial_rows(study: Study) -> list[dict[str, Any]]:
+def storage_stamp(url: str) -> list[Any] | None:
+    """What changes whenever a file-based storage is written: path, inode, size and modification time
+    of an SQLite database and its -wal / -journal files, or of a journal file; None for a server
+    (PostgreSQL), whose writes no file shows. An empty file counts as none: a reader's connection
+    makes an empty -wal file while it is open."""
+    from autofl.tuning.storage import is_journal, journal_path
+
+    if is_journal(url):
+        files = [journal_path(url)]
+    elif url.startswith("sqlite:///"):
+        db = url[len("sqlite:///") :].split("?", 1)[0]
+        files = [db, f"{db}-wal", f"{db}-journal"]
+    else:
+        return None
+    stamp: list[Any] = []
+    for name in files:
+        try:
+            st = os.stat(name)
+        except OSError:
+            st = None
+        if st is None or st.st_size == 0:
+            stamp.append([os.path.abspath(name), None])
+            continue
+        stamp.append([os.path.abspath(name), st.st_ino, st.st_size, st.st_mtime_ns])
+    return stamp
+
+
+def trial_rows(study: Study, snapshot: bool = False) -> list[dict[str, Any]]:
+    """One dict per trial (number, Optuna state, params, last round, objective, values, user_attrs).
+    With `snapshot` (a caller that knows no driver writes the study now), rows kept in the study
+    folder are returned when the storage's files are unchanged since they were read (`storage_stamp`),
+    and rows read from Optuna are kept so; a server's storage is always read."""
+    stamp = storage_stamp(study.storage_url()) if snapshot else None
+    kept = study.root / TRIALS_SNAPSHOT
+    if stamp is not None:
+        try:
+            saved = json.loads(kept.read_text())
+            if saved["stamp"] == stamp:
+                return list(saved["rows"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    rows = _read_trial_rows(study)
+    if stamp is not None and storage_stamp(study.storage_url()) == stamp:  # nothing wrote while it was read
+        with contextlib.suppress(AutoFLError, OSError, TypeError, ValueError):  # read-only folder: read each time
+            write_atomic(kept, json.dumps({"stamp": stamp, "rows": rows}))
+    return rows
+
+
+def best_row_value(rows: list[dict[str, Any]], mode: str) -> float | None:
+    """The value `best_trial` would give, from `trial_rows`' rows (no Optuna import): the best (first)
+    objective of the COMPLETE trials that meet the study's constraints, or None."""
+    from autofl.tuning.objectives import best
+
+    complete = [r for r in rows if r["state"] == "COMPLETE" and r["values"] and r.get("feasible", True)]
+    chosen = best(complete, key=lambda r: r["values"][0], mode=mode)
+    return chosen["values"][0] if chosen is not None else None
+
+
+def _read_trial_rows(study: Study) -> list[dict[str, Any]]:
+    from autofl.tuning.constraints import is_feasible
+
     ot = study.load_optuna()
     if ot is None:
         return []
@@ -337,6 +401,7 @@ def trial_rows(study: Study) -> list[dict[str, Any]]:
                 "objective": t.values[0] if t.values else (t.intermediate_values[steps[-1]] if steps else None),
                 "tune_trial_id": t.user_attrs.get("tune_trial_id"),
                 "user_attrs": dict(t.user_attrs),
+                "feasible": is_feasible(t),  # meets the study's constraints (one without any does)
             }
         )
     return rows
