@@ -213,6 +213,17 @@ class Study:
             for r in trial_rows(self._folder, snapshot=not live)  # an idle study's rows may come from its snapshot
         ]
 
+    def best_row(self) -> dict[str, Any]:
+        """The best COMPLETE trial (first objective) that meets the space's constraints, as a row of
+        `trials()` (state as Optuna has it); AutoFLError if none. Read as `trials()` reads (an idle
+        study's snapshot: no Optuna import)."""
+        from autofl.tuning.study import best_row
+
+        return best_row(self._folder, self._optuna_rows())
+
+    def _optuna_rows(self) -> list[dict[str, Any]]:
+        return [{**r, "state": r["optuna_state"]} for r in self.trials()]
+
     def optuna_trials(self) -> list:
         """Optuna's FrozenTrials of the study (its constraint values in `.constraints`)."""
         ot = self._folder.load_optuna()
@@ -270,11 +281,12 @@ class Study:
         """A complete config of the best trial, runnable by `autofl.train` (what `autofl best-config
         export` writes). With a re-evaluation (`reeval`, default the stored one) the best candidate
         by mean over its seeds, with the verdict in its metadata."""
-        from autofl.tuning.study import best_trial, export_best_config
+        from autofl.tuning.study import best_row, export_best_config
 
         args_.check_args(args_.BestConfigArgs, "best_config", reeval=reeval)
-        best_trial(self._folder)  # a study without a completed trial fails here
-        return export_best_config(self._folder, reeval if reeval is not None else self.reeval_summary())
+        rows = self._optuna_rows()
+        best_row(self._folder, rows)  # a study without a completed trial fails here
+        return export_best_config(self._folder, reeval if reeval is not None else self.reeval_summary(), rows)
 
     def pareto_front(self) -> dict[str, Any]:
         """A multi-objective study's Pareto front: per trial its values and its runnable config."""

@@ -441,7 +441,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.pareto:
         text = dump_config(study.pareto_front(), args.format)
     else:
-        study.best_trial()  # a study without a completed trial fails here, before any re-evaluation
+        study.best_row()  # a study without a completed trial fails here, before any re-evaluation
         summary = None  # a stored re-evaluation still decides: its best by mean, not the single-seed best
         if args.reeval:
             summary = _reevaluate(

@@ -117,8 +117,8 @@ def test_list_is_read_from_its_cache_without_torch_and_a_changed_plugin_is_read_
 
 
 def test_an_idle_studys_trials_come_from_its_snapshot_until_its_storage_is_written(tmp_path):
-    """`studies` and `status` of an idle study read the rows kept beside its storage while the storage's
-    files are unchanged (no Optuna import: 2.3 s -> 0.6 s here); any write to the storage (here a trial
+    """`studies`, `status` and `best-config export` of an idle study read the rows kept beside its storage
+    while the storage's files are unchanged (no Optuna import: 2.3 s -> 0.6 s here); any write to the storage (here a trial
     added) makes them read it again, so they never show a stale study."""
     import optuna
     from optuna.distributions import FloatDistribution
@@ -134,6 +134,7 @@ def test_an_idle_studys_trials_come_from_its_snapshot_until_its_storage_is_writt
     assert (root / TRIALS_SNAPSHOT).exists()
     assert loaded("status", "snap", "--dir", home) == (0, set())
     assert loaded("studies", "--dir", home) == (0, set())
+    assert loaded("best-config", "export", "snap", "--dir", home) == (0, set())  # the row keeps the config
     kept = api.load_study("snap", home).trials()
     assert [r["number"] for r in kept] == [0, 1, 2] and all(r["feasible"] for r in kept)
 

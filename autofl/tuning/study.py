@@ -372,13 +372,17 @@ def trial_rows(study: Study, snapshot: bool = False) -> list[dict[str, Any]]:
 
 
 def best_row_value(rows: list[dict[str, Any]], mode: str) -> float | None:
-    """The value `best_trial` would give, from `trial_rows`' rows (no Optuna import): the best (first)
-    objective of the COMPLETE trials that meet the study's constraints, or None."""
+    """The value `best_trial` would give, from `trial_rows`' rows (no Optuna import), or None."""
+    chosen = _best_of_rows(rows, mode)
+    return chosen["values"][0] if chosen is not None else None
+
+
+def _best_of_rows(rows: list[dict[str, Any]], mode: str) -> dict[str, Any] | None:
+    """`best_of` on rows: the COMPLETE row with the best (first) objective that meets the constraints."""
     from autofl.tuning.objectives import best
 
     complete = [r for r in rows if r["state"] == "COMPLETE" and r["values"] and r.get("feasible", True)]
-    chosen = best(complete, key=lambda r: r["values"][0], mode=mode)
-    return chosen["values"][0] if chosen is not None else None
+    return best(complete, key=lambda r: r["values"][0], mode=mode)
 
 
 def _read_trial_rows(study: Study) -> list[dict[str, Any]]:
@@ -458,27 +462,54 @@ def no_feasible_trial(study: Study, trials: list) -> None:
 
     complete = [t for t in trials if t.state.name == "COMPLETE" and t.values]
     if complete and not any(is_feasible(t) for t in complete):
-        constraints = study.stored_space().constraints
-        raise AutoFLError(
-            f"study {study.name!r}: none of its {len(complete)} completed trials meets the constraints "
-            f"({'; '.join(constraints)}), so there is no best config to export; see autofl status {study.name}"
-        )
+        raise _none_feasible(study, len(complete))
+
+
+def _none_feasible(study: Study, complete: int) -> AutoFLError:
+    constraints = study.stored_space().constraints
+    return AutoFLError(
+        f"study {study.name!r}: none of its {complete} completed trials meets the constraints "
+        f"({'; '.join(constraints)}), so there is no best config to export; see autofl status {study.name}"
+    )
+
+
+def best_row(study: Study, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """`best_trial` on `trial_rows`' rows (no Optuna import): the COMPLETE row with the best (first)
+    objective that meets the constraints (the first of equals, as `best_trial`), else the same one-line
+    AutoFLError."""
+    chosen = _best_of_rows(rows, study.stored_space().mode)
+    if chosen is not None:
+        return chosen
+    complete = [r for r in rows if r["state"] == "COMPLETE" and r["values"]]
+    if complete:
+        raise _none_feasible(study, len(complete))
+    raise AutoFLError(f"study {study.name!r} has no completed trial yet; see autofl status {study.name}")
 
 
 CONFIG_ATTR = "config"  # a trial's user attr: its runnable config, resolved when it was asked for
 
 
-def export_best_config(study: Study, reeval: dict[str, Any] | None = None) -> dict[str, Any]:
+def export_best_config(
+    study: Study, reeval: dict[str, Any] | None = None, rows: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
     """A complete experiment config of the best trial, runnable by `autofl train --config`. With a
     re-evaluation summary, the best candidate by mean objective over its seeds (possibly the paper
-    default), and the summary's table and verdict go into the metadata."""
+    default), and the summary's table and verdict go into the metadata. With `rows` (`trial_rows`'),
+    the trials are read from them instead of Optuna."""
     space = study.stored_space()
     row = next((r for r in reeval["rows"] if r["candidate"] == reeval["best"]), None) if reeval else None
+    by_number = {r["number"]: r for r in rows} if rows is not None else None
     if row is not None:
-        attrs = _trial_attrs(study, row["trial"])
+        if by_number is not None:
+            attrs = dict(by_number[row["trial"]]["user_attrs"]) if row["trial"] in by_number else {}
+        else:
+            attrs = _trial_attrs(study, row["trial"])
         if isinstance(row.get("config"), dict):  # the paper default's config, resolved by the re-evaluation
             attrs = {**attrs, CONFIG_ATTR: row["config"]}
         config = trial_config(study, row["params"], row["trial"], row["search_value"], attrs)
+    elif rows is not None:
+        best = best_row(study, rows)
+        config = trial_config(study, dict(best["params"]), best["number"], best["values"][0], best["user_attrs"])
     else:
         trial = best_trial(study)
         config = trial_config(study, dict(trial.params), trial.number, first_value(trial), trial.user_attrs)
