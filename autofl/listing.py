@@ -125,8 +125,14 @@ def listing(kinds: list[str]) -> list[Listed]:
 CACHE_FORMAT = 1  # bump when Listed or the text of a row changes
 
 
-def cache_folder() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "autofl"
+def cache_folder() -> Path | None:
+    """Where the rows are kept; None where there is no cache folder (no XDG_CACHE_HOME and no home)."""
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]) / "autofl"
+    try:
+        return Path.home() / ".cache" / "autofl"
+    except (RuntimeError, KeyError, OSError):  # no HOME and no passwd entry (some batch containers)
+        return None
 
 
 def _stamps(root: Path) -> list[tuple[str, int, int]]:
@@ -159,10 +165,14 @@ def fingerprint() -> str:
     """What the rows depend on, hashed (see the module's docstring)."""
     from importlib.metadata import entry_points
 
+    import pydantic
+
     import autofl
     from autofl.registry import REGISTRIES
 
-    parts: list[Any] = [CACHE_FORMAT, sys.version, autofl.__version__, _stamps(Path(autofl.__file__).parent)]
+    # pydantic shapes the rows' text (types, defaults); annotated_types comes with it
+    parts: list[Any] = [CACHE_FORMAT, sys.version, autofl.__version__, pydantic.VERSION]
+    parts.append(_stamps(Path(autofl.__file__).parent))
     for registry in REGISTRIES.values():
         for ep in sorted(entry_points(group=registry.group), key=lambda e: (e.name, e.value)):
             dist = (ep.dist.name, ep.dist.version) if ep.dist is not None else None
@@ -175,7 +185,10 @@ def cached_listing(kinds: list[str]) -> list[Listed]:
     entry) and kept for the next call, unless a plugin was skipped or the cache cannot be written."""
     from autofl.registry import REGISTRIES, plugin_problems
 
-    path = cache_folder() / f"listing-{fingerprint()}.json"
+    folder = cache_folder()
+    if folder is None:
+        return listing(kinds)
+    path = folder / f"listing-{fingerprint()}.json"
     try:
         rows = [Listed(**row) for row in json.loads(path.read_text())]
     except (OSError, ValueError, TypeError):

@@ -34,7 +34,8 @@ def run_one(raw_cfg: dict, method: str, seed: int, raw_data, progress_every: int
     """One method's run; with `progress_every` N, a line `METHOD seed S round R ... s/round` every N
     evaluated rounds (a long run cut off by a time limit still says how far it got). With `checkpoint`
     (a file), the run's state is saved there every `checkpoint_every` rounds and a run that finds the
-    file continues from it (a killed run loses at most that many rounds); the file is removed at the end."""
+    file continues from it (a killed run loses at most that many rounds); the caller removes it once
+    it has kept the finished run."""
     cfg = dict(raw_cfg, seed=seed, method={**raw_cfg.get("method", {}), "name": method})  # keeps given params
     model = dict(cfg.get("model", {}))
 
@@ -56,12 +57,11 @@ def run_one(raw_cfg: dict, method: str, seed: int, raw_data, progress_every: int
             torch.save(sim.state_dict(), checkpoint.with_suffix(".tmp"))
             os.replace(checkpoint.with_suffix(".tmp"), checkpoint)
         if progress_every and len(history) % progress_every == 0:
-            print(f"{method} seed {seed} round {metrics['round']} personal_test_acc {metrics['personal_test_acc']:.4f} "
+            print(f"{method} seed {seed} round {metrics['round']} personal_test_acc "
+                  f"{metrics.get('personal_test_acc', float('nan')):.4f} "
                   f"{(time.perf_counter() - start) / (metrics['round'] - first):.3f} s/round ({sim.executor_line})",
                   flush=True)
     seconds = (time.perf_counter() - start) / max(exp.fl.rounds - first, 1)
-    if checkpoint is not None:
-        checkpoint.unlink(missing_ok=True)
     last = history[-1]
     return {
         "method": method, "seed": seed,

@@ -24,8 +24,8 @@ out=${1:-.}
 shift || true
 parts=${*:-engine}
 mkdir -p "$out"
+out=$(cd "$out" && pwd)  # absolute: some parts run from scripts/
 export PYTHONUNBUFFERED=1 AUTOFL_TEST_DEVICE=cuda
-root=$(pwd)
 for part in $parts; do
   case $part in
   engine)
@@ -51,6 +51,7 @@ for part in $parts; do
   fdcl-table)
     rows=${ROWS:-$out}
     mkdir -p "$rows"
+    rows=$(cd "$rows" && pwd)
     for m in fedavg ditto fedper moon fdcl; do
       for seed in 0 1 2; do
         (cd scripts && OMP_NUM_THREADS=1 timeout "${FDCL_LIMIT:-300}" python3 reproduce.py fdcl-t1-fmnist --methods $m \

@@ -202,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
                 if args.rows:
                     with args.rows.open("a") as rows:
                         rows.write(json.dumps({"config": configs[method], **run}) + "\n")
+                if ckpt is not None:  # the finished run is kept: its checkpoint is no longer needed
+                    ckpt.unlink(missing_ok=True)
             curves.append(([h[preset.metric] for h in run["history"]], run["seconds_per_round"]))
         paper = preset.paper.get(method)
         print(f"{method:<10} {('-' if paper is None else f'{paper:.2f}'):>7} "

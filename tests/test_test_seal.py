@@ -91,12 +91,16 @@ def test_re_evaluation_reads_the_test_splits(clean, tmp_path):
 def test_a_space_whose_target_metric_reads_the_test_split_is_refused():
     """`rounds_to_target` watching a test metric would be silently absent from every trial: one line instead."""
     from autofl.errors import ConfigError
-    from autofl.tuning.space import parse_space
+    from autofl.tuning.space import parse_space, parse_stored_space
 
     space = {"study": "s", "trials": 2, "params": {"fl.lr": {"type": "float", "low": 0.01, "high": 0.1}},
              "base": {"fl": {"rounds": 2}, "eval": {"target_acc": 0.5, "target_metric": "global_test_acc"}}}
     with pytest.raises(ConfigError, match=r"^s.yaml: base.eval.target_metric: 'global_test_acc' reads the test split, "
                        r"which a search never reads; allowed: personal_val_acc, personal_val_acc_p10, global_val_acc"):
         parse_space(space, "s.yaml")
+    assert parse_stored_space(space, "s.yaml").base["eval"]["target_metric"] == "global_test_acc"  # an older study: readable
     space["base"]["eval"]["target_metric"] = "global_val_acc"
     assert parse_space(space, "s.yaml").base["eval"]["target_metric"] == "global_val_acc"
+    space["params"]["eval.target_metric"] = {"type": "categorical", "choices": ["global_val_acc", "personal_test_acc"]}
+    with pytest.raises(ConfigError, match=r"params.eval.target_metric: 'personal_test_acc' reads the test split"):
+        parse_space(space, "s.yaml")

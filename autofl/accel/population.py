@@ -73,6 +73,7 @@ class RowSGD:
         self.members = len(settings)
         self.uniform = len(set(settings)) == 1
         self.momentum = any(s.momentum != 0 for s in settings)
+        self.weight_decay = any(s.weight_decay != 0 for s in settings)
         self.buffers: list[torch.Tensor | None] = [None] * len(params)  # momentum, made at the first step
         self.factors: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # by the tensors' rank
 
@@ -102,7 +103,8 @@ class RowSGD:
                     self._step_uniform(i, p, grad)
                     continue
                 neg_lr, weight_decay, momentum = self._per_row(p)
-                grad = torch.addcmul(grad, p, weight_decay)
+                if self.weight_decay:  # SGD adds no term where the decay is 0 (0 * p would be NaN at an inf)
+                    grad = torch.addcmul(grad, p, weight_decay)
                 if self.momentum:
                     buf = self.buffers[i]
                     if buf is None:

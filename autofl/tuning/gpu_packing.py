@@ -113,7 +113,7 @@ def measure_peak_bytes(exp: Any) -> int:
     torch.cuda.reset_peak_memory_stats(device)
     start = torch.cuda.memory_allocated(device)
     dry = exp.model_copy(update={"fl": exp.fl.model_copy(update={"rounds": 1, "eval_every": 1})})
-    sim = Simulation(dry, get_method_class(dry.method.name), device=device)
+    sim = Simulation(dry, get_method_class(dry.method.name), device=device, sealed_test=True)  # as a trial holds it
     sim.run_round()
     torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_allocated(device) - start

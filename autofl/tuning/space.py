@@ -235,12 +235,6 @@ class SearchSpace(Strict):
                     f"{field}: {name!r} is not a validation metric; allowed: "
                     f"{', '.join(VALIDATION_OBJECTIVES)} (test metrics are reported, never optimized)"
                 )
-        target = (self.base.get("eval") or {}).get("target_metric") if isinstance(self.base.get("eval"), dict) else None
-        if target is not None and target not in VALIDATION_OBJECTIVES and target in TARGET_METRICS:
-            raise ValueError(
-                f"base.eval.target_metric: {target!r} reads the test split, which a search never reads; allowed: "
-                f"{', '.join(m for m in TARGET_METRICS if m in VALIDATION_OBJECTIVES)}"
-            )
         if self.conditional and "method.name" not in self.params:
             raise ValueError("conditional: needs method.name among params (conditional params follow the method)")
         parse_constraints(self.constraints)
@@ -364,6 +358,30 @@ def _check_keys(
             build({**values, key: choice}, key, f"choice {choice!r} is invalid ({{err}})")
 
 
+def _check_target_metrics(space: SearchSpace, base_target: str) -> None:
+    """Every `eval.target_metric` a trial could run with (the base's, a method's overlay, a searched or
+    conditional choice) is a validation metric: a search reads no test split, so a test metric's
+    `rounds_to_target` would never be reported. Checked where a space is made, not where a stored one
+    is read (an older study's space stays readable)."""
+    found: list[tuple[str, Any]] = [("base.eval.target_metric", base_target)]
+    for method, overlay in space.method_base.items():
+        evaluation = overlay.get("eval")
+        if isinstance(evaluation, dict) and "target_metric" in evaluation:
+            found.append((f"method_base.{method}.eval.target_metric", evaluation["target_metric"]))
+    searched = [("params.eval.target_metric", space.params.get("eval.target_metric"))] + [
+        (f"conditional.{m}.eval.target_metric", own.get("eval.target_metric")) for m, own in space.conditional.items()
+    ]
+    for field, spec in searched:
+        if spec is not None:
+            found.extend((field, choice) for choice in spec.choices or [])
+    allowed = ", ".join(m for m in TARGET_METRICS if m in VALIDATION_OBJECTIVES)
+    for field, target in found:
+        if target not in VALIDATION_OBJECTIVES:
+            raise ConfigError(
+                f"{field}: {target!r} reads the test split, which a search never reads; allowed: {allowed}"
+            )
+
+
 def validate_space(space: SearchSpace) -> None:
     try:
         base = space.base_experiment()
@@ -407,6 +425,7 @@ def validate_space(space: SearchSpace) -> None:
                 f"method_base.{method}.{fixed[0]}: the study's own for every method (equal data and "
                 f"rounds); allowed: fl (but rounds), model, method, runtime"
             )
+    _check_target_metrics(space, base.eval.target_metric)
     val_spec = space.params.get("data.split.val")
     if base.data.split.val == 0 or (val_spec is not None and val_spec.example() == 0):
         raise ConfigError(

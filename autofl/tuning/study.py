@@ -350,24 +350,40 @@ def storage_stamp(url: str) -> list[Any] | None:
     return stamp
 
 
+SNAPSHOT_FORMAT = 1  # bump when a row's keys change: older snapshots are then read anew
+SETTLED_S = 2.0  # a storage file modified less than this long ago is read, not taken from the snapshot
+
+
+def _written_lately(stamp: list[Any]) -> bool:
+    """Whether a file of the stamp changed within SETTLED_S: a later write of the same size within a
+    filesystem's timestamp granularity (a jiffy on ext4, a second on some network filesystems) would
+    leave its stamp as it is, so rows are kept only from a storage that has been still for a while."""
+    import time
+
+    newest = max((entry[3] for entry in stamp if entry[1] is not None), default=0)
+    return time.time_ns() - newest < SETTLED_S * 1e9
+
+
 def trial_rows(study: Study, snapshot: bool = False) -> list[dict[str, Any]]:
     """One dict per trial (number, Optuna state, params, last round, objective, values, user_attrs).
     With `snapshot` (a caller that knows no driver writes the study now), rows kept in the study
     folder are returned when the storage's files are unchanged since they were read (`storage_stamp`),
     and rows read from Optuna are kept so; a server's storage is always read."""
     stamp = storage_stamp(study.storage_url()) if snapshot else None
+    if stamp is not None and _written_lately(stamp):  # a write within the clock's granularity may not show
+        stamp = None
     kept = study.root / TRIALS_SNAPSHOT
     if stamp is not None:
         try:
             saved = json.loads(kept.read_text())
-            if saved["stamp"] == stamp:
+            if saved["stamp"] == stamp and saved.get("format") == SNAPSHOT_FORMAT:
                 return list(saved["rows"])
         except (OSError, ValueError, KeyError, TypeError):
             pass
     rows = _read_trial_rows(study)
     if stamp is not None and storage_stamp(study.storage_url()) == stamp:  # nothing wrote while it was read
         with contextlib.suppress(AutoFLError, OSError, TypeError, ValueError):  # read-only folder: read each time
-            write_atomic(kept, json.dumps({"stamp": stamp, "rows": rows}))
+            write_atomic(kept, json.dumps({"format": SNAPSHOT_FORMAT, "stamp": stamp, "rows": rows}))
     return rows
 
 

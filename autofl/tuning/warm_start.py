@@ -151,7 +151,7 @@ def _take(trial: Any, space: SearchSpace, old_space: SearchSpace, other: Any, so
     import optuna
 
     from autofl.tuning.constraints import FEASIBLE_ATTR, constraint_values
-    from autofl.tuning.objectives import REPORTED_KEYS
+    from autofl.tuning.objectives import REPORTED_KEYS, TEST_METRICS
     from autofl.tuning.repeats import is_repeat
     from autofl.tuning.study import CONFIG_ATTR, resolved_config
 
@@ -167,7 +167,8 @@ def _take(trial: Any, space: SearchSpace, old_space: SearchSpace, other: Any, so
     difference = config_difference(trained, resolved_config(space, params))
     if difference is not None:
         return difference
-    copied = {k: attrs[k] for k in (*REPORTED_KEYS, CONFIG_ATTR) if k in attrs}
+    # not its test metrics (a study made before searches sealed the test split has them): a search reads none
+    copied = {k: attrs[k] for k in (*REPORTED_KEYS, CONFIG_ATTR) if k in attrs and k not in TEST_METRICS}
     copied[WARM_ATTR] = f"{source}#{trial.number}"
     distributions = {name: distribution(spec) for name, spec in _wanted(space, params).items()}
     if trial.state.name == "PRUNED":
