@@ -286,7 +286,7 @@ class Study:
         args_.check_args(args_.BestConfigArgs, "best_config", reeval=reeval)
         rows = self._optuna_rows()
         best_row(self._folder, rows)  # a study without a completed trial fails here
-        return export_best_config(self._folder, reeval if reeval is not None else self.reeval_summary(), rows)
+        return export_best_config(self._folder, rows, reeval if reeval is not None else self.reeval_summary())
 
     def pareto_front(self) -> dict[str, Any]:
         """A multi-objective study's Pareto front: per trial its values and its runnable config."""

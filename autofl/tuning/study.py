@@ -506,29 +506,22 @@ CONFIG_ATTR = "config"  # a trial's user attr: its runnable config, resolved whe
 
 
 def export_best_config(
-    study: Study, reeval: dict[str, Any] | None = None, rows: list[dict[str, Any]] | None = None
+    study: Study, rows: list[dict[str, Any]], reeval: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """A complete experiment config of the best trial, runnable by `autofl train --config`. With a
-    re-evaluation summary, the best candidate by mean objective over its seeds (possibly the paper
-    default), and the summary's table and verdict go into the metadata. With `rows` (`trial_rows`'),
-    the trials are read from them instead of Optuna."""
+    """A complete experiment config of the best trial of `rows` (`trial_rows`'), runnable by `autofl
+    train --config`. With a re-evaluation summary, the best candidate by mean objective over its seeds
+    (possibly the paper default), and the summary's table and verdict go into the metadata."""
     space = study.stored_space()
     row = next((r for r in reeval["rows"] if r["candidate"] == reeval["best"]), None) if reeval else None
-    by_number = {r["number"]: r for r in rows} if rows is not None else None
     if row is not None:
-        if by_number is not None:
-            attrs = dict(by_number[row["trial"]]["user_attrs"]) if row["trial"] in by_number else {}
-        else:
-            attrs = _trial_attrs(study, row["trial"])
+        by_number = {r["number"]: r for r in rows}
+        attrs = dict(by_number[row["trial"]]["user_attrs"]) if row["trial"] in by_number else {}
         if isinstance(row.get("config"), dict):  # the paper default's config, resolved by the re-evaluation
             attrs = {**attrs, CONFIG_ATTR: row["config"]}
         config = trial_config(study, row["params"], row["trial"], row["search_value"], attrs)
-    elif rows is not None:
+    else:
         best = best_row(study, rows)
         config = trial_config(study, dict(best["params"]), best["number"], best["values"][0], best["user_attrs"])
-    else:
-        trial = best_trial(study)
-        config = trial_config(study, dict(trial.params), trial.number, first_value(trial), trial.user_attrs)
     if reeval is not None:
         config["metadata"]["reeval"] = {
             "picked": f"{reeval['best']}: best mean {space.objective} over seeds {reeval['seeds']}",
@@ -626,13 +619,6 @@ def _installed_version(name: str) -> str:
         return version(name)
     except PackageNotFoundError:
         return "not installed"
-
-
-def _trial_attrs(study: Study, number: int | None) -> dict[str, Any]:
-    ot = study.load_optuna()
-    if number is None or ot is None:
-        return {}
-    return dict(ot.trials[number].user_attrs)
 
 
 def dump_config(config: dict[str, Any], fmt: str) -> str:
