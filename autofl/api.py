@@ -22,6 +22,7 @@ so that the study's owner can change without the API changing.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -119,6 +120,9 @@ def train(
     exp = load_config(config, overrides)
     folder = Path(out) if out is not None else default_run_dir(exp)
     history = run_training(exp, folder, on_round, overwrite, announce, on_clients)
+    from autofl.listing import keep_listing
+
+    keep_listing()  # the registries are loaded: the first `autofl list` after it imports no torch
     return RunResult(rounds=history, out=folder, experiment=exp)
 
 
@@ -222,7 +226,9 @@ class Study:
         return best_row(self._folder, self._optuna_rows())
 
     def _optuna_rows(self) -> list[dict[str, Any]]:
-        return [{**r, "state": r["optuna_state"]} for r in self.trials()]
+        from autofl.tuning.study import with_optuna_states
+
+        return with_optuna_states(self.trials())
 
     def optuna_trials(self) -> list:
         """Optuna's FrozenTrials of the study (its constraint values in `.constraints`)."""
@@ -347,9 +353,11 @@ class Study:
                 check_cluster_fits(resources.cpu, resources.gpu_share, address)  # on a cluster without them
 
         try:
-            return reevaluate(
+            summary = reevaluate(
                 folder, seeds, top, vary_partition, address, on_done=on_done or (lambda run, result: None), on_plan=plan
             )
+            _leave_for_readers(folder)  # it wrote the summary into the storage
+            return summary
         finally:
             lock.release()
 
@@ -522,9 +530,24 @@ def search(
         lock.acquire(sqlite=sqlite)
     try:
         _run_study(folder, trials, address, resume, join, verbose, on_start, created=not existing, lock=lock, warm=warm)
+        if not join:  # while the lock is held: no other driver writes the study meanwhile
+            _leave_for_readers(folder)
     finally:
         lock.release()
     return Study(folder)
+
+
+def _leave_for_readers(folder: Any) -> None:
+    """What the read-only commands would read slowly, left by a driver that has Optuna and the
+    registries loaded (issue 42): the study's trial rows (`autofl status` and `studies` then import
+    no Optuna) and `autofl list`'s rows (no torch). Both are caches: a failure leaves them unwritten
+    and the readers read the storage and the registries themselves."""
+    from autofl.listing import keep_listing
+    from autofl.tuning.study import keep_trial_rows
+
+    with contextlib.suppress(Exception):  # a cache: the study is whole in its storage either way
+        keep_trial_rows(folder)
+    keep_listing()
 
 
 def _run_study(

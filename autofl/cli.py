@@ -260,14 +260,17 @@ def _print_status(study) -> None:
         console.print(str(warm["line"]), soft_wrap=True)
     if space.constraints:
         from autofl.tuning.constraints import feasibility_line
+        from autofl.tuning.study import with_optuna_states
 
-        console.print(feasibility_line(space.constraints, study.optuna_trials()), soft_wrap=True)
+        console.print(feasibility_line(space.constraints, with_optuna_states(rows)), soft_wrap=True)
     if space.multi_objective:
-        front = study.pareto_trials()
+        from autofl.tuning.study import pareto_rows
+
+        front = pareto_rows(rows, space.mode)
         goals = ", ".join(f"{m} ({d})" for m, d in zip(space.metrics, space.modes or []))
         console.print(
             f"Pareto front of {goals}: "
-            + ("; ".join(f"trial {t.number} ({' / '.join(map(_fmt, t.values))})" for t in front) or "none yet"),
+            + ("; ".join(f"trial {r['number']} ({' / '.join(map(_fmt, r['values']))})" for r in front) or "none yet"),
             soft_wrap=True,
         )
     if space.budget_rounds is not None:
@@ -292,7 +295,7 @@ def _print_status(study) -> None:
 
 def cmd_studies(args: argparse.Namespace) -> int:
     from autofl import api
-    from autofl.tuning.study import best_row_value
+    from autofl.tuning.study import best_row_value, with_optuna_states
 
     home = api.studies_dir(args.dir)
     names = api.list_studies(home)
@@ -320,7 +323,7 @@ def cmd_studies(args: argparse.Namespace) -> int:
             table.add_row(name, "unreadable", "-", "-", "-", "-", "-", clean(" ".join(str(err).split())[:120]))
             continue
         counts = Counter(r["state"] for r in rows)
-        best = best_row_value([{**r, "state": r["optuna_state"]} for r in rows], s.stored_space.mode)
+        best = best_row_value(with_optuna_states(rows), s.stored_space.mode)
         table.add_row(
             name,
             str(len(rows)),

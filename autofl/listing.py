@@ -198,6 +198,19 @@ def cached_listing(kinds: list[str]) -> list[Listed]:
     return [row for kind in kinds for row in rows if row.kind == kind]
 
 
+def keep_listing() -> None:
+    """Keep the listing's rows unless they are kept already (a search's driver, which has imported
+    the registries' entries, leaves them for the first `autofl list` after an install)."""
+    from autofl.registry import REGISTRIES, plugin_problems
+
+    folder = cache_folder()
+    if folder is None or plugin_problems():
+        return
+    path = folder / f"listing-{fingerprint()}.json"
+    if not path.exists():
+        _keep(path, listing(list(REGISTRIES)))
+
+
 def _keep(path: Path, rows: list[Listed]) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

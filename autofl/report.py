@@ -430,8 +430,9 @@ def build_report(study: Study, out_dir: Path) -> Path:
     ]
     if space.constraints:
         from autofl.tuning.constraints import feasibility_line
+        from autofl.tuning.study import trial_rows
 
-        parts.append(f"<p>{html.escape(feasibility_line(space.constraints, trials))}</p>")
+        parts.append(f"<p>{html.escape(feasibility_line(space.constraints, trial_rows(study)))}</p>")
     top = best_of(trials, space.mode)  # never an infeasible trial
     if top is None:
         parts.append("<p>best trial: none (no completed trial meets the constraints)</p>")

@@ -117,6 +117,20 @@ def test_list_is_read_from_its_cache_without_torch_and_a_changed_plugin_is_read_
     assert len(list((tmp_path / "cache" / "autofl").glob("listing-*.json"))) == 1  # the old rows were dropped
 
 
+def test_a_training_leaves_the_listing_for_the_first_list_after_an_install(tmp_path):
+    """`autofl train` (and a search's driver) has imported every registry's entries: it keeps `autofl
+    list`'s rows, so the first list after an install imports no torch (issue 42: 6.6 s cold)."""
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"),
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "autofl", "train", "--set", "fl.rounds=1", "--out", tmp_path / "run"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = subprocess.run([sys.executable, "-c", LIST_PROBE, "list", "methods"], capture_output=True, text=True,
+                          env=env, timeout=300)
+    code, modules, out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (code, modules) == (0, []) and "fdcl" in out and "fedavg" in out
+
+
 def test_an_idle_studys_trials_come_from_its_snapshot_until_its_storage_is_written(tmp_path):
     """`studies`, `status` and `best-config export` of an idle study read the rows kept beside its storage
     while the storage's files are unchanged (no Optuna import: 2.3 s -> 0.6 s here); any write to the storage (here a trial

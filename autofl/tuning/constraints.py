@@ -107,10 +107,11 @@ def violated(constraints: Sequence[Constraint], attrs: Mapping[str, Any]) -> lis
     return [c.key for c in constraints if c.value(attrs) > 0]
 
 
-def feasibility_line(constraints: Sequence[str], trials: list) -> str:
-    """A constrained study's constraints and how many COMPLETE trials meet them (which do not)."""
-    complete = [t for t in trials if t.state.name == "COMPLETE"]
-    infeasible = [t.number for t in complete if not is_feasible(t)]
+def feasibility_line(constraints: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> str:
+    """A constrained study's constraints and how many COMPLETE trials meet them (which do not), from
+    `study.trial_rows`' rows (Optuna's state, `feasible`)."""
+    complete = [r for r in rows if r["state"] == "COMPLETE"]
+    infeasible = [r["number"] for r in complete if not r["feasible"]]
     shown = ", ".join(f"#{n}" for n in infeasible[:20]) + (", ..." if len(infeasible) > 20 else "")
     return (
         f"constraints: {'; '.join(constraints)}; {len(complete) - len(infeasible)} of {len(complete)} "

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import re
 import time
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -247,7 +248,21 @@ def _open_rdb(url: str):
     storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
     sqlalchemy.event.listen(storage.engine, "connect", _fast_sqlite)
     storage.engine.dispose()  # connections opened while building the schema reconnect with the pragmas
+    _SQLITE_ENGINES.add(storage.engine)
     return storage
+
+
+# the engines of the SQLite storages this process opened (an engine can outlive its storage object,
+# its pooled connection open): close_sqlite() ends their connections
+_SQLITE_ENGINES: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def close_sqlite() -> None:
+    """Close the pooled connections of every SQLite storage this process opened (each reconnects
+    when used again). The last connection's close folds SQLite's write-ahead log into the database
+    file, so the files' stamps (`study.storage_stamp`) then stay as they are until the next write."""
+    for engine in list(_SQLITE_ENGINES):
+        engine.dispose()
 
 
 # journal file -> ((pid, inode), its JournalStorage): one handle per file and process

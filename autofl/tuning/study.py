@@ -350,7 +350,7 @@ def storage_stamp(url: str) -> list[Any] | None:
     return stamp
 
 
-SNAPSHOT_FORMAT = 1  # bump when a row's keys change: older snapshots are then read anew
+SNAPSHOT_FORMAT = 2  # bump when a row's keys change: older snapshots are then read anew (2: "pareto")
 SETTLED_S = 2.0  # a storage file modified less than this long ago is read, not taken from the snapshot
 
 
@@ -365,7 +365,8 @@ def _written_lately(stamp: list[Any]) -> bool:
 
 
 def trial_rows(study: Study, snapshot: bool = False) -> list[dict[str, Any]]:
-    """One dict per trial (number, Optuna state, params, last round, objective, values, user_attrs).
+    """One dict per trial (number, Optuna state, params, last round, objective, values, user_attrs,
+    feasible: meets the constraints, pareto: on a multi-objective study's Pareto front).
     With `snapshot` (a caller that knows no driver writes the study now), rows kept in the study
     folder are returned when the storage's files are unchanged since they were read (`storage_stamp`),
     and rows read from Optuna are kept so; a server's storage is always read."""
@@ -382,9 +383,34 @@ def trial_rows(study: Study, snapshot: bool = False) -> list[dict[str, Any]]:
             pass
     rows = _read_trial_rows(study)
     if stamp is not None and storage_stamp(study.storage_url()) == stamp:  # nothing wrote while it was read
-        with contextlib.suppress(AutoFLError, OSError, TypeError, ValueError):  # read-only folder: read each time
-            write_atomic(kept, json.dumps({"format": SNAPSHOT_FORMAT, "stamp": stamp, "rows": rows}))
+        _keep_rows(study, stamp, rows)
     return rows
+
+
+def _keep_rows(study: Study, stamp: list[Any], rows: list[dict[str, Any]]) -> None:
+    with contextlib.suppress(AutoFLError, OSError, TypeError, ValueError):  # read-only folder: read each time
+        write_atomic(
+            study.root / TRIALS_SNAPSHOT, json.dumps({"format": SNAPSHOT_FORMAT, "stamp": stamp, "rows": rows})
+        )
+
+
+def keep_trial_rows(study: Study) -> None:
+    """Leave the study's rows for the read-only commands, as a search's driver does when it ends
+    (it holds the study's driver lock, so no one else writes it): the first `autofl status` or
+    `studies` after the search then needs no Optuna. The driver's SQLite connections are closed
+    first (their last close writes the database file); the rows are kept only if nothing wrote
+    while they were read. No SETTLED_S wait: no write can follow unseen, since the next writer is
+    a later driver; a reader still takes the rows only once the files have been still that long."""
+    from autofl.tuning.storage import close_sqlite
+
+    close_sqlite()
+    stamp = storage_stamp(study.storage_url())
+    if stamp is None:  # a server's storage: always read
+        return
+    rows = _read_trial_rows(study)
+    close_sqlite()
+    if storage_stamp(study.storage_url()) == stamp:
+        _keep_rows(study, stamp, rows)
 
 
 def best_row_value(rows: list[dict[str, Any]], mode: str) -> float | None:
@@ -401,12 +427,21 @@ def _best_of_rows(rows: list[dict[str, Any]], mode: str) -> dict[str, Any] | Non
     return best(complete, key=lambda r: r["values"][0], mode=mode)
 
 
+def pareto_rows(rows: list[dict[str, Any]], mode: str) -> list[dict[str, Any]]:
+    """A multi-objective study's Pareto front (Optuna's `best_trials`, as read into the rows' "pareto"),
+    best first objective first: `pareto_trials` on rows, no Optuna import."""
+    from autofl.tuning.objectives import best_first
+
+    return best_first([r for r in rows if r.get("pareto")], key=lambda r: r["values"][0], mode=mode)
+
+
 def _read_trial_rows(study: Study) -> list[dict[str, Any]]:
     from autofl.tuning.constraints import is_feasible
 
     ot = study.load_optuna()
     if ot is None:
         return []
+    front = {t.number for t in ot.best_trials} if len(ot.directions) > 1 else set()
     rows = []
     for t in ot.get_trials(deepcopy=False):
         steps = sorted(t.intermediate_values)
@@ -422,9 +457,16 @@ def _read_trial_rows(study: Study) -> list[dict[str, Any]]:
                 "tune_trial_id": t.user_attrs.get("tune_trial_id"),
                 "user_attrs": dict(t.user_attrs),
                 "feasible": is_feasible(t),  # meets the study's constraints (one without any does)
+                "pareto": t.number in front,  # on a multi-objective study's Pareto front
             }
         )
     return rows
+
+
+def with_optuna_states(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows as `api.Study.trials()` gives them (state as `autofl status` shows it, Optuna's in
+    "optuna_state") with Optuna's state back in "state", as this module's row functions read it."""
+    return [{**r, "state": r["optuna_state"]} for r in rows]
 
 
 def state_counts(rows: list[dict[str, Any]]) -> dict[str, int]:
