@@ -230,6 +230,78 @@ class Study:
 
         return with_optuna_states(self.trials())
 
+    @property
+    def storage_shown(self) -> str:
+        """The storage URL as it may be printed: a password in it is `***`."""
+        from autofl.text import mask_url
+
+        return mask_url(self.storage_url)
+
+    def best_objective(self, rows: list[dict[str, Any]] | None = None) -> float | None:
+        """The best feasible COMPLETE trial's (first) objective among `rows` (`trials()`' rows,
+        default read now), or None where there is none."""
+        from autofl.tuning.study import best_row_value, with_optuna_states
+
+        args_.check_args(args_.RowsArgs, "best_objective", rows=rows)
+        return best_row_value(with_optuna_states(self.trials() if rows is None else rows), self.stored_space.mode)
+
+    def feasibility_line(self, rows: list[dict[str, Any]] | None = None) -> str | None:
+        """A constrained study's constraints and how many completed trials meet them (None for a study
+        without constraints), from `trials()`' rows (default read now)."""
+        from autofl.tuning.constraints import feasibility_line
+        from autofl.tuning.study import with_optuna_states
+
+        args_.check_args(args_.RowsArgs, "feasibility_line", rows=rows)
+        constraints = self.stored_space.constraints
+        if not constraints:
+            return None
+        return feasibility_line(constraints, with_optuna_states(self.trials() if rows is None else rows))
+
+    def pareto_rows(self, rows: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+        """A multi-objective study's Pareto front as rows of `trials()` (default read now), best first
+        objective first: `pareto_trials()` without an Optuna import."""
+        from autofl.tuning.study import pareto_rows
+
+        args_.check_args(args_.RowsArgs, "pareto_rows", rows=rows)
+        return pareto_rows(self.trials() if rows is None else rows, self.stored_space.mode)
+
+    def trials_line(self) -> str:
+        """Where and how the study's trials train (the executor, its device, the resources chosen
+        by `gpu: auto`), as `autofl search` prints it when Ray is up; reads the resolved space."""
+        from autofl.accel.choice import describe_executor
+        from autofl.device import resolve_device
+        from autofl.methods.registry import get_method_class
+
+        space = self.space
+        base = space.base_experiment()
+        trial_device = resolve_device("cuda" if space.resources.gpu_share > 0 else "cpu")  # where Ray places the trials
+        line = describe_executor(base, get_method_class(base.method.name), trial_device)
+        return f"{line}; {space.resources.auto_line}" if space.resources.auto_line else line
+
+    def serve_dashboard(self, port: int, on_ready: Callable[[str], None] | None = None) -> None:
+        """Serve optuna-dashboard on the study's storage at 127.0.0.1:`port` until interrupted
+        (`autofl dashboard`); `on_ready(line)` is called with what it serves before it blocks. A
+        missing extra or a taken port is one line (AutoFLError), before the server starts."""
+        args_.check_args(args_.DashboardArgs, "serve_dashboard", port=port, on_ready=on_ready)
+        try:
+            import optuna_dashboard
+        except ImportError:
+            raise AutoFLError(
+                "dashboard: optuna-dashboard is not installed; install the extra with "
+                'pip install -e ".[dashboard]" (or pip install optuna-dashboard)'
+            ) from None
+        from autofl.tuning.preflight import check_port
+        from autofl.tuning.storage import open_storage
+
+        storage = open_storage(self.storage_url)
+        check_port(port)  # a taken or impossible port is one line, before the server starts
+        if on_ready is not None:
+            on_ready(
+                f"optuna-dashboard for study {self.name} ({self.storage_shown}) on "
+                f"http://127.0.0.1:{port}/dashboard/ ; Ctrl-C stops it"
+            )
+        optuna_dashboard.run_server(storage, host="127.0.0.1", port=port)  # this machine only
+
     def optuna_trials(self) -> list:
         """Optuna's FrozenTrials of the study (its constraint values in `.constraints`)."""
         ot = self._folder.load_optuna()
@@ -315,10 +387,10 @@ class Study:
         trials (runs already done are reused), as `autofl reeval` does; returns the summary (per
         candidate mean, std and 95% CI, the paired difference to the default, `best`, `verdict`).
         `on_plan(missing, total)` is called before Ray starts, `on_done(run, metrics)` per run."""
+        from autofl.limits import check_reeval_size
         from autofl.tuning.driver_lock import DriverLock
         from autofl.tuning.preflight import check_cluster_fits, probe_address, sigterm_as_ctrl_c
         from autofl.tuning.reeval import reevaluate
-        from autofl.tuning.reeval_limits import check_reeval_size
         from autofl.tuning.storage import is_sqlite
         from autofl.tuning.study import check_owned
 
@@ -406,6 +478,48 @@ def skipped_study_folders(dir: str | Path | None = None) -> list[str]:
 
     args_.check_args(args_.DirArgs, "skipped_study_folders", dir=dir)
     return study_folders(studies_dir(dir))[1]
+
+
+def study_name_rule() -> str:
+    """What a study's name may be (the rule every name is checked against)."""
+    from autofl.tuning.study import STUDY_NAME_RULE
+
+    return STUDY_NAME_RULE
+
+
+def config_text(config: dict[str, Any], fmt: str = "yaml") -> str:
+    """An exported config (`Study.best_config()`, `Study.pareto_front()`) as the text `autofl
+    best-config export` writes: `fmt` yaml or json."""
+    from autofl.tuning.study import dump_config
+
+    args_.check_args(args_.ConfigTextArgs, "config_text", config=config, fmt=fmt)
+    return dump_config(config, fmt)
+
+
+def list_entries(kinds: list[str]) -> list[Any]:
+    """What `autofl list` shows of `kinds` (methods, models, datasets): one `autofl.listing.Listed`
+    per registered entry (name, source, facts, parameters), kept between calls (autofl/listing.py)."""
+    from autofl.listing import cached_listing
+
+    args_.check_args(args_.ListEntriesArgs, "list_entries", kinds=kinds)
+    return cached_listing(kinds)
+
+
+def slurm_options(given: dict[str, Any], flags: bool = False) -> Any:
+    """`given` (SlurmOptions' fields) checked into an `autofl.slurm.SlurmOptions`; with `flags`, a bad
+    value's line names the CLI flag (--cpus-per-node) rather than the field."""
+    from autofl.slurm import parse_options
+
+    args_.check_args(args_.SlurmOptionsArgs, "slurm_options", given=given, flags=flags)
+    return parse_options(given, flags=flags)
+
+
+def release_sigterm() -> None:
+    """For a program that owns its process (the CLI), once its command is done: SIGTERM ends the
+    process at once again, instead of stopping a study as Ctrl-C does (autofl/tuning/preflight.py)."""
+    from autofl.tuning.preflight import sigterm_ends_the_process
+
+    sigterm_ends_the_process()
 
 
 def load_study(name: str, dir: str | Path | None = None) -> Study:

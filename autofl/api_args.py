@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -106,6 +106,31 @@ class BestConfigArgs(_Args):
         if value is not None and (not set(REEVAL_KEYS) <= set(value) or not isinstance(value["rows"], list)):
             raise ValueError("not a re-evaluation summary")
         return value
+
+
+class RowsArgs(_Args):
+    rows: list[dict[str, Any]] | None = Field(None, description="rows as Study.trials() returns them, or None")
+
+
+class DashboardArgs(_Args):
+    port: int = Field(ge=1, le=65535, description="a TCP port from 1 to 65535")
+    on_ready: Callable[..., Any] | None = Field(None, description=CALLBACK)
+
+
+class ConfigTextArgs(_Args):
+    config: dict[str, Any] = Field(description="a config as Study.best_config() or pareto_front() returns it (dict)")
+    fmt: Literal["yaml", "json"] = Field("yaml", description="'yaml' or 'json'")
+
+
+class ListEntriesArgs(_Args):
+    kinds: list[Literal["methods", "models", "datasets"]] = Field(
+        description="a list of 'methods', 'models', 'datasets'"
+    )
+
+
+class SlurmOptionsArgs(_Args):
+    given: dict[str, Any] = Field(description="SlurmOptions' fields (dict)")
+    flags: bool = Field(False, description=FLAG)
 
 
 def check_args(model: type[_Args], call: str, **args: Any) -> _Args:

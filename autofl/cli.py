@@ -16,8 +16,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from autofl.errors import AutoFLError
-from autofl.text import clean, terminal_console
-from autofl.tuning.reeval_limits import MAX_SEEDS, MAX_TOP
+from autofl.limits import MAX_SEEDS, MAX_TOP
+from autofl.text import clean, mask_url, terminal_console
 from autofl.units import format_bytes, format_flops
 
 # no rich markup in printed user text; 200 columns in a pipe or CI log (autofl/text.py)
@@ -145,17 +145,8 @@ def cmd_search(args: argparse.Namespace) -> int:
     record_before: list[dict] = []
 
     def on_start(study: api.Study, logs: Path) -> None:
-        from autofl.accel.choice import describe_executor
-        from autofl.device import resolve_device
-        from autofl.methods.registry import get_method_class
-
-        space = study.space
-        base = space.base_experiment()
-        trial_device = resolve_device("cuda" if space.resources.gpu_share > 0 else "cpu")  # where Ray places the trials
         console.print(
-            f"autofl search: study {study.name} in {study.root}; trials' "
-            f"{describe_executor(base, get_method_class(base.method.name), trial_device)}"
-            f"{'; ' + space.resources.auto_line if space.resources.auto_line else ''}; Ray's logs: {logs}"
+            f"autofl search: study {study.name} in {study.root}; trials' {study.trials_line()}; Ray's logs: {logs}"
             f"{' (also shown here)' if args.verbose else ''}",
             soft_wrap=True,
         )
@@ -220,8 +211,6 @@ def _note(attrs: dict) -> str:
 
 
 def _print_status(study) -> None:
-    from autofl.tuning.storage import mask_url
-
     rows = study.trials()  # each row's state as shown: INTERRUPTED for what a stopped driver left
     space = study.stored_space  # a view: no experiment built, so no torch
     # unseen clients and what each trial cost, shown once some trial reported them (older studies did not)
@@ -254,19 +243,15 @@ def _print_status(study) -> None:
             _note(r["user_attrs"]),
         )
     console.print(table)
-    console.print(f"storage: {mask_url(study.storage_url)}", soft_wrap=True)
+    console.print(f"storage: {study.storage_shown}", soft_wrap=True)
     warm = study.record.get("warm_start")
     if isinstance(warm, dict) and warm.get("line"):
         console.print(str(warm["line"]), soft_wrap=True)
-    if space.constraints:
-        from autofl.tuning.constraints import feasibility_line
-        from autofl.tuning.study import with_optuna_states
-
-        console.print(feasibility_line(space.constraints, with_optuna_states(rows)), soft_wrap=True)
+    feasibility = study.feasibility_line(rows)
+    if feasibility is not None:
+        console.print(feasibility, soft_wrap=True)
     if space.multi_objective:
-        from autofl.tuning.study import pareto_rows
-
-        front = pareto_rows(rows, space.mode)
+        front = study.pareto_rows(rows)
         goals = ", ".join(f"{m} ({d})" for m, d in zip(space.metrics, space.modes or []))
         console.print(
             f"Pareto front of {goals}: "
@@ -295,18 +280,15 @@ def _print_status(study) -> None:
 
 def cmd_studies(args: argparse.Namespace) -> int:
     from autofl import api
-    from autofl.tuning.study import best_row_value, with_optuna_states
 
     home = api.studies_dir(args.dir)
     names = api.list_studies(home)
     skipped = api.skipped_study_folders(home)
     if skipped:  # one line; the valid studies are still listed
-        from autofl.tuning.study import STUDY_NAME_RULE
-
         err_console.print(
             f"autofl: skipped {len(skipped)} folder{'s' if len(skipped) > 1 else ''} in {home} whose "
             f"name is not a study name: {', '.join(clean(repr(n)) for n in skipped)}; rename "
-            f"{'them' if len(skipped) > 1 else 'it'} ({STUDY_NAME_RULE}) to use "
+            f"{'them' if len(skipped) > 1 else 'it'} ({api.study_name_rule()}) to use "
             f"{'them' if len(skipped) > 1 else 'it'}",
             highlight=False,
             soft_wrap=True,
@@ -323,7 +305,7 @@ def cmd_studies(args: argparse.Namespace) -> int:
             table.add_row(name, "unreadable", "-", "-", "-", "-", "-", clean(" ".join(str(err).split())[:120]))
             continue
         counts = Counter(r["state"] for r in rows)
-        best = best_row_value(with_optuna_states(rows), s.stored_space.mode)
+        best = s.best_objective(rows)
         table.add_row(
             name,
             str(len(rows)),
@@ -399,33 +381,15 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
     from autofl import api
-    from autofl.tuning.storage import mask_url, open_storage
 
     study = api.load_study(args.name, args.dir)
-    try:
-        import optuna_dashboard
-    except ImportError:
-        raise AutoFLError(
-            "dashboard: optuna-dashboard is not installed; install the extra with "
-            'pip install -e ".[dashboard]" (or pip install optuna-dashboard)'
-        ) from None
-    storage = open_storage(study.storage_url)
-    from autofl.tuning.preflight import check_port
-
-    check_port(args.port)  # a taken or impossible port is one line, before the server starts
-    console.print(
-        f"optuna-dashboard for study {study.name} ({mask_url(study.storage_url)}) on "
-        f"http://127.0.0.1:{args.port}/dashboard/ ; Ctrl-C stops it",
-        soft_wrap=True,
-    )
-    optuna_dashboard.run_server(storage, host="127.0.0.1", port=args.port)  # this machine only
+    study.serve_dashboard(args.port, on_ready=lambda line: console.print(line, soft_wrap=True))
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     from autofl import api
     from autofl.files import write_atomic
-    from autofl.tuning.study import dump_config
 
     out = Path(args.output) if args.output else None
     if out is not None:  # checked before any work
@@ -442,7 +406,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise AutoFLError("--pareto: exports a multi-objective study's front; --reeval ranks configs on one objective")
     study = api.load_study(args.name, args.dir)
     if args.pareto:
-        text = dump_config(study.pareto_front(), args.format)
+        text = api.config_text(study.pareto_front(), args.format)
     else:
         study.best_row()  # a study without a completed trial fails here, before any re-evaluation
         summary = None  # a stored re-evaluation still decides: its best by mean, not the single-seed best
@@ -456,7 +420,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                 show=console if out is not None else err_console,
                 verbose=args.verbose,
             )
-        text = dump_config(study.best_config(summary), args.format)
+        text = api.config_text(study.best_config(summary), args.format)
     if out is not None:
         try:
             write_atomic(out, text)
@@ -536,14 +500,13 @@ _SLURM_FLAGS = (
 
 def cmd_slurm(args: argparse.Namespace) -> int:
     from autofl import api
-    from autofl.slurm import parse_options
 
     if args.resume and args.name is not None:
         raise AutoFLError(
             f"--name: applies to a new study; --resume {args.resume} continues the study with its own name"
         )
     given = {k: getattr(args, k) for k in _SLURM_FLAGS if getattr(args, k) not in (None, [])}
-    options = parse_options(given, flags=True)
+    options = api.slurm_options(given, flags=True)
     job = api.submit_slurm(
         args.space,
         name=args.resume or args.name,
@@ -565,10 +528,10 @@ def cmd_slurm(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from autofl.listing import cached_listing
+    from autofl import api
 
     kinds = [args.kind] if args.kind else ["methods", "models", "datasets"]
-    rows = cached_listing(kinds)
+    rows = api.list_entries(kinds)
     for kind in kinds:
         columns = ("name", "from", "about") + (("parameters: default, range",) if kind != "datasets" else ())
         table = Table(*columns, title=kind, title_justify="left")
@@ -774,9 +737,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _dispatch(args)
     finally:
-        from autofl.tuning.preflight import sigterm_ends_the_process
+        from autofl import api
 
-        sigterm_ends_the_process()  # the work is done: Ray's atexit shutdown is all that is left
+        api.release_sigterm()  # the work is done: Ray's atexit shutdown is all that is left
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -797,8 +760,6 @@ def _dispatch(args: argparse.Namespace) -> int:
             return _stdout_lost(err)
         raise
     except AutoFLError as err:
-        from autofl.tuning.storage import mask_url
-
         one_line = " ".join(str(err).split())  # messages quoting YAML or driver errors can span lines
         err_console.print(f"autofl: error: {clean(mask_url(one_line))}", highlight=False, soft_wrap=True)
         return err.exit_code

@@ -6,6 +6,7 @@ terminal."""
 
 from __future__ import annotations
 
+import re
 import sys
 import unicodedata
 
@@ -40,3 +41,25 @@ def terminal_console(stderr: bool = False) -> Console:
     stream = sys.stderr if stderr else sys.stdout
     width = None if stream is not None and stream.isatty() else 200  # stdout may be closed (>&-)
     return SafeConsole(stderr=stderr, width=width, markup=False, emoji=False)
+
+
+# ----- secrets: a storage URL's password is never printed ------------------------------------------
+
+_PASSWORD_IN_URL = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^:/@\s]*:)(?P<password>[^@\s]*)@")
+# libpq's other form: the password as a query parameter (`?password=...`, any case, percent-encoded
+# or not; `sslpassword` too), and keyword/value connection strings (`password=... host=...`)
+_QUERY_PARAM = re.compile(r"(?P<head>(?:^|[?&;\s'\"(,])(?P<key>[^=&;?\s'\"(,]+)\s*=\s*)(?P<value>'[^']*'|[^&;\s'\")]*)")
+
+
+def is_secret_key(key: str) -> bool:
+    """Whether a URL query key or a libpq keyword carries a password (`password`, `PASSWORD`,
+    `pass%77ord`, `sslpassword`)."""
+    from urllib.parse import unquote_plus
+
+    return "password" in unquote_plus(key).lower()
+
+
+def mask_url(text: str) -> str:
+    """`text` with the password of every URL in it replaced by `***` (user:pw@ and ?password= forms)."""
+    text = _PASSWORD_IN_URL.sub(lambda m: f"{m.group('head')}***@", text)
+    return _QUERY_PARAM.sub(lambda m: f"{m.group('head')}***" if is_secret_key(m.group("key")) else m.group(0), text)

@@ -91,7 +91,7 @@ def test_a_reevaluation_is_bounded_before_it_plans(tmp_path, capsys, args, named
 
 def test_the_api_bounds_a_reevaluation_too(tmp_path):
     from autofl.errors import AutoFLError
-    from autofl.tuning.reeval_limits import MAX_SEEDS, MAX_TOP, check_reeval_size
+    from autofl.limits import MAX_SEEDS, MAX_TOP, check_reeval_size
 
     check_reeval_size(MAX_SEEDS, MAX_TOP)
     for seeds, top, named in ((MAX_SEEDS + 1, 1, "seeds"), (1, 1, "seeds"), (2, MAX_TOP + 1, "top"), (2, 0, "top")):

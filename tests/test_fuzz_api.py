@@ -39,12 +39,19 @@ def not_a_whole_number(low: int, high: float = math.inf, none_ok: bool = False):
     return wrong if none_ok else st.one_of(wrong, st.none())
 
 
+NOT_ROWS = st.one_of(OBJECTS, NUMBERS, TEXT, BOOLS, st.lists(st.integers(0, 3), min_size=1, max_size=2))
+NOT_A_DICT = st.one_of(OBJECTS, NUMBERS, TEXT, BOOLS, st.lists(st.integers(0, 3), max_size=2), st.none())
+KINDS = ("methods", "models", "datasets")
+STUDY_BASE = {"serve_dashboard": {"port": 8080}}  # the other arguments a call needs (never reached: refused first)
+
 STUDY_CALLS = {  # argument -> (call, strategy of refused values)
     ("reevaluate", "seeds"): not_a_whole_number(2), ("reevaluate", "top"): not_a_whole_number(1),
     ("reevaluate", "vary_partition"): NOT_A_FLAG, ("reevaluate", "address"): NOT_A_STR,
     ("reevaluate", "verbose"): NOT_A_FLAG, ("reevaluate", "on_plan"): NOT_A_CALLBACK,
     ("reevaluate", "on_done"): NOT_A_CALLBACK,
     ("report", "out"): NOT_A_PATH,
+    ("best_objective", "rows"): NOT_ROWS, ("feasibility_line", "rows"): NOT_ROWS, ("pareto_rows", "rows"): NOT_ROWS,
+    ("serve_dashboard", "port"): not_a_whole_number(1, 65535), ("serve_dashboard", "on_ready"): NOT_A_CALLBACK,
     ("best_config", "reeval"): st.one_of(NOT_A_PATH.filter(lambda v: not isinstance(v, dict)),
                                          st.dictionaries(TEXT, st.integers(0, 3), max_size=3)),
 }
@@ -62,6 +69,11 @@ MODULE_CALLS = {
     ("submit_slurm", "name"): NOT_A_STR, ("submit_slurm", "resume"): NOT_A_FLAG,
     ("submit_slurm", "trials"): not_a_whole_number(1, 100_000, none_ok=True), ("submit_slurm", "dir"): NOT_A_PATH,
     ("submit_slurm", "dry_run"): NOT_A_FLAG,
+    ("config_text", "config"): NOT_A_DICT,
+    ("config_text", "fmt"): st.one_of(OBJECTS, NUMBERS, BOOLS, st.none(), TEXT.filter(lambda t: t not in ("yaml", "json"))),
+    ("list_entries", "kinds"): st.one_of(OBJECTS, NUMBERS, TEXT, st.none(),
+                                         st.lists(TEXT.filter(lambda t: t not in KINDS), min_size=1, max_size=2)),
+    ("slurm_options", "given"): NOT_A_DICT, ("slurm_options", "flags"): NOT_A_FLAG,
 }
 
 
@@ -88,6 +100,12 @@ def call_module(call: str, arg: str, value, home: Path):
     if call == "submit_slurm":
         base = {"dir": home / "home", "name": "new", "dry_run": True}
         return autofl.submit_slurm({"study": "new", "trials": 1}, **{**base, **kwargs})
+    if call == "config_text":
+        return autofl.api.config_text(**{"config": {"fl": {"lr": 0.1}}, **kwargs})
+    if call == "list_entries":
+        return autofl.api.list_entries(**kwargs)
+    if call == "slurm_options":
+        return autofl.api.slurm_options(**{"given": {}, **kwargs})
     if call == "load_study":
         return autofl.load_study(**{"name": "fz", "dir": home / "home", **kwargs})
     return autofl.list_studies(**kwargs)
@@ -103,7 +121,7 @@ def test_every_wrong_argument_is_one_argument_error_and_writes_nothing(home, dat
     with pytest.raises(ArgumentError) as info:
         if (call, arg) in STUDY_CALLS:
             study = autofl.load_study("fz", dir=home / "home")
-            getattr(study, call)(**{arg: value})
+            getattr(study, call)(**{**STUDY_BASE.get(call, {}), arg: value})
         else:
             call_module(call, arg, value, home)
     line = str(info.value)

@@ -91,7 +91,7 @@ def test_a_password_in_the_storage_query_is_refused_and_never_shown(tmp_path, ca
 def test_a_password_in_autofl_storage_is_masked_and_never_recorded(tmp_path, capsys, monkeypatch):
     from autofl.tuning import study as st
     from autofl.tuning.space import load_space
-    from autofl.tuning.storage import mask_url
+    from autofl.text import mask_url
 
     url = f"postgresql+psycopg://autofl@127.0.0.1:{free_port()}/autofl?sslmode=prefer&password={SECRET}"
     monkeypatch.setenv("AUTOFL_STORAGE", url)

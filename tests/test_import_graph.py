@@ -144,3 +144,15 @@ def test_the_engine_has_no_import_circle_even_for_type_checking():
     inside = {m: {t for t in targets if t.startswith(("autofl.engine", "autofl.accel"))}
               for m, targets in graph.items() if m.startswith(("autofl.engine", "autofl.accel"))}
     assert cycles(inside) == []
+
+
+# what the command line may import: the Python API, and the helpers that print and write what it returns
+CLI_TALKS_TO = {"autofl.api", "autofl.errors", "autofl.text", "autofl.units", "autofl.views", "autofl.files",
+                "autofl.limits"}
+
+
+def test_the_cli_talks_only_to_the_api_and_presentation_helpers():
+    """Issue 38: the CLI reached into storage, study, preflight, engine and registry modules; everything
+    it does now goes through `autofl.api` (so a Python caller can do the same)."""
+    names = module_names()
+    assert imports_of("autofl.cli", names["autofl.cli"], set(names), typing_too=True) <= CLI_TALKS_TO

@@ -33,7 +33,6 @@ REEVAL_DIR = "reeval"
 CARD_COST_KEYS = ("upload_bytes_per_round", "download_bytes_per_round", "flops_per_round")
 SEED_OFFSET = 1000  # fresh seeds start here, above any seed a study is likely to have searched with
 DEFAULT_LABEL = "default"
-from autofl.tuning.reeval_limits import MAX_SEEDS, MAX_TOP, check_reeval_size  # noqa: E402,F401
 
 
 class ReevalInterrupted(AutoFLError):

@@ -19,12 +19,13 @@ loses nothing that was committed; only a power cut can lose the last few commits
 from __future__ import annotations
 
 import os
-import re
 import time
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+
+from autofl.text import is_secret_key, mask_url
 
 STORAGE_ENV = "AUTOFL_STORAGE"
 PG_CONNECT_TIMEOUT_S = 10
@@ -33,24 +34,6 @@ SCHEMA_RACE_PAUSE_S = 0.1  # the pause before the n-th retry is n times this
 ALLOWED = "sqlite:///PATH, postgresql+psycopg://USER@HOST:PORT/DB or journal:///PATH.log"
 JOURNAL = "journal:"
 JOURNAL_SUGGEST_LOCK = ".autofl-suggest"  # <journal>.autofl-suggest.lock: held around count-then-create
-_PASSWORD_IN_URL = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^:/@\s]*:)(?P<password>[^@\s]*)@")
-# libpq's other form: the password as a query parameter (`?password=...`, any case, percent-encoded
-# or not; `sslpassword` too), and keyword/value connection strings (`password=... host=...`)
-_QUERY_PARAM = re.compile(r"(?P<head>(?:^|[?&;\s'\"(,])(?P<key>[^=&;?\s'\"(,]+)\s*=\s*)(?P<value>'[^']*'|[^&;\s'\")]*)")
-
-
-def is_secret_key(key: str) -> bool:
-    """Whether a URL query key or a libpq keyword carries a password (`password`, `PASSWORD`,
-    `pass%77ord`, `sslpassword`)."""
-    from urllib.parse import unquote_plus
-
-    return "password" in unquote_plus(key).lower()
-
-
-def mask_url(text: str) -> str:
-    """`text` with the password of every URL in it replaced by `***` (user:pw@ and ?password= forms)."""
-    text = _PASSWORD_IN_URL.sub(lambda m: f"{m.group('head')}***@", text)
-    return _QUERY_PARAM.sub(lambda m: f"{m.group('head')}***" if is_secret_key(m.group("key")) else m.group(0), text)
 
 
 def secret_query_keys(url: str) -> list[str]:

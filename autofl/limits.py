@@ -1,4 +1,4 @@
-"""How large a re-evaluation may be (a leaf module: the CLI's argument parser reads it).
+"""How large a re-evaluation may be (a leaf module: the CLI's argument parser reads it without the API).
 
 A re-evaluation is (top + 1) x seeds runs, one Tune trial each: issue 42's `--seeds 10000` planned
 40,000 trials, and Tune then took 570 s to stop on SIGTERM. At most 21 x 100 = 2,100 runs.
