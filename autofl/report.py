@@ -394,7 +394,7 @@ def build_report(study: Study, out_dir: Path) -> Path:
 
     matplotlib.use("Agg")
     from autofl.tuning.reeval import load_summary
-    from autofl.tuning.study import best_of, pareto_trials
+    from autofl.tuning.study import best_of_rows, pareto_trials, trial_rows
     from autofl.views import format_params
 
     space = study.space()
@@ -428,18 +428,18 @@ def build_report(study: Study, out_dir: Path) -> Path:
         + html.escape(", ".join(f"{v} {k.lower()}" for k, v in sorted(counts.items())))
         + "</p>",
     ]
+    rows = trial_rows(study)
     if space.constraints:
         from autofl.tuning.constraints import feasibility_line
-        from autofl.tuning.study import trial_rows
 
-        parts.append(f"<p>{html.escape(feasibility_line(space.constraints, trial_rows(study)))}</p>")
-    top = best_of(trials, space.mode)  # never an infeasible trial
+        parts.append(f"<p>{html.escape(feasibility_line(space.constraints, rows))}</p>")
+    top = best_of_rows(rows, space.mode)  # never an infeasible trial
     if top is None:
         parts.append("<p>best trial: none (no completed trial meets the constraints)</p>")
     else:
         parts.append(
-            f"<p>best trial #{top.number}: {space.objective} = {top.values[0]:.4f} "
-            f"({html.escape(format_params(top.params, short=False))})</p>"
+            f"<p>best trial #{top['number']}: {space.objective} = {top['values'][0]:.4f} "
+            f"({html.escape(format_params(top['params'], short=False))})</p>"
         )
     if space.multi_objective:
         parts.append("<h2>Pareto front</h2>")

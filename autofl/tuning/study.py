@@ -415,12 +415,13 @@ def keep_trial_rows(study: Study) -> None:
 
 def best_row_value(rows: list[dict[str, Any]], mode: str) -> float | None:
     """The value `best_trial` would give, from `trial_rows`' rows (no Optuna import), or None."""
-    chosen = _best_of_rows(rows, mode)
+    chosen = best_of_rows(rows, mode)
     return chosen["values"][0] if chosen is not None else None
 
 
-def _best_of_rows(rows: list[dict[str, Any]], mode: str) -> dict[str, Any] | None:
-    """`best_of` on rows: the COMPLETE row with the best (first) objective that meets the constraints."""
+def best_of_rows(rows: list[dict[str, Any]], mode: str) -> dict[str, Any] | None:
+    """The COMPLETE row (of `trial_rows`) with the best (first) objective that meets the study's
+    constraints (an infeasible trial is never the best; the first of equals), or None."""
     from autofl.tuning.objectives import best
 
     complete = [r for r in rows if r["state"] == "COMPLETE" and r["values"] and r.get("feasible", True)]
@@ -436,11 +437,14 @@ def pareto_rows(rows: list[dict[str, Any]], mode: str) -> list[dict[str, Any]]:
 
 
 def _read_trial_rows(study: Study) -> list[dict[str, Any]]:
+    ot = study.load_optuna()
+    return _rows_of(ot) if ot is not None else []
+
+
+def _rows_of(ot: Any) -> list[dict[str, Any]]:
+    """`trial_rows`' rows of a loaded Optuna study."""
     from autofl.tuning.constraints import is_feasible
 
-    ot = study.load_optuna()
-    if ot is None:
-        return []
     front = {t.number for t in ot.best_trials} if len(ot.directions) > 1 else set()
     rows = []
     for t in ot.get_trials(deepcopy=False):
@@ -493,33 +497,20 @@ def pareto_trials(study: Study) -> list:
 
 
 def best_trial(study: Study):
+    """Optuna's FrozenTrial of `best_row`'s choice (the same trial, the same one-line errors)."""
     ot = study.load_optuna()
     if ot is None:
         raise AutoFLError(f"study {study.name!r} has no trials yet")
     trials = ot.get_trials(deepcopy=False)
-    best = best_of(trials, study.stored_space().mode)
-    if best is None:
-        no_feasible_trial(study, trials)
-        raise AutoFLError(f"study {study.name!r} has no completed trial yet; see autofl status {study.name}")
-    return best
+    number = best_row(study, _rows_of(ot))["number"]
+    return next(t for t in trials if t.number == number)
 
 
-def best_of(trials: list, mode: str):
-    """The COMPLETE trial with the best (first) objective value that meets the study's constraints
-    (an infeasible trial is never the best), or None."""
-    from autofl.tuning.constraints import is_feasible
-    from autofl.tuning.objectives import best
-
-    complete = [t for t in trials if t.state.name == "COMPLETE" and t.values and is_feasible(t)]
-    return best(complete, key=lambda t: t.values[0], mode=mode)  # multi-objective: on the first objective
-
-
-def no_feasible_trial(study: Study, trials: list) -> None:
-    """Raise, in one line, when the study has COMPLETE trials but none meets its constraints."""
-    from autofl.tuning.constraints import is_feasible
-
-    complete = [t for t in trials if t.state.name == "COMPLETE" and t.values]
-    if complete and not any(is_feasible(t) for t in complete):
+def no_feasible_row(study: Study, rows: list[dict[str, Any]]) -> None:
+    """Raise, in one line, when the study has COMPLETE trials (`trial_rows`' rows) but none meets its
+    constraints."""
+    complete = [r for r in rows if r["state"] == "COMPLETE" and r["values"]]
+    if complete and not any(r["feasible"] for r in complete):
         raise _none_feasible(study, len(complete))
 
 
@@ -535,12 +526,10 @@ def best_row(study: Study, rows: list[dict[str, Any]]) -> dict[str, Any]:
     """`best_trial` on `trial_rows`' rows (no Optuna import): the COMPLETE row with the best (first)
     objective that meets the constraints (the first of equals, as `best_trial`), else the same one-line
     AutoFLError."""
-    chosen = _best_of_rows(rows, study.stored_space().mode)
+    chosen = best_of_rows(rows, study.stored_space().mode)
     if chosen is not None:
         return chosen
-    complete = [r for r in rows if r["state"] == "COMPLETE" and r["values"]]
-    if complete:
-        raise _none_feasible(study, len(complete))
+    no_feasible_row(study, rows)
     raise AutoFLError(f"study {study.name!r} has no completed trial yet; see autofl status {study.name}")
 
 
@@ -584,8 +573,7 @@ def export_pareto(study: Study) -> dict[str, Any]:
         )
     front = pareto_trials(study)
     if not front:
-        ot = study.load_optuna()
-        no_feasible_trial(study, ot.get_trials(deepcopy=False) if ot is not None else [])
+        no_feasible_row(study, _read_trial_rows(study))
         raise AutoFLError(f"study {study.name!r} has no completed trial yet; see autofl status {study.name}")
     return {
         "study": study.name,
