@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
     from autofl.config import Experiment
     from autofl.tuning.reeval import Run
-    from autofl.tuning.space import SearchSpace
+    from autofl.tuning.strategy.space import SearchSpace
 
 # ----- one run -----------------------------------------------------------------------------------
 
@@ -132,8 +132,8 @@ def train(
 def search_space(space: dict[str, Any] | SearchSpace | str | Path) -> tuple[SearchSpace, str]:
     """The validated space and the text a new study keeps as its space.yaml (a file's own text,
     comments included; a dict's or a SearchSpace's YAML)."""
-    from autofl.tuning.space import SearchSpace, parse_space
-    from autofl.tuning.study import ensure_space_file
+    from autofl.tuning.store.study import ensure_space_file
+    from autofl.tuning.strategy.space import SearchSpace, parse_space
 
     if isinstance(space, (str, Path)):
         path, parsed = ensure_space_file(str(space))
@@ -160,7 +160,7 @@ class Study:
     Open one with `autofl.load_study(name)`; `autofl.search(...)` returns one."""
 
     def __init__(self, folder: Any):
-        self._folder = folder  # autofl.tuning.study.Study
+        self._folder = folder  # autofl.tuning.store.study.Study
 
     def __repr__(self) -> str:
         return f"Study({self.name!r}, root={str(self.root)!r})"
@@ -200,7 +200,7 @@ class Study:
 
     def driver_running(self) -> bool:
         """Whether a main driver (`autofl search` or a re-evaluation) holds the study now."""
-        from autofl.tuning.driver_lock import DriverLock
+        from autofl.tuning.store.driver_lock import DriverLock
 
         return DriverLock(self.root).is_held()
 
@@ -208,8 +208,8 @@ class Study:
         """One dict per trial: number, state (as `autofl status` shows it: INTERRUPTED for what a
         stopped driver left), optuna_state, params, round (last reported), objective, values
         (multi-objective), user_attrs."""
-        from autofl.tuning.ledger import shown_state
-        from autofl.tuning.study import trial_rows
+        from autofl.tuning.store.ledger import shown_state
+        from autofl.tuning.store.study import trial_rows
 
         live = self.driver_running()
         return [
@@ -221,12 +221,12 @@ class Study:
         """The best COMPLETE trial (first objective) that meets the space's constraints, as a row of
         `trials()` (state as Optuna has it); AutoFLError if none. Read as `trials()` reads (an idle
         study's snapshot: no Optuna import)."""
-        from autofl.tuning.study import best_row
+        from autofl.tuning.store.study import best_row
 
         return best_row(self._folder, self._optuna_rows())
 
     def _optuna_rows(self) -> list[dict[str, Any]]:
-        from autofl.tuning.study import with_optuna_states
+        from autofl.tuning.store.study import with_optuna_states
 
         return with_optuna_states(self.trials())
 
@@ -240,7 +240,7 @@ class Study:
     def best_objective(self, rows: list[dict[str, Any]] | None = None) -> float | None:
         """The best feasible COMPLETE trial's (first) objective among `rows` (`trials()`' rows,
         default read now), or None where there is none."""
-        from autofl.tuning.study import best_row_value, with_optuna_states
+        from autofl.tuning.store.study import best_row_value, with_optuna_states
 
         args_.check_args(args_.RowsArgs, "best_objective", rows=rows)
         return best_row_value(with_optuna_states(self.trials() if rows is None else rows), self.stored_space.mode)
@@ -248,8 +248,8 @@ class Study:
     def feasibility_line(self, rows: list[dict[str, Any]] | None = None) -> str | None:
         """A constrained study's constraints and how many completed trials meet them (None for a study
         without constraints), from `trials()`' rows (default read now)."""
-        from autofl.tuning.constraints import feasibility_line
-        from autofl.tuning.study import with_optuna_states
+        from autofl.tuning.store.study import with_optuna_states
+        from autofl.tuning.strategy.constraints import feasibility_line
 
         args_.check_args(args_.RowsArgs, "feasibility_line", rows=rows)
         constraints = self.stored_space.constraints
@@ -260,7 +260,7 @@ class Study:
     def pareto_rows(self, rows: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
         """A multi-objective study's Pareto front as rows of `trials()` (default read now), best first
         objective first: `pareto_trials()` without an Optuna import."""
-        from autofl.tuning.study import pareto_rows
+        from autofl.tuning.store.study import pareto_rows
 
         args_.check_args(args_.RowsArgs, "pareto_rows", rows=rows)
         return pareto_rows(self.trials() if rows is None else rows, self.stored_space.mode)
@@ -290,8 +290,8 @@ class Study:
                 "dashboard: optuna-dashboard is not installed; install the extra with "
                 'pip install -e ".[dashboard]" (or pip install optuna-dashboard)'
             ) from None
-        from autofl.tuning.preflight import check_port
-        from autofl.tuning.storage import open_storage
+        from autofl.tuning.store.storage import open_storage
+        from autofl.tuning.tune.preflight import check_port
 
         storage = open_storage(self.storage_url)
         check_port(port)  # a taken or impossible port is one line, before the server starts
@@ -309,7 +309,7 @@ class Study:
 
     def counts(self) -> dict[str, int]:
         """Trials per state, as `autofl status` counts them."""
-        from autofl.tuning.study import state_counts
+        from autofl.tuning.store.study import state_counts
 
         return state_counts(self.trials())
 
@@ -334,18 +334,18 @@ class Study:
     def best_trial(self):
         """Optuna's FrozenTrial of the best COMPLETE trial (first objective) that meets the space's
         constraints; AutoFLError if none (saying so where trials completed but none is feasible)."""
-        from autofl.tuning.study import best_trial
+        from autofl.tuning.store.study import best_trial
 
         return best_trial(self._folder)
 
     def best_value(self) -> float | None:
-        from autofl.tuning.study import first_value
+        from autofl.tuning.store.study import first_value
 
         return first_value(self.best_trial())
 
     def pareto_trials(self) -> list:
         """A multi-objective study's Pareto front (FrozenTrials), best first objective first."""
-        from autofl.tuning.study import pareto_trials
+        from autofl.tuning.store.study import pareto_trials
 
         return pareto_trials(self._folder)
 
@@ -359,7 +359,7 @@ class Study:
         """A complete config of the best trial, runnable by `autofl.train` (what `autofl best-config
         export` writes). With a re-evaluation (`reeval`, default the stored one) the best candidate
         by mean over its seeds, with the verdict in its metadata."""
-        from autofl.tuning.study import best_row, export_best_config
+        from autofl.tuning.store.study import best_row, export_best_config
 
         args_.check_args(args_.BestConfigArgs, "best_config", reeval=reeval)
         rows = self._optuna_rows()
@@ -368,7 +368,7 @@ class Study:
 
     def pareto_front(self) -> dict[str, Any]:
         """A multi-objective study's Pareto front: per trial its values and its runnable config."""
-        from autofl.tuning.study import export_pareto
+        from autofl.tuning.store.study import export_pareto
 
         return export_pareto(self._folder)
 
@@ -388,11 +388,11 @@ class Study:
         candidate mean, std and 95% CI, the paired difference to the default, `best`, `verdict`).
         `on_plan(missing, total)` is called before Ray starts, `on_done(run, metrics)` per run."""
         from autofl.limits import check_reeval_size
-        from autofl.tuning.driver_lock import DriverLock
-        from autofl.tuning.preflight import check_cluster_fits, probe_address, sigterm_as_ctrl_c
         from autofl.tuning.reeval import reevaluate
-        from autofl.tuning.storage import is_sqlite
-        from autofl.tuning.study import check_owned
+        from autofl.tuning.store.driver_lock import DriverLock
+        from autofl.tuning.store.storage import is_sqlite
+        from autofl.tuning.store.study import check_owned
+        from autofl.tuning.tune.preflight import check_cluster_fits, probe_address, sigterm_as_ctrl_c
 
         args_.check_args(
             args_.ReevaluateArgs,
@@ -417,7 +417,7 @@ class Study:
             if on_plan is not None:
                 on_plan(missing, total)
             if missing:  # Ray starts only when there is something to run
-                from autofl.tuning.ray_start import start_ray
+                from autofl.tuning.tune.ray_start import start_ray
 
                 start_ray(folder.root, address, verbose)
                 sigterm_as_ctrl_c()  # after Ray's own driver handler
@@ -437,7 +437,7 @@ class Study:
         """Write the study's HTML report (self-contained) and its figures as PNG into `out`
         (default <study>/report); returns the HTML file's path."""
         from autofl.report import build_report
-        from autofl.tuning.study import check_owned
+        from autofl.tuning.store.study import check_owned
 
         args_.check_args(args_.ReportArgs, "report", out=out)
         folder = Path(out) if out is not None else self.root / "report"
@@ -457,7 +457,7 @@ class Study:
 
 def studies_dir(dir: str | Path | None = None) -> Path:
     """The studies folder: `dir`, else $AUTOFL_HOME, else ./autofl_studies."""
-    from autofl.tuning.study import studies_dir as resolve
+    from autofl.tuning.store.study import studies_dir as resolve
 
     args_.check_args(args_.DirArgs, "studies_dir", dir=dir)
     return resolve(str(dir) if dir is not None else None)
@@ -465,7 +465,7 @@ def studies_dir(dir: str | Path | None = None) -> Path:
 
 def list_studies(dir: str | Path | None = None) -> list[str]:
     """The names of the studies in the studies folder."""
-    from autofl.tuning.study import existing_studies
+    from autofl.tuning.store.study import existing_studies
 
     args_.check_args(args_.DirArgs, "list_studies", dir=dir)
     return existing_studies(studies_dir(dir))
@@ -474,7 +474,7 @@ def list_studies(dir: str | Path | None = None) -> list[str]:
 def skipped_study_folders(dir: str | Path | None = None) -> list[str]:
     """Folders in the studies folder that hold a study's files under a name no study may have
     (a copy made as `cp -r qs1 "qs1 backup"`): `list_studies` leaves them out."""
-    from autofl.tuning.study import study_folders
+    from autofl.tuning.store.study import study_folders
 
     args_.check_args(args_.DirArgs, "skipped_study_folders", dir=dir)
     return study_folders(studies_dir(dir))[1]
@@ -482,7 +482,7 @@ def skipped_study_folders(dir: str | Path | None = None) -> list[str]:
 
 def study_name_rule() -> str:
     """What a study's name may be (the rule every name is checked against)."""
-    from autofl.tuning.study import STUDY_NAME_RULE
+    from autofl.tuning.store.study import STUDY_NAME_RULE
 
     return STUDY_NAME_RULE
 
@@ -490,7 +490,7 @@ def study_name_rule() -> str:
 def config_text(config: dict[str, Any], fmt: str = "yaml") -> str:
     """An exported config (`Study.best_config()`, `Study.pareto_front()`) as the text `autofl
     best-config export` writes: `fmt` yaml or json."""
-    from autofl.tuning.study import dump_config
+    from autofl.tuning.store.study import dump_config
 
     args_.check_args(args_.ConfigTextArgs, "config_text", config=config, fmt=fmt)
     return dump_config(config, fmt)
@@ -516,15 +516,15 @@ def slurm_options(given: dict[str, Any], flags: bool = False) -> Any:
 
 def release_sigterm() -> None:
     """For a program that owns its process (the CLI), once its command is done: SIGTERM ends the
-    process at once again, instead of stopping a study as Ctrl-C does (autofl/tuning/preflight.py)."""
-    from autofl.tuning.preflight import sigterm_ends_the_process
+    process at once again, instead of stopping a study as Ctrl-C does (autofl/tuning/tune/preflight.py)."""
+    from autofl.tuning.tune.preflight import sigterm_ends_the_process
 
     sigterm_ends_the_process()
 
 
 def load_study(name: str, dir: str | Path | None = None) -> Study:
     """An existing study by name; AutoFLError listing the existing ones if there is none."""
-    from autofl.tuning.study import open_study
+    from autofl.tuning.store.study import open_study
 
     args_.check_args(args_.LoadStudyArgs, "load_study", name=name, dir=dir)
     return Study(open_study(studies_dir(dir), name))
@@ -533,8 +533,8 @@ def load_study(name: str, dir: str | Path | None = None) -> Study:
 def _import_trial_stack() -> None:
     import optuna  # noqa: F401
 
-    import autofl.tuning.searcher
-    import autofl.tuning.trainable  # noqa: F401  (torch, ray.tune, the engine)
+    import autofl.tuning.tune.searcher
+    import autofl.tuning.tune.trainable  # noqa: F401  (torch, ray.tune, the engine)
 
 
 def search(
@@ -560,13 +560,13 @@ def search(
     then add `trials` more if given. `join=True`: one more driver on a running PostgreSQL or journal study.
     `warm_start`: a new study begins with the finished trials of that other study (in the same
     folder) that fit its space; they train nothing and count against no budget
-    (autofl/tuning/warm_start.py; the line saying what was taken is `study.record["warm_start"]`).
+    (autofl/tuning/strategy/warm_start.py; the line saying what was taken is `study.record["warm_start"]`).
     `on_start(study, logs_folder)` is called once Ray is up, before the first trial. Ctrl-C raises
     StudyInterrupted (the study resumes with `resume=True`)."""
-    from autofl.tuning import study as store
-    from autofl.tuning.driver_lock import DriverLock
-    from autofl.tuning.preflight import check_home, check_new_study, probe_address
-    from autofl.tuning.storage import is_sqlite, probe_storage
+    from autofl.tuning.store import study as store
+    from autofl.tuning.store.driver_lock import DriverLock
+    from autofl.tuning.store.storage import is_sqlite, probe_storage
+    from autofl.tuning.tune.preflight import check_home, check_new_study, probe_address
 
     args_.check_args(
         args_.SearchArgs,
@@ -622,7 +622,7 @@ def search(
         storage_path = check_new_study(parsed, storage_path)
         check_home(home)
         if warm_start is not None:  # read only: an unknown study or the study itself is refused here
-            from autofl.tuning.warm_start import plan as warm_plan
+            from autofl.tuning.strategy.warm_start import plan as warm_plan
 
             warm = warm_plan(
                 home, warm_start, store.check_study_name(name or parsed.study, "--name" if name else "study"), parsed
@@ -657,7 +657,7 @@ def _leave_for_readers(folder: Any) -> None:
     no Optuna) and `autofl list`'s rows (no torch). Both are caches: a failure leaves them unwritten
     and the readers read the storage and the registries themselves."""
     from autofl.listing import keep_listing
-    from autofl.tuning.study import keep_trial_rows
+    from autofl.tuning.store.study import keep_trial_rows
 
     with contextlib.suppress(Exception):  # a cache: the study is whole in its storage either way
         keep_trial_rows(folder)
@@ -677,13 +677,14 @@ def _run_study(
     warm: Any = None,
 ) -> None:
     """Start Ray and run the study's trials: the one place the API drives the tuning package."""
-    from autofl.tuning.preflight import check_cluster_fits, rollback_if_unstarted, sigterm_as_ctrl_c
-    from autofl.tuning.ray_start import start_ray
-    from autofl.tuning.runner import StudyInterrupted, run_study
+    from autofl.tuning.tune.experiment import StudyInterrupted
+    from autofl.tuning.tune.preflight import check_cluster_fits, rollback_if_unstarted, sigterm_as_ctrl_c
+    from autofl.tuning.tune.ray_start import start_ray
+    from autofl.tuning.tune.runner import run_study
 
     with rollback_if_unstarted(folder, created=created, lock=lock):  # a failed start leaves no half-made study
         if warm is not None:  # the other study's trials, added before the first proposal
-            from autofl.tuning.warm_start import apply
+            from autofl.tuning.strategy.warm_start import apply
 
             apply(folder, warm)
         # Ray's processes start while this thread waits on them: import the trial stack meanwhile
@@ -733,10 +734,10 @@ def submit_slurm(
     from autofl import slurm as jobs
     from autofl.files import write_atomic
     from autofl.safe_yaml import load_text
-    from autofl.tuning import study as store
-    from autofl.tuning.preflight import check_home, check_new_study
-    from autofl.tuning.space import parse_space
-    from autofl.tuning.storage import STORAGE_ENV
+    from autofl.tuning.store import study as store
+    from autofl.tuning.store.storage import STORAGE_ENV
+    from autofl.tuning.strategy.space import parse_space
+    from autofl.tuning.tune.preflight import check_home, check_new_study
 
     args_.check_args(args_.SlurmArgs, "submit_slurm", name=name, resume=resume, trials=trials, dir=dir, dry_run=dry_run)
     opts = jobs.parse_options(options)

@@ -38,5 +38,5 @@ def run_threads(configured: int | None) -> int:
     """Torch threads of an `autofl train` run: `runtime.threads`, else the CPUs the process is
     given (torch's own default counts every core of the machine, so on a shared machine a run
     oversubscribed it: a round took 27 s against 1.9 s at one thread). Trials take theirs from the
-    space's `resources.cpu` (autofl/tuning/trainable.py)."""
+    space's `resources.cpu` (autofl/tuning/tune/trainable.py)."""
     return configured if configured else available_cpus()

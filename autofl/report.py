@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from autofl.files import write_atomic
-from autofl.tuning.objectives import better, sign
-from autofl.tuning.study import Study
+from autofl.tuning.store.study import Study
+from autofl.tuning.strategy.objectives import better, sign
 
 
 @dataclass
@@ -111,7 +111,7 @@ def trial_compute(space, trials: list) -> dict[int, float]:
     """Clients trained by each finished trial: rounds it reached x sampled clients per round (0 for
     a trial warm-started from another study: it trained there)."""
     from autofl.experiment import build_experiment
-    from autofl.tuning.ledger import is_warm_started
+    from autofl.tuning.store.ledger import is_warm_started
 
     out = {}
     for t in trials:
@@ -127,7 +127,7 @@ def asha_milestones(space) -> list[int]:
     (hyperband: those of its first bracket)."""
     if space.scheduler.kind not in ("asha", "hyperband"):
         return []
-    from autofl.tuning.asha import milestones
+    from autofl.tuning.strategy.asha import milestones
 
     return [
         int(m)
@@ -140,7 +140,7 @@ def _best_so_far(space, ot, trials: list, compute: dict[int, float]) -> list[Fig
     import matplotlib.pyplot as plt
     import optuna.visualization.matplotlib as ovm
 
-    from autofl.tuning.constraints import is_feasible
+    from autofl.tuning.strategy.constraints import is_feasible
 
     xs, ys, best, spent = [], [], None, 0.0
     for t in sorted(trials, key=lambda t: t.datetime_complete or t.datetime_start):
@@ -277,7 +277,7 @@ def _reeval_figure(summary: dict[str, Any]) -> Figure:
 def leaderboard(space, trials: list, compute: dict[int, float], summary: dict[str, Any] | None) -> list[dict[str, Any]]:
     """Cross-method studies: per method, its best trial, re-evaluated mean (if one of its configs
     was re-evaluated), trials run and compute spent."""
-    from autofl.tuning.constraints import is_feasible
+    from autofl.tuning.strategy.constraints import is_feasible
 
     methods: dict[str, dict[str, Any]] = {}
     for t in trials:
@@ -394,7 +394,7 @@ def build_report(study: Study, out_dir: Path) -> Path:
 
     matplotlib.use("Agg")
     from autofl.tuning.reeval import load_summary
-    from autofl.tuning.study import best_of_rows, pareto_trials, trial_rows
+    from autofl.tuning.store.study import best_of_rows, pareto_trials, trial_rows
     from autofl.views import format_params
 
     space = study.space()
@@ -430,7 +430,7 @@ def build_report(study: Study, out_dir: Path) -> Path:
     ]
     rows = trial_rows(study)
     if space.constraints:
-        from autofl.tuning.constraints import feasibility_line
+        from autofl.tuning.strategy.constraints import feasibility_line
 
         parts.append(f"<p>{html.escape(feasibility_line(space.constraints, rows))}</p>")
     top = best_of_rows(rows, space.mode)  # never an infeasible trial

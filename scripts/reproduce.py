@@ -28,7 +28,7 @@ from autofl.config import apply_overrides
 from autofl.data.datasets import load_raw_dataset
 from autofl.errors import AutoFLError
 from autofl.experiment import build_experiment
-from autofl.tuning.space import experiment_dict
+from autofl.tuning.strategy.space import experiment_dict
 
 
 @dataclass

@@ -12,8 +12,8 @@ the table's seeds (0: what a search sees; 1000, 1001: what `autofl export --reev
 with the partition fixed (data.seed), storing every round's validation and test accuracy, and
 writes `<task>.json.gz` with the command and settings that built it. `replay` runs each search
 method against the table with the live study's own parts: the sampler from
-autofl.tuning.strategy.make_sampler, the define-by-run space, and the ASHA rung rule of
-autofl.tuning.asha; compute is counted in client-rounds (rounds x clients trained), and a
+autofl.tuning.strategy.build.make_sampler, the define-by-run space, and the ASHA rung rule of
+autofl.tuning.strategy.asha; compute is counted in client-rounds (rounds x clients trained), and a
 method's budget is a fraction of the grid's compute (every config, one seed, all rounds).
 """
 
@@ -41,7 +41,7 @@ VAL_KEY, TEST_KEY = "personal_val_acc", "personal_test_acc"
 
 # ----------------------------------------------------------------------------------------- tables
 def task_space(task: str):
-    from autofl.tuning.space import load_space
+    from autofl.tuning.strategy.space import load_space
 
     return load_space(HERE / f"{task}.yaml")
 
@@ -191,7 +191,7 @@ class Method:
 
 def method_space(space, method: Method, seed: int):
     """The task's space with the method's sampler and scheduler, validated as a space file would be."""
-    from autofl.tuning.space import SearchSpace
+    from autofl.tuning.strategy.space import SearchSpace
 
     tree = space.model_dump(mode="json", exclude_unset=True)
     tree.update(sampler=method.sampler, scheduler=method.scheduler, seed=seed, trials=1)
@@ -253,7 +253,7 @@ def replay_search(table: Table, space, method: Method, seed: int, workers: int, 
     """One study on the table, as the live one runs it: Optuna's sampler (make_sampler) asks through
     the define-by-run space, the start point first; `workers` trials train at once, one round per
     step each; every round's value is reported to the Optuna trial and judged by the ASHA rule
-    (autofl.tuning.asha) at its rungs; a trial that reaches max rounds is told COMPLETE, one stopped
+    (autofl.tuning.strategy.asha) at its rungs; a trial that reaches max rounds is told COMPLETE, one stopped
     PRUNED, one that diverged FAIL. Runs until `budget_rounds` rounds were trained; returns
     (rounds spent when it ended, config, state, last value) per finished trial, in finishing order:
     any smaller budget's study is a prefix of it (a budget only cuts trials in flight).
@@ -264,10 +264,10 @@ def replay_search(table: Table, space, method: Method, seed: int, workers: int, 
     import optuna
     from optuna.trial import TrialState
 
-    from autofl.tuning import asha
-    from autofl.tuning.repeats import ask_unseen
-    from autofl.tuning.space import DefineByRun
-    from autofl.tuning.strategy import make_sampler, study_start_points
+    from autofl.tuning.strategy import asha
+    from autofl.tuning.strategy.repeats import ask_unseen
+    from autofl.tuning.strategy.space import DefineByRun
+    from autofl.tuning.strategy.build import make_sampler, study_start_points
 
     mspace = method_space(space, method, seed)
     study = optuna.create_study(direction="maximize" if mspace.mode == "max" else "minimize", sampler=make_sampler(mspace))
@@ -286,7 +286,7 @@ def replay_search(table: Table, space, method: Method, seed: int, workers: int, 
     median_history: dict[int, list[float]] = {}
 
     def start(number: int) -> ReplayTrial:
-        if mspace.sampler.skip_repeats:  # as the live ledger asks (autofl/tuning/repeats.py)
+        if mspace.sampler.skip_repeats:  # as the live ledger asks (autofl/tuning/strategy/repeats.py)
             ot, _ = ask_unseen(study, define, space_size=len(table.configs))
         else:
             ot = study.ask()
@@ -369,7 +369,7 @@ def choose(table: Table, space, finished: list[tuple[int, int, str, float]], bud
     user keeps the paper default (the space's base config)."""
     import numpy as np
 
-    from autofl.tuning.space import start_points
+    from autofl.tuning.strategy.space import start_points
 
     default = [table.index[table.key(p)] for p in start_points(space)]
     reeval_cost = 0
@@ -703,7 +703,7 @@ def cmd_live(args: argparse.Namespace) -> int:
     import optuna
     import yaml
 
-    from autofl.tuning.space import start_points
+    from autofl.tuning.strategy.space import start_points
 
     table = Table(load_table(args.task))
     space = task_space(args.task)

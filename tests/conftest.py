@@ -80,7 +80,7 @@ def storage_line(kind: str) -> str:
 def new_ledger(tmp_path: Path, storage: str = "sqlite"):
     """A study ledger on a fresh single-objective (maximize) study in tmp_path/s, on `storage`
     (one of STORAGE_KINDS)."""
-    from autofl.tuning.ledger import Ledger
+    from autofl.tuning.store.ledger import Ledger
 
     root = tmp_path / "s"
     root.mkdir()

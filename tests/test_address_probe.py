@@ -66,7 +66,7 @@ def test_an_address_where_something_else_answers_is_one_line(tmp_path, reply):
 
 def test_a_grpc_server_passes_the_handshake_check():
     """The check Ray's GCS passes (answered on a live Ray in the search tests): a SETTINGS frame."""
-    from autofl.tuning.preflight import answers_http2
+    from autofl.tuning.tune.preflight import answers_http2
 
     settings = bytes([0, 0, 0x18, 4, 0, 0, 0, 0, 0])
     with tcp_server(settings) as port, socket.create_connection(("127.0.0.1", port)) as conn:

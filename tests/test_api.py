@@ -56,7 +56,7 @@ def test_autofl_search_stays_the_function_after_the_tuning_package_loads():
     """Importing autofl.tuning.* binds autofl.tuning, never autofl.search."""
     import inspect
 
-    import autofl.tuning.study  # noqa: F401
+    import autofl.tuning.store.study  # noqa: F401
 
     assert callable(autofl.search)
     assert list(inspect.signature(autofl.search).parameters)[:6] == \
@@ -176,8 +176,8 @@ def test_a_ctrl_c_after_tune_returned_says_how_to_resume_and_resume_finishes_the
     import os
     import signal
 
-    from autofl.tuning import runner
-    from autofl.tuning.tune_run import StudyInterrupted
+    from autofl.tuning.tune import runner
+    from autofl.tuning.tune.experiment import StudyInterrupted
 
     home = tmp_path / "home"
     space = {"study": "late", "base": {**TINY, "method": {"name": "fedavg"}},
@@ -215,7 +215,7 @@ def test_a_ctrl_c_during_reevaluation_stops_it_keeps_the_finished_runs_and_a_rer
     import signal
 
     from autofl.tuning.reeval import ReevalInterrupted, load_finished, load_summary
-    from autofl.tuning.study import open_study
+    from autofl.tuning.store.study import open_study
 
     home = tmp_path / "home"
     space = {"study": "stop", "base": {**TINY, "method": {"name": "fedavg"}},

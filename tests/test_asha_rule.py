@@ -1,4 +1,4 @@
-"""autofl.tuning.asha is Ray Tune's ASHA rule: on random result streams it stops exactly the trials
+"""autofl.tuning.strategy.asha is Ray Tune's ASHA rule: on random result streams it stops exactly the trials
 Tune's AsyncHyperBandScheduler stops (driven through its public hooks), and the rungs rebuilt
 from the trials' per-round values (what a resumed driver or the benchmark replay sees) equal
 the rungs the live run built."""
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from ray.tune.schedulers import AsyncHyperBandScheduler, TrialScheduler
 
-from autofl.tuning import asha
+from autofl.tuning.strategy import asha
 
 
 class Reference:

@@ -29,8 +29,8 @@ def test_a_study_name_cannot_leave_the_studies_folder(tmp_path, capsys, name):
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to hand a folder to another uid")
 def test_resume_refuses_a_study_folder_another_user_owns(tmp_path, capsys):
-    from autofl.tuning.space import load_space
-    from autofl.tuning.study import create_study
+    from autofl.tuning.strategy.space import load_space
+    from autofl.tuning.store.study import create_study
 
     space = tmp_path / "space.yaml"
     space.write_text(yaml.safe_dump({"study": "theirs", "trials": 1}))

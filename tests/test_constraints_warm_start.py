@@ -25,7 +25,7 @@ def space_dict(name: str, **extra: Any) -> dict[str, Any]:
 
 
 def parse(**extra: Any):
-    from autofl.tuning.space import parse_space
+    from autofl.tuning.strategy.space import parse_space
 
     return parse_space(space_dict("s", **extra), "s.yaml")
 
@@ -33,8 +33,8 @@ def parse(**extra: Any):
 def make_study(tmp_path: Path, name: str, trials: list[dict[str, Any]], **extra: Any) -> Path:
     """A study folder under tmp_path/home whose SQLite storage holds `trials` (each: lr, state,
     value, attrs, constraints), every one with the config a search records for it."""
-    from autofl.tuning import study as st
-    from autofl.tuning.space import load_space
+    from autofl.tuning.store import study as st
+    from autofl.tuning.strategy.space import load_space
 
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(space_dict(name, **extra)))
@@ -108,7 +108,7 @@ def test_constraints_parse_into_metric_op_bound():
     ],
 )
 def test_a_bad_constraint_is_one_line_naming_it(constraints, sampler, message):
-    from autofl.tuning.constraints import constraint_metrics
+    from autofl.tuning.strategy.constraints import constraint_metrics
 
     with pytest.raises(ConfigError) as err:
         parse(constraints=constraints, sampler={"kind": sampler})
@@ -116,8 +116,8 @@ def test_a_bad_constraint_is_one_line_naming_it(constraints, sampler, message):
 
 
 def test_the_constrainable_metrics_are_the_reported_ones_but_test_metrics_round_and_node():
-    from autofl.tuning.constraints import constraint_metrics
-    from autofl.tuning.objectives import REPORTED_KEYS
+    from autofl.tuning.strategy.constraints import constraint_metrics
+    from autofl.tuning.strategy.objectives import REPORTED_KEYS
 
     allowed = constraint_metrics()
     assert {"personal_val_acc", "personal_val_acc_std", "personal_val_acc_p10", "global_val_acc", "train_loss"} <= set(
@@ -155,7 +155,7 @@ def test_a_cli_search_with_a_bad_constraint_exits_2_and_writes_nothing(tmp_path,
 
 
 def test_constraint_values_are_value_minus_bound_and_bound_minus_value():
-    from autofl.tuning.constraints import MISSING_VIOLATION, constraint_values, parse_constraints
+    from autofl.tuning.strategy.constraints import MISSING_VIOLATION, constraint_values, parse_constraints
 
     constraints = parse_constraints(["personal_val_acc_p10 >= 0.75", "train_loss <= 2", "personal_val_acc >= 0.5"])
     values = constraint_values(constraints, {"personal_val_acc_p10": 0.5, "train_loss": 1.5})
@@ -167,7 +167,7 @@ def test_constraint_values_are_value_minus_bound_and_bound_minus_value():
 
 
 def test_the_ledger_records_constraints_on_complete_trials_only(tmp_path):
-    from autofl.tuning.ledger import Ledger
+    from autofl.tuning.store.ledger import Ledger
 
     root = make_study(tmp_path, "led", [], constraints=["personal_val_acc_p10 >= 0.75", "train_loss <= 2"],
                       sampler={"kind": "tpe"})
@@ -188,11 +188,11 @@ def test_the_ledger_records_constraints_on_complete_trials_only(tmp_path):
 
 
 def test_a_repeat_told_as_its_twin_carries_the_twins_constraint_values(tmp_path):
-    from autofl.tuning.repeats import tell_as_twin
+    from autofl.tuning.strategy.repeats import tell_as_twin
 
     root = make_study(tmp_path, "rep", [{"lr": 0.05, "value": 0.9, "constraints": {"train_loss <= 2": 0.5}}],
                       constraints=["train_loss <= 2"], sampler={"kind": "tpe"})
-    from autofl.tuning.ledger import Ledger
+    from autofl.tuning.store.ledger import Ledger
 
     study = Ledger(root).study(create_directions=["maximize"])
     twin = study.get_trials()[0]
@@ -221,7 +221,7 @@ def three_trials(tmp_path: Path, name: str, feasible: tuple[bool, bool, bool]) -
 
 def test_export_status_and_reeval_skip_an_infeasible_best(tmp_path, capsys):
     from autofl.tuning.reeval import candidates
-    from autofl.tuning.study import Study
+    from autofl.tuning.store.study import Study
 
     root = three_trials(tmp_path, "con", (True, False, True))  # the highest value (0.9, trial 1) is infeasible
     home = tmp_path / "home"
@@ -245,8 +245,8 @@ def test_the_live_views_best_so_far_is_never_infeasible(tmp_path):
 
     from rich.console import Console
 
-    from autofl.tuning.ledger import Ledger
-    from autofl.tuning.live_view import LiveView
+    from autofl.tuning.store.ledger import Ledger
+    from autofl.tuning.tune.live_view import LiveView
 
     view = LiveView(Ledger(three_trials(tmp_path, "live", (True, False, True))), Console(file=io.StringIO()))
     view.setup()
@@ -264,7 +264,7 @@ def test_export_with_no_feasible_trial_is_one_line_exit_2(tmp_path, capsys):
 
 def test_reeval_never_picks_a_candidate_whose_seed_mean_misses_a_constraint(tmp_path):
     from autofl.tuning.reeval import DEFAULT_LABEL, Candidate, Run, record_run, summarize
-    from autofl.tuning.study import Study
+    from autofl.tuning.store.study import Study
 
     study = Study(three_trials(tmp_path, "rv", (True, True, True)))
     default = Candidate(DEFAULT_LABEL, None, {}, None)
@@ -298,13 +298,13 @@ def source_study(tmp_path: Path) -> Path:
 
 
 def new_space(**extra: Any):
-    from autofl.tuning.space import parse_space
+    from autofl.tuning.strategy.space import parse_space
 
     return parse_space(space_dict("new", **extra), "new.yaml")
 
 
 def test_warm_start_takes_fitting_trials_back_fills_new_params_and_says_why_it_skipped(tmp_path):
-    from autofl.tuning.warm_start import plan
+    from autofl.tuning.strategy.warm_start import plan
 
     source_study(tmp_path)
     space = new_space(params={"fl.lr": {"type": "float", "low": 0.01, "high": 0.05},
@@ -326,7 +326,7 @@ def test_warm_start_takes_fitting_trials_back_fills_new_params_and_says_why_it_s
 
 
 def test_warm_start_skips_a_back_fill_outside_the_range_and_a_config_trained_otherwise(tmp_path):
-    from autofl.tuning.warm_start import plan
+    from autofl.tuning.strategy.warm_start import plan
 
     source_study(tmp_path)
     home = tmp_path / "home"
@@ -344,16 +344,16 @@ def test_warm_start_skips_a_back_fill_outside_the_range_and_a_config_trained_oth
 
 
 def test_warm_started_trials_count_against_no_budget_and_get_the_new_constraints(tmp_path):
-    from autofl.tuning.ledger import Ledger, counted
-    from autofl.tuning.study import Study
-    from autofl.tuning.warm_start import apply, plan
+    from autofl.tuning.store.ledger import Ledger, counted
+    from autofl.tuning.store.study import Study
+    from autofl.tuning.strategy.warm_start import apply, plan
 
     source_study(tmp_path)
     home = tmp_path / "home"
     space = new_space(constraints=["personal_val_acc >= 0.55"], sampler={"kind": "tpe"})
     path = tmp_path / "new.yaml"
     path.write_text(yaml.safe_dump(space_dict("new", constraints=["personal_val_acc >= 0.55"], sampler={"kind": "tpe"})))
-    from autofl.tuning import study as st
+    from autofl.tuning.store import study as st
 
     folder = st.create_study(home, path, space, None)
     warm = plan(home, "old", "new", space)
@@ -393,7 +393,7 @@ def test_warm_start_argument_is_checked_like_the_others():
 def test_a_warm_started_constrained_search_trains_only_its_own_trials(tmp_path, capsys):
     """End to end (Ray): 2 new trials on top of the 4 warm-started, none of which trains again; the
     trained ones get their constraint values through the search's own ledger, and the export is feasible."""
-    from autofl.tuning.ledger import Ledger
+    from autofl.tuning.store.ledger import Ledger
 
     source_study(tmp_path)
     home = tmp_path / "home"
@@ -423,9 +423,9 @@ def test_a_warm_started_constrained_search_trains_only_its_own_trials(tmp_path, 
 def test_the_constraint_samplers_propose_from_constrained_trials(tmp_path, kind):
     """The study's own sampler (TrialSeededSampler) past its startup trials, on trials the ledger
     closed with constraint values: it proposes in range and Optuna's best is feasible."""
-    from autofl.tuning.ledger import Ledger
-    from autofl.tuning.space import DefineByRun, load_space
-    from autofl.tuning.trial_sampler import TrialSeededSampler
+    from autofl.tuning.store.ledger import Ledger
+    from autofl.tuning.strategy.space import DefineByRun, load_space
+    from autofl.tuning.strategy.trial_sampler import TrialSeededSampler
 
     root = make_study(tmp_path, "smp", [], constraints=["train_loss <= 1"],
                       sampler={"kind": kind, "n_startup_trials": 2})

@@ -18,9 +18,9 @@ from autofl.engine.simulation import Simulation
 from autofl.experiment import load_experiment
 from autofl.features import ClassStats
 from autofl.methods.registry import get_method_class
-from autofl.tuning.objectives import REPORTED_KEYS
-from autofl.tuning.storage import open_storage
-from autofl.tuning.study import Study
+from autofl.tuning.strategy.objectives import REPORTED_KEYS
+from autofl.tuning.store.storage import open_storage
+from autofl.tuning.store.study import Study
 from conftest import new_ledger
 
 TINY = ["data.num_clients=4", "fl.participation=0.5", "fl.rounds=2", "runtime.compile=off"]
@@ -235,7 +235,7 @@ def test_status_of_a_study_without_cost_has_no_cost_columns(tmp_path, capsys):
 
 
 def test_a_studys_target_watches_its_objective_unless_the_base_names_a_metric():
-    from autofl.tuning.space import SearchSpace
+    from autofl.tuning.strategy.space import SearchSpace
 
     def target(objective: str, **eval_keys) -> dict:
         space = SearchSpace.model_validate({"study": "t", "objective": objective, "base": {"eval": eval_keys}})

@@ -104,7 +104,11 @@ def stand_in_for_ray():
     """Stop where Ray would start; the 'run' records one finished trial (so a valid start exits 0)."""
     import optuna
 
-    from autofl.tuning import preflight, ray_start, runner
+    from autofl.tuning.tune import preflight
+
+    from autofl.tuning.tune import ray_start
+
+    from autofl.tuning.tune import runner
 
     def run_experiment(study, trials, address, restore=None, join=False):
         ot = optuna.create_study(study_name=study.name, storage=study.storage_url(), load_if_exists=True,

@@ -130,7 +130,8 @@ import pytest  # noqa: E402
 @pytest.fixture(scope="module")
 def monkeypatch_module():
     """A valid space would start Ray: stop at the point where the search would begin."""
-    from autofl.tuning import ray_start, runner
+    from autofl.tuning.tune import ray_start
+    from autofl.tuning.tune import runner
 
     import optuna
 

@@ -44,8 +44,8 @@ def params(draw) -> dict:
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(params=params(), kind=st.sampled_from(KINDS), trials=st.integers(1, 100_000))
 def test_any_space_is_sized_without_listing_it(params, kind, trials):
-    from autofl.tuning.space import grid_size, parse_space
-    from autofl.tuning.strategy import make_sampler
+    from autofl.tuning.strategy.space import grid_size, parse_space
+    from autofl.tuning.strategy.build import make_sampler
 
     raw = {"study": "fz", "trials": trials, "sampler": {"kind": kind}, "base": {"fl": {"rounds": 2}}, "params": params}
     with memory_ceiling(trace=False):  # a listed space: MemoryError at the ceiling, in seconds

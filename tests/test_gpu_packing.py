@@ -9,8 +9,8 @@ import pytest
 import torch
 import yaml
 
-from autofl.tuning import gpu_packing as gp
-from autofl.tuning.space import load_space
+from autofl.tuning.tune import gpu_packing as gp
+from autofl.tuning.strategy.space import load_space
 
 GIB = 1024**3
 
@@ -101,7 +101,7 @@ def test_a_fixed_share_is_kept(tmp_path):
 
 
 def test_a_trial_out_of_gpu_memory_fails_with_one_line():
-    from autofl.tuning.trainable import TrialOutOfGPUMemory
+    from autofl.tuning.tune.trainable import TrialOutOfGPUMemory
 
     err = TrialOutOfGPUMemory(torch.device("cpu"), torch.OutOfMemoryError("CUDA out of memory. Tried to allocate "
                                                                           "512.00 MiB."))
@@ -116,7 +116,7 @@ def test_the_out_of_memory_line_is_built_in_a_ray_driver_too(monkeypatch):
 
     import ray
 
-    from autofl.tuning.trainable import TrialOutOfGPUMemory
+    from autofl.tuning.tune.trainable import TrialOutOfGPUMemory
 
     def assigned():
         raise AssertionError("This method is only available when the process is a worker.")

@@ -16,8 +16,8 @@ from autofl.engine.metrics import client_test_accuracies
 from autofl.engine.simulation import Simulation
 from autofl.experiment import load_experiment
 from autofl.methods.registry import get_method_class
-from autofl.tuning.objectives import REPORTED_KEYS, TEST_METRICS
-from autofl.tuning.trainable import FLTrainable
+from autofl.tuning.strategy.objectives import REPORTED_KEYS, TEST_METRICS
+from autofl.tuning.tune.trainable import FLTrainable
 
 TINY = ["data.num_clients=5", "fl.rounds=2", "runtime.compile=off", "runtime.dtype=float64"]
 

@@ -15,7 +15,7 @@ from autofl.engine.simulation import Simulation
 from autofl.errors import ConfigError
 from autofl.experiment import load_experiment
 from autofl.methods.registry import get_method_class
-from autofl.tuning.space import parse_space
+from autofl.tuning.strategy.space import parse_space
 
 TINY = ["data.num_clients=6", "fl.participation=0.5", "fl.rounds=2", "runtime.compile=off", "runtime.dtype=float64"]
 UNSEEN = ("unseen_val_acc", "unseen_test_acc", "participation_gap")
@@ -119,8 +119,8 @@ def test_status_shows_unseen_val_and_reeval_and_the_report_show_the_unseen_test_
 
     from autofl.cli import main
     from autofl.tuning import reeval
-    from autofl.tuning.objectives import REPORTED_KEYS
-    from autofl.tuning.study import Study
+    from autofl.tuning.strategy.objectives import REPORTED_KEYS
+    from autofl.tuning.store.study import Study
     from autofl.views import reeval_table, report_card, report_card_table
 
     assert set(UNSEEN) <= set(REPORTED_KEYS)  # what the ledger keeps of a trial's last result

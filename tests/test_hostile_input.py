@@ -52,7 +52,9 @@ def fine_space(tmp_path: Path, name: str = "fine", **extra) -> Path:
 @pytest.fixture
 def no_ray(monkeypatch):
     """Stop where Ray would start: record the runs the search would make instead."""
-    from autofl.tuning import preflight, ray_start, runner
+    from autofl.tuning.tune import preflight
+    from autofl.tuning.tune import ray_start
+    from autofl.tuning.tune import runner
 
     import optuna
 
@@ -89,8 +91,8 @@ def test_a_password_in_the_storage_query_is_refused_and_never_shown(tmp_path, ca
 
 
 def test_a_password_in_autofl_storage_is_masked_and_never_recorded(tmp_path, capsys, monkeypatch):
-    from autofl.tuning import study as st
-    from autofl.tuning.space import load_space
+    from autofl.tuning.store import study as st
+    from autofl.tuning.strategy.space import load_space
     from autofl.text import mask_url
 
     url = f"postgresql+psycopg://autofl@127.0.0.1:{free_port()}/autofl?sslmode=prefer&password={SECRET}"
@@ -104,7 +106,7 @@ def test_a_password_in_autofl_storage_is_masked_and_never_recorded(tmp_path, cap
     recorded = st.new_study_storage(load_space(space))
     assert SECRET not in recorded and "sslmode=prefer" in recorded
     assert SECRET not in mask_url(f"failed: {url} and host=h password={SECRET} user=u")
-    monkeypatch.setattr("autofl.tuning.storage.probe_storage", lambda url: None)
+    monkeypatch.setattr("autofl.tuning.store.storage.probe_storage", lambda url: None)
     study = st.create_study(home, space, load_space(space), None)
     assert all(SECRET not in p.read_text() for p in files_under(study.root) if p.is_file())
 
@@ -115,7 +117,7 @@ def test_a_password_in_autofl_storage_is_masked_and_never_recorded(tmp_path, cap
                                                     (1, 2, "resources.gpu")])
 def test_resources_no_node_has_are_refused(cpu, gpu, field):
     from autofl.errors import ConfigError
-    from autofl.tuning.preflight import check_trial_fits
+    from autofl.tuning.tune.preflight import check_trial_fits
 
     two_cores = [{"CPU": 2.0, "memory": 4e9}]
     with pytest.raises(ConfigError, match=field):
@@ -132,10 +134,10 @@ def test_start_points_never_exceed_the_runs_budget(tmp_path):
     ones beyond its budget stayed WAITING forever (and counted against a shared budget)."""
     import optuna
 
-    from autofl.tuning import study as st
-    from autofl.tuning.ledger import Ledger
-    from autofl.tuning.space import load_space
-    from autofl.tuning.tune_run import make_searcher
+    from autofl.tuning.store import study as st
+    from autofl.tuning.store.ledger import Ledger
+    from autofl.tuning.strategy.space import load_space
+    from autofl.tuning.tune.experiment import make_searcher
 
     path = tmp_path / "cross.yaml"
     path.write_text(yaml.safe_dump({"study": "cross", "trials": 1, "params": {
@@ -163,8 +165,8 @@ def test_an_unreachable_address_is_one_line_within_seconds_and_makes_nothing(tmp
 def test_resume_of_a_study_whose_start_failed_runs_its_trials(tmp_path, capsys, no_ray):
     """A study made before its start failed (Ray did not start, the machine rebooted): --resume
     used to run nothing and exit 0."""
-    from autofl.tuning import study as st
-    from autofl.tuning.space import load_space
+    from autofl.tuning.store import study as st
+    from autofl.tuning.strategy.space import load_space
 
     space = fine_space(tmp_path, name="half")
     st.create_study(tmp_path / "home", space, load_space(space), None)
@@ -174,7 +176,7 @@ def test_resume_of_a_study_whose_start_failed_runs_its_trials(tmp_path, capsys, 
 
 
 def test_a_start_that_fails_after_the_folder_exists_leaves_no_study(tmp_path, capsys, no_ray, monkeypatch):
-    from autofl.tuning import ray_start
+    from autofl.tuning.tune import ray_start
 
     def ray_fails(root, address, verbose, meanwhile=None):
         (Path(root) / "logs").mkdir()
@@ -236,9 +238,9 @@ def test_a_folder_or_a_device_as_config_is_named_for_what_it_is(tmp_path, capsys
 
 
 def test_concurrency_is_bounded_by_memory_as_well():
-    from autofl.tuning.preflight import TRIAL_MEMORY_BYTES
-    from autofl.tuning.runner import concurrent_slots
-    from autofl.tuning.space import SearchSpace
+    from autofl.tuning.tune.preflight import TRIAL_MEMORY_BYTES
+    from autofl.tuning.tune.ray_start import concurrent_slots
+    from autofl.tuning.strategy.space import SearchSpace
 
     tiny = SearchSpace(study="s", resources={"cpu": 0.25})
     assert concurrent_slots({"CPU": 2.0}, tiny) == 8  # Ray reported no memory: the cores decide
@@ -283,7 +285,7 @@ def test_a_relative_storage_path_is_recorded_absolute(tmp_path, capsys, no_ray, 
 def test_the_atomic_writer_and_the_lock_never_write_through_a_planted_link(tmp_path):
     from autofl.errors import OutputError, StorageError
     from autofl.files import write_atomic
-    from autofl.tuning.driver_lock import DriverLock
+    from autofl.tuning.store.driver_lock import DriverLock
 
     victim = tmp_path / "victim.txt"
     victim.write_text("precious")
@@ -305,8 +307,8 @@ def test_the_atomic_writer_and_the_lock_never_write_through_a_planted_link(tmp_p
 
 
 def test_report_refuses_a_planted_report_link(tmp_path, capsys):
-    from autofl.tuning import study as st
-    from autofl.tuning.space import load_space
+    from autofl.tuning.store import study as st
+    from autofl.tuning.strategy.space import load_space
 
     space = fine_space(tmp_path, name="linked")
     study = st.create_study(tmp_path / "home", space, load_space(space), None)
@@ -339,8 +341,8 @@ def study_with_trials(tmp_path: Path, name: str, values: list, with_configs: boo
     import optuna
     from optuna.distributions import CategoricalDistribution, FloatDistribution
 
-    from autofl.tuning import study as st
-    from autofl.tuning.space import load_space
+    from autofl.tuning.store import study as st
+    from autofl.tuning.strategy.space import load_space
 
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump({"study": name, "trials": 3, "base": {"fl": {"rounds": 2}}, "params": {
@@ -373,8 +375,8 @@ def test_status_and_report_show_markup_escapes_and_dollars_in_values_as_text(tmp
 # ----- (9) a study whose storage cannot be opened ---------------------------------------------------
 
 def test_an_unopenable_storage_is_one_line_and_studies_lists_the_rest(tmp_path, capsys):
-    from autofl.tuning import study as st
-    from autofl.tuning.space import load_space
+    from autofl.tuning.store import study as st
+    from autofl.tuning.strategy.space import load_space
 
     study_with_trials(tmp_path, "good", ["a", "b"])
     home = tmp_path / "home"
@@ -515,7 +517,7 @@ def test_a_full_or_closed_stdout_is_one_line(tmp_path):
 def test_a_search_whose_every_trial_failed_exits_nonzero(tmp_path, capsys, no_ray, monkeypatch):
     import optuna
 
-    from autofl.tuning import runner
+    from autofl.tuning.tune import runner
 
     def all_fail(study, trials, address, restore=None, join=False):
         ot = optuna.create_study(study_name=study.name, storage=study.storage_url())
@@ -528,7 +530,7 @@ def test_a_search_whose_every_trial_failed_exits_nonzero(tmp_path, capsys, no_ra
 
 
 def test_resuming_a_finished_study_says_how_to_add_trials(tmp_path, capsys, no_ray, monkeypatch):
-    from autofl.tuning import runner
+    from autofl.tuning.tune import runner
 
     study_with_trials(tmp_path, "done", ["a"])
     root = tmp_path / "home" / "done"
@@ -562,7 +564,7 @@ def test_a_new_study_never_writes_through_links_planted_in_its_folder(tmp_path, 
     assert sorted(p.name for p in folder.iterdir()) == ["logs", "space.yaml"]
     import logging
 
-    from autofl.tuning.logs import route_driver_logs
+    from autofl.tuning.tune.logs import route_driver_logs
 
     root = logging.getLogger()
     before = list(root.handlers)
@@ -577,7 +579,8 @@ def test_a_new_study_never_writes_through_links_planted_in_its_folder(tmp_path, 
 
 
 def test_reeval_of_a_study_whose_resources_no_node_has_is_one_line(tmp_path, capsys, monkeypatch):
-    from autofl.tuning import preflight, ray_start
+    from autofl.tuning.tune import preflight
+    from autofl.tuning.tune import ray_start
 
     root = study_with_trials(tmp_path, "gpuless", ["a"])
     space = yaml.safe_load((root / "space.yaml").read_text())

@@ -75,7 +75,7 @@ def test_a_sigterm_after_the_work_ends_the_process_without_a_traceback():
     Ctrl-C into Ray's shutdown: a KeyboardInterrupt traceback, and exit 0."""
     code = ("import os, signal\n"
             "from autofl.cli import main\n"
-            "from autofl.tuning.preflight import sigterm_as_ctrl_c\n"
+            "from autofl.tuning.tune.preflight import sigterm_as_ctrl_c\n"
             "sigterm_as_ctrl_c()\n"  # as a search does once Ray is up
             "assert main(['list']) == 0\n"
             "os.kill(os.getpid(), signal.SIGTERM)\n"
@@ -95,10 +95,10 @@ def test_a_postgres_study_runs_its_paper_default_within_its_budget(pg, tmp_path,
     """trials: 1 on PostgreSQL ran nothing: the enqueued (WAITING) paper default counted against
     the study's shared budget before any driver took it; likewise a cross-method study with as many
     trials as methods."""
-    from autofl.tuning import study as st
-    from autofl.tuning.ledger import Ledger
-    from autofl.tuning.space import load_space
-    from autofl.tuning.tune_run import make_searcher
+    from autofl.tuning.store import study as st
+    from autofl.tuning.store.ledger import Ledger
+    from autofl.tuning.strategy.space import load_space
+    from autofl.tuning.tune.experiment import make_searcher
 
     monkeypatch.setenv("PGPASSWORD", pg.password)
     name = f"pgbudget{trials}"

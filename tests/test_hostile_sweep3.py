@@ -77,7 +77,7 @@ def test_a_grace_period_beyond_the_rounds_is_one_line(tmp_path, capsys, kind):
     assert_one_line(code, err, "scheduler.grace_period: 5 is more than the 4 rounds")
     assert "allowed: 1..4" in err
     assert not (tmp_path / "home").exists()
-    from autofl.tuning.space import load_space
+    from autofl.tuning.strategy.space import load_space
 
     file.write_text(yaml.safe_dump({"study": "g", "base": {"fl": {"rounds": 4}},
                                     "scheduler": {"kind": kind, "grace_period": 4}}))

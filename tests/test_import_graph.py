@@ -99,8 +99,8 @@ def test_the_graph_reader_finds_a_circle_and_resolves_imports():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert cycles(graph) == [["a", "b", "c"]]
     graph = import_graph()
-    assert "autofl.tuning.ledger" in graph["autofl.tuning.searcher"]  # module level
-    assert "autofl.tuning.searcher" in graph["autofl.tuning.tune_run"]  # inside a function
+    assert "autofl.tuning.store.ledger" in graph["autofl.tuning.tune.searcher"]  # module level
+    assert "autofl.tuning.tune.searcher" in graph["autofl.tuning.tune.experiment"]  # inside a function
 
 
 def test_autofl_has_no_import_circle():

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autofl.tuning import interrupt
-from autofl.tuning.ledger import Ledger
-from autofl.tuning.study import Study
-from autofl.tuning.tune_run import StudyInterrupted, settle_run
+from autofl.tuning.tune import interrupt
+from autofl.tuning.store.ledger import Ledger
+from autofl.tuning.store.study import Study
+from autofl.tuning.tune.experiment import StudyInterrupted, settle_run
 
 
 def _deliver_sigint() -> None:

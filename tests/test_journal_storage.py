@@ -14,8 +14,8 @@ import optuna
 import pytest
 import yaml
 
-from autofl.tuning.storage import bind_to_folder, check_storage_url, open_storage
-from autofl.tuning.study import Study
+from autofl.tuning.store.storage import bind_to_folder, check_storage_url, open_storage
+from autofl.tuning.store.study import Study
 from conftest import new_ledger
 
 

@@ -9,7 +9,7 @@ import pickle
 import optuna
 import pytest
 
-from autofl.tuning.ledger import INTERRUPTED, Ledger, outcome, shown_state
+from autofl.tuning.store.ledger import INTERRUPTED, Ledger, outcome, shown_state
 from conftest import STORAGE_KINDS, new_ledger
 
 
@@ -149,8 +149,8 @@ def test_a_restored_searcher_releases_the_trials_its_snapshot_missed(tmp_path):
 def test_a_run_that_ends_open_without_a_signal_is_not_reported_interrupted(tmp_path):
     """Issue 42: exit 130 'interrupted' came without any signal (after a full disk); only a signal
     is an interruption: trials left open otherwise are StudyIncomplete (exit 1), resumable."""
-    from autofl.tuning.study import Study
-    from autofl.tuning.tune_run import StudyIncomplete, StudyInterrupted, settle_run
+    from autofl.tuning.store.study import Study
+    from autofl.tuning.tune.experiment import StudyIncomplete, StudyInterrupted, settle_run
 
     ledger = new_ledger(tmp_path)
     _ask(ledger, "open")

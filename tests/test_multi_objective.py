@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from autofl.errors import ConfigError
-from autofl.tuning.space import SearchSpace, load_space
-from autofl.tuning.study import SETTLED_S, TRIALS_SNAPSHOT
+from autofl.tuning.strategy.space import SearchSpace, load_space
+from autofl.tuning.store.study import SETTLED_S, TRIALS_SNAPSHOT
 from test_search_e2e import run, space_file, trials_of
 from test_startup_imports import loaded
 

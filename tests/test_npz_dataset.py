@@ -231,7 +231,7 @@ def test_special_files_say_what_they_are(tmp_path, kind):
 
 
 def test_a_relative_data_path_is_made_absolute_where_the_config_is_read(tmp_path, monkeypatch):
-    from autofl.tuning.space import parse_space
+    from autofl.tuning.strategy.space import parse_space
 
     np.savez(tmp_path / "rel.npz", **_arrays())
     monkeypatch.chdir(tmp_path)
@@ -249,7 +249,7 @@ def test_a_relative_data_path_is_made_absolute_where_the_config_is_read(tmp_path
 def test_a_relative_data_root_is_made_absolute_where_the_config_is_read(tmp_path, monkeypatch):
     """Issue 42: as data.path, a relative data.root names the same folder in a trial's worker."""
     from autofl.experiment import build_experiment
-    from autofl.tuning.space import parse_space
+    from autofl.tuning.strategy.space import parse_space
 
     monkeypatch.chdir(tmp_path)
     assert build_experiment({"data": {"root": "datasets"}}).data.root == str(tmp_path / "datasets")

@@ -16,7 +16,7 @@ import optuna
 import pytest
 import yaml
 
-from autofl.tuning.storage import open_storage
+from autofl.tuning.store.storage import open_storage
 from pg_server import PgServer, serve_pg
 from test_storage_race import open_at_once
 from test_search_e2e import space_file

@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from autofl.tuning import reeval
-from autofl.tuning.storage import open_storage
-from autofl.tuning.study import Study
+from autofl.tuning.store.storage import open_storage
+from autofl.tuning.store.study import Study
 from conftest import STORAGE_KINDS
 from test_search_e2e import AUTOFL, run, space_file
 

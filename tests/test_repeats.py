@@ -1,4 +1,4 @@
-"""sampler.skip_repeats (autofl/tuning/repeats.py): a proposal a finished trial already trained is
+"""sampler.skip_repeats (autofl/tuning/strategy/repeats.py): a proposal a finished trial already trained is
 told that trial's outcome and the sampler asked again; the repeats count against no budget."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autofl.tuning.ledger import counted
-from autofl.tuning.repeats import ask_unseen, is_repeat
-from autofl.tuning.space import SearchSpace
+from autofl.tuning.store.ledger import counted
+from autofl.tuning.strategy.repeats import ask_unseen, is_repeat
+from autofl.tuning.strategy.space import SearchSpace
 from conftest import new_ledger
 
 
@@ -84,7 +84,7 @@ def test_once_a_finite_space_is_exhausted_proposals_are_trained_without_told_rep
 
 def test_the_study_searcher_takes_the_option_from_the_space(tmp_path):
     """The space's sampler.skip_repeats reaches the ledger through the searcher Tune drives."""
-    from autofl.tuning.tune_run import make_searcher
+    from autofl.tuning.tune.experiment import make_searcher
 
     space = SearchSpace.model_validate({
         "study": "s", "trials": 4, "start_from_base": False,

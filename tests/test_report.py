@@ -17,11 +17,11 @@ import yaml
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 
 from autofl.cli import main
-from autofl.tuning.storage import open_storage
-from autofl.tuning.study import Study
+from autofl.tuning.store.storage import open_storage
+from autofl.tuning.store.study import Study
 from conftest import STORAGE_KINDS, storage_line
 from autofl.report import asha_milestones
-from autofl.tuning.space import SearchSpace
+from autofl.tuning.strategy.space import SearchSpace
 from autofl.tuning.reeval import reevaluate  # noqa: F401  (the module whose summary format the page reads)
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -133,7 +133,7 @@ def test_log_axes_have_plain_tick_labels_and_no_trial_is_drawn_white(tmp_path, m
     import numpy as np
 
     from autofl import report
-    from autofl.tuning.study import Study
+    from autofl.tuning.store.study import Study
 
     drawn = {}
 

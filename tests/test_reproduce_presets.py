@@ -90,7 +90,7 @@ def test_each_method_space_searches_on_its_papers_setting(reproduce, space, pres
     """The shipped space's base is the reproduce preset's scenario and the method's own settings;
     only the split differs (the search needs validation samples) and the rounds may."""
     from autofl.experiment import build_experiment
-    from autofl.tuning.space import load_space
+    from autofl.tuning.strategy.space import load_space
 
     base = build_experiment(load_space(SCRIPTS.parent / "search_spaces" / f"{space}.yaml").base)
     paper = build_experiment(reproduce.method_config(reproduce.PRESETS[preset], base.method.name))

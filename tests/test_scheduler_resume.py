@@ -11,8 +11,8 @@ import yaml
 from optuna.distributions import FloatDistribution
 from ray.tune.schedulers import TrialScheduler
 
-from autofl.tuning.ledger import Ledger
-from autofl.tuning.scheduler import StudyASHA
+from autofl.tuning.store.ledger import Ledger
+from autofl.tuning.tune.scheduler import StudyASHA
 
 
 def _study(tmp_path, curves: dict[str, dict[int, float]], mode: str = "max"):

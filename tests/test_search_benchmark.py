@@ -83,7 +83,7 @@ def test_reevaluation_picks_the_best_mean_on_the_other_seeds_and_pays_for_it(ben
     chosen = bench.choose(table, space, finished, budget, reeval_top=3)
     done = [(v, c) for spent, c, state, v in finished if spent <= budget - cost and state == "COMPLETE"]
     top = [c for _, c in sorted(done, key=lambda vc: -vc[0])[:3]]
-    from autofl.tuning.space import start_points
+    from autofl.tuning.strategy.space import start_points
 
     default = table.index[table.key(start_points(space)[0])]  # the base config: lr 0.03, momentum 0.9, ...
     candidates = list(dict.fromkeys([default] + top))

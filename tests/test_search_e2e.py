@@ -12,8 +12,8 @@ import optuna
 import pytest
 import yaml
 
-from autofl.tuning.objectives import TEST_METRICS
-from autofl.tuning.storage import open_storage
+from autofl.tuning.strategy.objectives import TEST_METRICS
+from autofl.tuning.store.storage import open_storage
 from conftest import STORAGE_KINDS, read_metrics
 
 pytestmark = pytest.mark.slow

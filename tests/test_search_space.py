@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from autofl.errors import AutoFLError, ConfigError
-from autofl.tuning.space import initial_point, load_space
+from autofl.tuning.strategy.space import initial_point, load_space
 
 SPACES = sorted(Path(__file__).parent.parent.joinpath("search_spaces").glob("*.yaml"))
 
@@ -85,7 +85,7 @@ def test_resume_unknown_study_lists_existing(run_cli, tmp_path, capsys):
 
 
 def test_existing_study_is_not_overwritten(tmp_path):
-    from autofl.tuning.study import create_study
+    from autofl.tuning.store.study import create_study
 
     path = write(tmp_path)
     space = load_space(path)
@@ -98,7 +98,7 @@ def test_cross_method_space_runs_each_method_with_its_paper_settings_and_enqueue
     import optuna
 
     from autofl.experiment import build_experiment
-    from autofl.tuning.space import DefineByRun, start_points
+    from autofl.tuning.strategy.space import DefineByRun, start_points
 
     space = load_space(Path(__file__).parent.parent / "search_spaces" / "cross_method.yaml")
     eccr = build_experiment(space.config({"method.name": "fedeccr", "fl.lr": 0.02}))

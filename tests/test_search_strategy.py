@@ -14,11 +14,11 @@ import yaml
 from ray.tune.schedulers import MedianStoppingRule
 
 from autofl.errors import ConfigError
-from autofl.tuning.ledger import Ledger
-from autofl.tuning.scheduler import StudyASHA
-from autofl.tuning.space import SearchSpace, load_space
-from autofl.tuning.space import grid_size
-from autofl.tuning.strategy import make_sampler, make_scheduler
+from autofl.tuning.store.ledger import Ledger
+from autofl.tuning.tune.scheduler import StudyASHA
+from autofl.tuning.strategy.space import SearchSpace, load_space
+from autofl.tuning.strategy.space import grid_size
+from autofl.tuning.strategy.build import make_sampler, make_scheduler
 
 LR = {"type": "float", "low": 0.01, "high": 0.1, "log": True}
 MOMENTUM = {"type": "categorical", "choices": [0.0, 0.9]}
@@ -154,7 +154,7 @@ def test_a_study_with_qmc_sampler_and_hyperband_runs(tmp_path):
 def test_a_study_keeps_the_sampler_defaults_it_was_created_with(tmp_path, monkeypatch):
     """A resumed study goes on with the sampler it started with, whatever today's default is."""
     from autofl.errors import StorageError
-    from autofl.tuning.study import Study, create_study
+    from autofl.tuning.store.study import Study, create_study
 
     monkeypatch.delenv("AUTOFL_STORAGE", raising=False)
     path = _write(tmp_path)  # names no sampler
@@ -220,7 +220,7 @@ def test_proposals_depend_on_the_study_not_on_the_driver_that_asks(tmp_path, sam
 @pytest.mark.parametrize("sampler", [None, {"kind": "tpe", "n_startup_trials": 3}])
 def test_an_interrupted_placeholder_shifts_no_later_proposal(tmp_path, sampler):
     """A trial a killed driver left before its params were whole becomes an interrupted placeholder
-    (autofl.tuning.ledger); the samplers that read only the told trials (random, TPE, GP) propose
+    (autofl.tuning.store.ledger); the samplers that read only the told trials (random, TPE, GP) propose
     after it what an uninterrupted run proposes (CMA-ES, QMC and the grid count it in the study)."""
     space = load_space(_write(tmp_path, seed=11, params={"fl.lr": LR, "fl.local_epochs": {"type": "int", "low": 1,
                                                                                        "high": 3}},
@@ -272,7 +272,7 @@ def test_a_wide_grid_is_refused_by_its_size_naming_the_limit(tmp_path):
 
 
 def test_grid_sizes_are_counted_not_listed():
-    from autofl.tuning.space import ParamSpec, grid_count, value_count
+    from autofl.tuning.strategy.space import ParamSpec, grid_count, value_count
 
     huge = ParamSpec.model_construct(type="int", low=0, high=10**15, step=None, log=False, choices=None)
     assert value_count(huge) == grid_count(huge) == 10**15 + 1  # instant: a listed range would not fit in memory
@@ -287,7 +287,7 @@ import sys, yaml
 sys.path.insert(0, sys.argv[2])
 from bounded_memory import cap_address_space
 from autofl.errors import ConfigError
-from autofl.tuning.space import parse_space
+from autofl.tuning.strategy.space import parse_space
 parse_space({"study": "warm", "base": {"fl": {"rounds": 4}}}, "warm-up")  # its lazy imports, before the cap
 cap_address_space(1 << 30)  # 1 GiB more: a listed space of 10**12 values (or a 10**12-config grid) does not fit
 try:

@@ -8,9 +8,9 @@ import optuna
 from optuna.trial import TrialState
 from ray.tune.search import Searcher
 
-from autofl.tuning.ledger import Ledger
-from autofl.tuning.searcher import StudySearcher
-from autofl.tuning.stopper import AlreadyRecordedStopper
+from autofl.tuning.store.ledger import Ledger
+from autofl.tuning.tune.searcher import StudySearcher
+from autofl.tuning.tune.stopper import AlreadyRecordedStopper
 
 
 def define_x(trial) -> None:
@@ -111,9 +111,9 @@ def test_resume_without_a_tune_snapshot_replaces_interrupted_trials(tmp_path, mo
     driver left RUNNING is marked FAIL (interrupted) and replaced, not counted as done."""
     import yaml
 
-    from autofl.tuning import runner
-    from autofl.tuning.study import create_study
-    from autofl.tuning.space import load_space
+    from autofl.tuning.tune import runner
+    from autofl.tuning.store.study import create_study
+    from autofl.tuning.strategy.space import load_space
 
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump({"study": "s", "trials": 4}))
@@ -161,8 +161,8 @@ def test_searcher_holds_back_suggestions_beyond_its_concurrency_limit(tmp_path):
 
 
 def test_concurrent_slots_count_what_the_cluster_holds():
-    from autofl.tuning.runner import concurrent_slots
-    from autofl.tuning.space import SearchSpace
+    from autofl.tuning.tune.ray_start import concurrent_slots
+    from autofl.tuning.strategy.space import SearchSpace
 
     def slots(resources, cpu, gpu=0.0):
         return concurrent_slots(resources, SearchSpace(study="s", resources={"cpu": cpu, "gpu": gpu}))
@@ -175,8 +175,8 @@ def test_concurrent_slots_count_what_the_cluster_holds():
 def test_checkpoints_closer_than_tunes_snapshot_are_all_kept(monkeypatch):
     """A resumed run restores the checkpoint Tune's last snapshot (every TUNE_GLOBAL_CHECKPOINT_S)
     names; frequent checkpoints must not delete it before the next snapshot."""
-    from autofl.tuning.runner import checkpoints_to_keep
-    from autofl.tuning.space import SearchSpace
+    from autofl.tuning.tune.checkpoints import checkpoints_to_keep
+    from autofl.tuning.strategy.space import SearchSpace
 
     monkeypatch.setenv("TUNE_GLOBAL_CHECKPOINT_S", "2")
     assert checkpoints_to_keep(SearchSpace(study="s", checkpoint_every_s=0)) is None

@@ -16,7 +16,7 @@ import optuna
 import pytest
 import yaml
 
-from autofl.tuning.storage import open_storage
+from autofl.tuning.store.storage import open_storage
 from slurm_cluster import SlurmCluster, serve_slurm
 
 AUTOFL = [sys.executable, "-m", "autofl.cli"]

@@ -139,7 +139,7 @@ def test_an_idle_studys_trials_come_from_its_snapshot_until_its_storage_is_writt
     from optuna.distributions import FloatDistribution
 
     from autofl import api
-    from autofl.tuning.study import SETTLED_S, TRIALS_SNAPSHOT
+    from autofl.tuning.store.study import SETTLED_S, TRIALS_SNAPSHOT
 
     root = study_with_trials(tmp_path, "snap", ["a", "b"], with_configs=True)
     home = root.parent

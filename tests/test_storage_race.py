@@ -16,7 +16,7 @@ OPENER = """
 import sys, time
 from pathlib import Path
 import optuna, sqlalchemy  # imported before 'ready', so that all the processes open at once
-from autofl.tuning.storage import probe_storage
+from autofl.tuning.store.storage import probe_storage
 go = Path(sys.argv[2])
 print("ready", flush=True)
 while not go.exists():
@@ -46,7 +46,7 @@ def open_at_once(url: str, processes: int, folder: Path) -> list[str]:
 def test_processes_opening_a_new_storage_at_once_all_open_it(tmp_path, kind):
     import optuna
 
-    from autofl.tuning.storage import open_storage
+    from autofl.tuning.store.storage import open_storage
 
     for attempt in range(4):  # each attempt a new file: the race is in creating it
         folder = tmp_path / f"db{attempt}"
@@ -59,7 +59,7 @@ def test_processes_opening_a_new_storage_at_once_all_open_it(tmp_path, kind):
 
 
 def test_an_error_that_is_not_the_creation_race_is_not_retried(tmp_path, monkeypatch):
-    import autofl.tuning.storage as storage
+    import autofl.tuning.store.storage as storage
     from autofl.errors import StorageError
 
     bad = tmp_path / "not-a-db.db"
@@ -77,7 +77,7 @@ ASKER = """
 import sys, time
 from pathlib import Path
 import optuna
-from autofl.tuning.ledger import Ledger
+from autofl.tuning.store.ledger import Ledger
 ledger = Ledger(sys.argv[1])
 ledger.study()
 go = Path(sys.argv[2])

@@ -15,7 +15,7 @@ import optuna
 import pytest
 import yaml
 
-from autofl.tuning.storage import open_storage
+from autofl.tuning.store.storage import open_storage
 
 from test_search_e2e import AUTOFL, run, space_file, study_record, trials_of
 
@@ -79,10 +79,27 @@ def test_a_copied_interrupted_study_resumes_into_its_own_folder(tmp_path):
     assert study_record(trials_of(home, "k2")) == original
     assert _files(home / "k2" / "tune") == original_files
 
+    # an interrupted run recorded by an autofl of another module layout (Tune's tuner.pkl names
+    # modules by path) is not restored: its missing trials run as a new experiment
+    from autofl.tuning.store.study import Study
+    from autofl.tuning.tune.runner import interrupted_run
+
+    assert interrupted_run(Study(home / "k2")) == str(home / "k2" / "tune" / "run-1")
+    record = json.loads((home / "k2" / "study.json").read_text())
+    for run_record in record["runs"]:
+        del run_record["layout"]
+    (home / "k2" / "study.json").write_text(json.dumps(record))
+    assert interrupted_run(Study(home / "k2")) is None
+    proc = run(["search", "--resume", "k2", "--dir", home])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    resumed = trials_of(home, "k2")
+    assert len([t for t in resumed if t.state.name in ("COMPLETE", "PRUNED")]) == 4 and all(
+        t.state.is_finished() for t in resumed)
+
 
 DRIVER_WITH_FULL_DISK = """
 import errno, sys
-from autofl.tuning.ledger import Ledger
+from autofl.tuning.store.ledger import Ledger
 closes = []
 close = Ledger.close
 def full_disk_at_the_second_close(self, *args, **kwargs):

@@ -23,9 +23,9 @@ from autofl.data.federated import build_federated
 from autofl.engine.simulation import Simulation
 from autofl.experiment import build_experiment, load_experiment
 from autofl.methods.registry import get_method_class
-from autofl.tuning.objectives import TEST_METRICS
-from autofl.tuning.space import experiment_dict
-from autofl.tuning.trainable import FLTrainable
+from autofl.tuning.strategy.objectives import TEST_METRICS
+from autofl.tuning.strategy.space import experiment_dict
+from autofl.tuning.tune.trainable import FLTrainable
 
 # pool train+test: the official test set is pooled and the clients' test splits are cut from it too;
 # two held-out clients and the harmed-client fractions: every metric that reads a test split is asked for
@@ -91,7 +91,7 @@ def test_re_evaluation_reads_the_test_splits(clean, tmp_path):
 def test_a_space_whose_target_metric_reads_the_test_split_is_refused():
     """`rounds_to_target` watching a test metric would be silently absent from every trial: one line instead."""
     from autofl.errors import ConfigError
-    from autofl.tuning.space import parse_space, parse_stored_space
+    from autofl.tuning.strategy.space import parse_space, parse_stored_space
 
     space = {"study": "s", "trials": 2, "params": {"fl.lr": {"type": "float", "low": 0.01, "high": 0.1}},
              "base": {"fl": {"rounds": 2}, "eval": {"target_acc": 0.5, "target_metric": "global_test_acc"}}}

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from autofl.tuning.trainable import FLTrainable
+from autofl.tuning.tune.trainable import FLTrainable
 
 BASE = {"data": {"num_clients": 4}, "fl": {"rounds": 4}, "method": {"name": "fdcl"}}
 
@@ -33,8 +33,8 @@ def test_nan_training_loss_ends_the_trial_with_its_reason_and_the_searcher_recor
 
     import optuna
 
-    from autofl.tuning.ledger import Ledger
-    from autofl.tuning.searcher import StudySearcher
+    from autofl.tuning.store.ledger import Ledger
+    from autofl.tuning.tune.searcher import StudySearcher
 
     root = tmp_path / "s"
     root.mkdir()
@@ -83,7 +83,7 @@ def test_a_planted_pickle_in_a_checkpoint_is_refused(tmp_path):
     """Checkpoints hold tensors and plain containers only: loading never runs code from the file."""
     import pickle
 
-    import autofl.tuning.trainable as module
+    import autofl.tuning.tune.trainable as module
 
     marker = tmp_path / "pwned"
 

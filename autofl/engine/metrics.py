@@ -10,7 +10,6 @@ import torch
 
 from autofl.data.federated import ClientSplit, FederatedData
 from autofl.engine.harm import HarmReference, client_accuracies, harmed_metrics
-from autofl.engine.metric_keys import METRIC_KEYS  # noqa: F401  (a round's keys, named here as before)
 from autofl.engine.newcomers import Newcomer
 from autofl.engine.server import MethodHooks, ServerState
 from autofl.engine.state import StateDict

@@ -25,8 +25,8 @@ from typing import Any
 
 from autofl.errors import AutoFLError
 from autofl.files import write_atomic
-from autofl.tuning.objectives import TEST_METRICS, best, best_first, gain
-from autofl.tuning.study import Study
+from autofl.tuning.store.study import Study
+from autofl.tuning.strategy.objectives import TEST_METRICS, best, best_first, gain
 
 REEVAL_DIR = "reeval"
 # what a round ships and computes, on the report card beside the test metrics
@@ -75,7 +75,7 @@ def fresh_seeds(study: Study, count: int) -> list[int]:
 def candidates(study: Study, top: int) -> list[Candidate]:
     """The paper default first, then the `top` best COMPLETE trials (a trial whose values equal the
     default's, such as the study's enqueued first trial, is the default itself and not repeated)."""
-    from autofl.tuning.space import start_points
+    from autofl.tuning.strategy.space import start_points
 
     ot = study.load_optuna()
     space = study.space()
@@ -85,8 +85,8 @@ def candidates(study: Study, top: int) -> list[Candidate]:
             f"re-evaluation ranks configs on one objective: see its Pareto front with "
             f"autofl best-config export {study.name} --pareto"
         )
-    from autofl.tuning.constraints import is_feasible
-    from autofl.tuning.study import no_feasible_row, trial_rows
+    from autofl.tuning.store.study import no_feasible_row, trial_rows
+    from autofl.tuning.strategy.constraints import is_feasible
 
     trials = ot.get_trials(deepcopy=False) if ot is not None else []
     complete = [
@@ -147,7 +147,7 @@ def plan(study: Study, seeds: int, top: int, vary_partition: bool) -> tuple[list
 
 
 def record_run(study: Study, run: Run, result: dict[str, Any]) -> None:
-    from autofl.tuning.objectives import REPORTED_KEYS
+    from autofl.tuning.strategy.objectives import REPORTED_KEYS
 
     _write_json(
         runs_dir(study) / f"{run.key}.json",
@@ -179,7 +179,7 @@ def t_interval(values: list[float], confidence: float = 0.95) -> dict[str, float
 def summarize(study: Study, chosen: list[Candidate], runs: list[Run]) -> dict[str, Any]:
     """Per candidate: statistics of the objective and test metrics over its finished seeds, and the
     paired (same seed) difference of the objective and of personal_test_acc to the default."""
-    from autofl.tuning.study import resolved_config
+    from autofl.tuning.store.study import resolved_config
 
     space = study.space()
     finished = load_finished(study)
@@ -231,7 +231,7 @@ def summarize(study: Study, chosen: list[Candidate], runs: list[Run]) -> dict[st
 def mean_violations(constraints: list[Any], per_seed: list[dict[str, float]]) -> list[str]:
     """The constraints that the mean over seeds of their metrics misses (a metric no seed
     reported counts as missed)."""
-    from autofl.tuning.constraints import violated
+    from autofl.tuning.strategy.constraints import violated
 
     means = {}
     for c in constraints:
@@ -293,7 +293,7 @@ def reevaluate(
     missing = [r for r in runs if r.key not in done]
     on_plan(len(missing), len(runs))
     if missing:
-        from autofl.tuning.run_list import run_configs
+        from autofl.tuning.tune.run_list import run_configs
 
         data_seed = study.space().base_experiment().data_seed()
 

@@ -6,7 +6,7 @@ stream (or reseeds it from the OS), so the configs proposed after a kill differe
 uninterrupted run's with the same seed, and two resumes from one kill point differed from each other.
 Here the sampler of the space's kind is built afresh, through Optuna's public constructors and
 `BaseSampler` hooks, at each trial's `before_trial`, with a seed drawn from (study seed, trial
-index): the trial's number less the interrupted placeholders before it (autofl/tuning/ledger.py),
+index): the trial's number less the interrupted placeholders before it (autofl/tuning/store/ledger.py),
 so a placeholder a kill left never shifts the seeds of the trials after it. Every other input of
 Optuna's samplers is the study's storage (TPE, GP, CMA-ES read the trials; CMA-ES keeps its
 optimizer in trial attributes), which a resumed driver reads as the killed one left it.
@@ -26,7 +26,7 @@ import optuna
 from optuna.samplers import BaseSampler
 
 if TYPE_CHECKING:
-    from autofl.tuning.space import SearchSpace
+    from autofl.tuning.strategy.space import SearchSpace
 
 
 def trial_seed(seed: int, index: int) -> int:
@@ -45,8 +45,8 @@ def build_sampler(space: SearchSpace, seed: int) -> BaseSampler:
     if spec.kind == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if spec.kind == "grid":
-        from autofl.tuning.grid_sampler import StudyGridSampler
-        from autofl.tuning.space import all_params, grid_values
+        from autofl.tuning.strategy.grid_sampler import StudyGridSampler
+        from autofl.tuning.strategy.space import all_params, grid_values
 
         # the study seed: it shuffles the grid, and trial n takes the shuffled grid's point n
         grid = {name: grid_values(p) for name, p in all_params(space).items()}
@@ -114,7 +114,7 @@ class TrialSeededSampler(BaseSampler):
 
 def proposal_index(study: optuna.Study, number: int) -> int:
     """Trial `number`'s place among the study's proposals: its number less the interrupted
-    placeholders before it (trials no driver trained; see autofl.tuning.ledger.counted)."""
-    from autofl.tuning.ledger import is_placeholder
+    placeholders before it (trials no driver trained; see autofl.tuning.store.ledger.counted)."""
+    from autofl.tuning.store.ledger import is_placeholder
 
     return number - sum(1 for t in study.get_trials(deepcopy=False) if t.number < number and is_placeholder(t))

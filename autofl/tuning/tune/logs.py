@@ -1,7 +1,7 @@
 """Where Ray's, Tune's and Optuna's own output goes during a study command: into the study folder
 (`<study>/logs/driver.log` for the driver's log records and Python warnings, `workers.log` for
 what trial processes log, e.g. Tune's checkpoint notices), not the terminal, which shows
-autofl's own view. `-v` streams them to the terminal as well (autofl/tuning/ray_start.py)."""
+autofl's own view. `-v` streams them to the terminal as well (autofl/tuning/tune/ray_start.py)."""
 
 from __future__ import annotations
 

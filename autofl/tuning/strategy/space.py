@@ -13,9 +13,9 @@ from autofl.errors import ConfigError, format_validation_error
 from autofl.experiment import build_experiment
 
 # any validation metric may be the objective: the mean, the worst-decile client (p10) or the spread
-from autofl.tuning.constraints import CONSTRAINED_SAMPLERS, Constraint, parse_constraints
-from autofl.tuning.objectives import VALIDATION_OBJECTIVES, default_mode
-from autofl.tuning.strategy_spec import SAMPLER_OPTIONS, SCHEDULER_OPTIONS, SamplerSpec, SchedulerSpec, only_own_options
+from autofl.tuning.strategy.constraints import CONSTRAINED_SAMPLERS, Constraint, parse_constraints
+from autofl.tuning.strategy.objectives import VALIDATION_OBJECTIVES, default_mode
+from autofl.tuning.strategy.spec import SAMPLER_OPTIONS, SCHEDULER_OPTIONS, SamplerSpec, SchedulerSpec, only_own_options
 
 CONDITIONAL_SEP = ":"  # optuna name of a conditional param: "<method>:<config key>"
 # issue 42: sizes are counted, never listed, and bounded before any study exists. Optuna's GPSampler
@@ -96,7 +96,7 @@ class ResourcesSpec(Strict):
         0.0,
         description="fractional values share a GPU between trials; "
         "auto: as many trials per GPU as a dry round's peak memory allows "
-        "(0 without a GPU; see autofl/tuning/gpu_packing.py)",
+        "(0 without a GPU; see autofl/tuning/tune/gpu_packing.py)",
     )
     _auto_line: str | None = PrivateAttr(None)  # what `gpu: auto` resolved to and why
 
@@ -205,7 +205,7 @@ class SearchSpace(Strict):
     @field_validator("storage")
     @classmethod
     def _storage_url(cls, value: str | None) -> str | None:
-        from autofl.tuning.storage import check_storage_url
+        from autofl.tuning.store.storage import check_storage_url
 
         return None if value is None else check_storage_url(value, None)
 
@@ -267,9 +267,9 @@ class SearchSpace(Strict):
     def resolve_resources(self) -> SearchSpace:
         """The explicit step a driver takes once before it runs trials (parsing measures nothing):
         `resources.gpu: auto` becomes the share of a card one trial needs, measured on a dry round
-        of the base experiment (0 without a GPU; autofl/tuning/gpu_packing.py). Idempotent."""
+        of the base experiment (0 without a GPU; autofl/tuning/tune/gpu_packing.py). Idempotent."""
         if self.resources.gpu == "auto":
-            from autofl.tuning.gpu_packing import resolve_auto_gpu
+            from autofl.tuning.tune.gpu_packing import resolve_auto_gpu
 
             self.resources.gpu, self.resources._auto_line = resolve_auto_gpu(
                 self.base_experiment(), self.resources.cpu, self.resources.max_concurrent
@@ -560,7 +560,7 @@ class DefineByRun:
         return None
 
 
-# which samplers can run this space (sampler:, scheduler: sections: autofl.tuning.strategy_spec)
+# which samplers can run this space (sampler:, scheduler: sections: autofl.tuning.strategy.spec)
 def all_params(space: SearchSpace) -> dict[str, ParamSpec]:
     """Every param by its Optuna name, conditional ones as '<method>:<key>'."""
     params = dict(space.params)

@@ -17,8 +17,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from autofl.tuning.ledger import FINISHED_STATES, Ledger, counted, outcome
-from autofl.tuning.objectives import better
+from autofl.tuning.store.ledger import FINISHED_STATES, Ledger, counted, outcome
+from autofl.tuning.strategy.objectives import better
 from autofl.views import format_params
 
 MAX_ROWS = 15  # running trials first, then the most recently finished
@@ -74,7 +74,7 @@ class LiveView(Callback):
         self, stop: Any = None, num_samples: int | None = None, total_num_samples: int | None = None, **info: Any
     ) -> None:  # Tune's Callback.setup signature
         self.began = time.time()
-        from autofl.tuning.constraints import is_feasible
+        from autofl.tuning.strategy.constraints import is_feasible
 
         for t in self._ledger.trials():
             if t.state.is_finished() and counted(t):

@@ -1,7 +1,7 @@
 """Asynchronous successive halving (ASHA), the rule alone: pure functions over rung values.
 
 Ray Tune's `AsyncHyperBandScheduler` (one bracket) decides this way, and autofl's scheduler
-(autofl/tuning/scheduler.py) and the search benchmark's replay (scripts/search_benchmark.py) both
+(autofl/tuning/tune/scheduler.py) and the search benchmark's replay (scripts/search_benchmark.py) both
 call these functions, so a live study and its replay stop exactly the same trials:
 - the rungs sit at `grace_period * reduction_factor**k` rounds, up to `max_t`;
 - a trial reaching round r is judged at the highest rung <= r where it has no value yet;

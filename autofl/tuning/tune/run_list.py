@@ -12,11 +12,11 @@ from typing import Any
 from ray import tune
 from ray.tune import Callback
 
-from autofl.tuning import interrupt
-from autofl.tuning.ray_start import init_ray
-from autofl.tuning.study import REFERENCE_DIR, Study
-from autofl.tuning.trainable import RunListTrainable
-from autofl.tuning.tune_run import study_trainable
+from autofl.tuning.store.study import REFERENCE_DIR, Study
+from autofl.tuning.tune import interrupt
+from autofl.tuning.tune.experiment import study_trainable
+from autofl.tuning.tune.ray_start import init_ray
+from autofl.tuning.tune.trainable import RunListTrainable
 
 
 class _Recorder(Callback):

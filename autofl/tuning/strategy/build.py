@@ -7,18 +7,18 @@ asynchronous Hyperband) and median stopping rule. `check_strategy` refuses the c
 libraries cannot run (a grid over a continuous range, CMA-ES without a numeric param or with
 several objectives, an early-stopping scheduler on a multi-objective study) while the space is
 validated, before Ray starts (the `sampler:`/`scheduler:` sections are declared in
-`autofl.tuning.strategy_spec`, the checks live with the space in `autofl.tuning.space`).
+`autofl.tuning.strategy.spec`, the checks live with the space in `autofl.tuning.strategy.space`).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from autofl.tuning.space import start_points
+from autofl.tuning.strategy.space import start_points
 
 if TYPE_CHECKING:
-    from autofl.tuning.ledger import Ledger
-    from autofl.tuning.space import SearchSpace
+    from autofl.tuning.store.ledger import Ledger
+    from autofl.tuning.strategy.space import SearchSpace
 
 
 def study_start_points(space: SearchSpace) -> list[dict[str, Any]]:
@@ -31,9 +31,9 @@ def make_sampler(space: SearchSpace, run_name: str | None = None):
     """The study's sampler: Optuna's sampler of `space.sampler`, built for each trial with a seed
     from (the space's seed, the trial's place in the study), so that every run of the study, a
     resumed or joined driver's included, proposes what one uninterrupted run would
-    (autofl/tuning/trial_sampler.py). `run_name` is accepted for callers that name the run; the
+    (autofl/tuning/strategy/trial_sampler.py). `run_name` is accepted for callers that name the run; the
     proposals do not depend on it."""
-    from autofl.tuning.trial_sampler import TrialSeededSampler
+    from autofl.tuning.strategy.trial_sampler import TrialSeededSampler
 
     return TrialSeededSampler(space)
 
@@ -49,7 +49,7 @@ def make_scheduler(space: SearchSpace, ledger: Ledger):
         return MedianStoppingRule(
             time_attr="round", grace_period=spec.grace_period, min_samples_required=spec.min_samples_required
         )
-    from autofl.tuning.scheduler import StudyASHA
+    from autofl.tuning.tune.scheduler import StudyASHA
 
     return StudyASHA(
         ledger,

@@ -2,7 +2,7 @@
 searcher, scheduler and stoppers on the study ledger, the live view, and what happens when Tune
 returns (the ledger settles a run a budget ended; an interrupted run stays resumable).
 
-Each invocation is one Tune experiment under `<study>/tune/<run>`; autofl/tuning/runner.py
+Each invocation is one Tune experiment under `<study>/tune/<run>`; autofl/tuning/tune/runner.py
 decides which (new, restored, added, joined).
 """
 
@@ -12,9 +12,9 @@ import time
 from typing import Any
 
 from autofl.errors import AutoFLError
-from autofl.tuning.ledger import Ledger, bound_to
-from autofl.tuning.space import DefineByRun, SearchSpace
-from autofl.tuning.study import Study
+from autofl.tuning.store.ledger import Ledger, bound_to
+from autofl.tuning.store.study import Study
+from autofl.tuning.strategy.space import DefineByRun, SearchSpace
 
 
 class StudyIncomplete(AutoFLError):
@@ -37,13 +37,13 @@ class StudyInterrupted(AutoFLError):
 def make_searcher(
     space: SearchSpace, ledger: Ledger, run_name: str, trials: int, with_start_point: bool, sampler: Any = None
 ):
-    from autofl.tuning.searcher import StudySearcher
-    from autofl.tuning.strategy import make_sampler, study_start_points
+    from autofl.tuning.strategy.build import make_sampler, study_start_points
+    from autofl.tuning.tune.searcher import StudySearcher
 
     points = study_start_points(space)
     if with_start_point and points:  # a start point a warm-started trial trained is not trained again
-        from autofl.tuning.repeats import config_key
-        from autofl.tuning.warm_start import warm_configs
+        from autofl.tuning.strategy.repeats import config_key
+        from autofl.tuning.strategy.warm_start import warm_configs
 
         warm = warm_configs(ledger.trials())
         points = [p for p in points if config_key(p) not in warm]
@@ -64,8 +64,8 @@ def make_searcher(
 
 
 def make_scheduler(space: SearchSpace, ledger: Ledger):
-    """The space's scheduler (autofl/tuning/strategy.py), ASHA's rungs read from the ledger."""
-    from autofl.tuning.strategy import make_scheduler as from_space
+    """The space's scheduler (autofl/tuning/strategy/build.py), ASHA's rungs read from the ledger."""
+    from autofl.tuning.strategy.build import make_scheduler as from_space
 
     return from_space(space, ledger)
 
@@ -73,7 +73,7 @@ def make_scheduler(space: SearchSpace, ledger: Ledger):
 def make_stopper(space: SearchSpace, ledger: Ledger, run_name: str):
     from ray.tune.stopper import CombinedStopper
 
-    from autofl.tuning.stopper import AlreadyRecordedStopper, RoundBudgetStopper
+    from autofl.tuning.tune.stopper import AlreadyRecordedStopper, RoundBudgetStopper
 
     recorded = AlreadyRecordedStopper(ledger, run_name)
     if space.budget_rounds is None:
@@ -89,7 +89,7 @@ def study_trainable(
     from ray import tune
 
     from autofl.data.datasets import load_raw_dataset
-    from autofl.tuning.trainable import FLTrainable
+    from autofl.tuning.tune.trainable import FLTrainable
 
     raw = load_raw_dataset(space.base_experiment().data)  # once; tune.with_parameters shares it via the object store
     wrapped = tune.with_parameters(
@@ -104,6 +104,12 @@ def study_trainable(
     return tune.with_resources(wrapped, {"cpu": space.resources.cpu, "gpu": space.resources.gpu_share})
 
 
+# which module layout a run's saved Tune experiment names (Tune pickles the trainable, searcher,
+# scheduler and callbacks by module path): 2 since tuning/ was split into store, strategy and tune.
+# A run of another layout is not restored (autofl.tuning.tune.runner.interrupted_run).
+RUN_LAYOUT = 2
+
+
 def new_run(study: Study, trials: int, join: bool) -> tuple[str, bool]:
     """Record a new run of `trials` in the study's meta: its name, and whether it starts with the
     space's start points (the study's first main run)."""
@@ -116,8 +122,8 @@ def new_run(study: Study, trials: int, join: bool) -> tuple[str, bool]:
     else:
         run_name = f"run-{len(meta['runs']) + 1}"
         meta["trials_requested"] = meta.get("trials_requested", 0) + trials
-    meta["runs"].append({"name": run_name, "trials": trials})
-    meta["root"] = str(study.root.resolve())  # where its Tune experiments are (autofl.tuning.runner.moved)
+    meta["runs"].append({"name": run_name, "trials": trials, "layout": RUN_LAYOUT})
+    meta["root"] = str(study.root.resolve())  # where its Tune experiments are (autofl.tuning.tune.runner.moved)
     study.write_meta(meta)
     return run_name, len(meta["runs"]) == 1 and not join
 
@@ -134,10 +140,10 @@ def run_experiment(
 def _run_experiment(study: Study, trials: int, address: str | None, restore: str | None, join: bool) -> None:
     from ray import tune
 
-    from autofl.tuning import interrupt
-    from autofl.tuning.checkpoints import checkpoints_to_keep
-    from autofl.tuning.live_view import LiveView, close_all
-    from autofl.tuning.ray_start import init_ray, max_concurrent
+    from autofl.tuning.tune import interrupt
+    from autofl.tuning.tune.checkpoints import checkpoints_to_keep
+    from autofl.tuning.tune.live_view import LiveView, close_all
+    from autofl.tuning.tune.ray_start import init_ray, max_concurrent
 
     space = study.space()
     ledger = Ledger(study.root)
@@ -180,7 +186,7 @@ def _run_experiment(study: Study, trials: int, address: str | None, restore: str
                 verbose=0,
             ),
         )
-    from autofl.tuning import write_failure
+    from autofl.tuning.store import write_failure
 
     write_failure.forget()
     started = time.time()

@@ -6,7 +6,7 @@ scheduler would have empty rungs, and a trial that the clean run would have stop
 rung runs to the end. Before it judges its first trial, this scheduler takes the rungs from the
 ledger (every tagged trial's per-round values replayed through the same rule), keyed by Tune
 trial id; a trial already recorded at a rung is not judged there again, exactly as in one
-uninterrupted run. The rule itself is autofl/tuning/asha.py (one bracket, as Tune's default).
+uninterrupted run. The rule itself is autofl/tuning/strategy/asha.py (one bracket, as Tune's default).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any
 
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
-from autofl.tuning import asha
-from autofl.tuning.ledger import Ledger
+from autofl.tuning.store.ledger import Ledger
+from autofl.tuning.strategy import asha
 
 
 class StudyASHA(FIFOScheduler):
@@ -128,7 +128,7 @@ class StudyASHA(FIFOScheduler):
                         recorded[trial_id] = recorded.pop(old)
 
     def _record(self, trial_id: str, reached: float, value: float) -> str:
-        """Judge and record a result at its rung (autofl.tuning.asha's rule)."""
+        """Judge and record a result at its rung (autofl.tuning.strategy.asha's rule)."""
         bracket = self.bracket_of(trial_id)
         rungs = self.rungs_per_bracket[bracket]
         judged = [m for m, recorded in rungs.items() if trial_id in recorded]

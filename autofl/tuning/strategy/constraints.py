@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from autofl.tuning.objectives import REPORTED_KEYS, TEST_METRICS
+from autofl.tuning.strategy.objectives import REPORTED_KEYS, TEST_METRICS
 
 # the sampler kinds whose Optuna sampler models constraints (Trial.set_constraint / trial.constraints)
 CONSTRAINED_SAMPLERS = ("tpe", "gp")

@@ -1,6 +1,6 @@
 """The study's Tune searcher, on Tune's public `Searcher` interface: Optuna proposes through the
 ledger's ask (any Optuna sampler: TPE, random, CMA-ES, ...), and every trial event goes to the
-ledger, which alone decides the trial's state (autofl/tuning/ledger.py).
+ledger, which alone decides the trial's state (autofl/tuning/store/ledger.py).
 
 Per-round values are recorded by FL round (not training iteration), a trial stopped before
 `max_t` rounds is PRUNED, and each trial carries its Tune trial id and run. The searcher's own
@@ -19,17 +19,14 @@ from typing import Any
 
 from ray.tune.search import Searcher
 
-from autofl.tuning.ledger import Ledger
-
-# re-exported: where the reported keys were defined before autofl/tuning/objectives.py
-from autofl.tuning.objectives import REPORTED_KEYS  # noqa: F401
+from autofl.tuning.store.ledger import Ledger
 
 
 @contextmanager
 def noting_failed_writes() -> Iterator[None]:
     """Tune logs what a searcher raises and goes on: a failed write (disk full, read-only) is noted
-    first, so that the driver ends with it in one line (autofl/tuning/write_failure.py)."""
-    from autofl.tuning import write_failure
+    first, so that the driver ends with it in one line (autofl/tuning/store/write_failure.py)."""
+    from autofl.tuning.store import write_failure
 
     try:
         yield
@@ -56,7 +53,7 @@ class StudySearcher(Searcher):
     ):
         # Ray's Searcher keeps lists (several objectives) as they are; its annotation says str
         super().__init__(metric=metric, mode=mode)  # type: ignore[arg-type]
-        self._skip_repeats = skip_repeats  # sampler.skip_repeats: autofl/tuning/repeats.py
+        self._skip_repeats = skip_repeats  # sampler.skip_repeats: autofl/tuning/strategy/repeats.py
         self._ledger = ledger
         self._define = define  # Optuna define-by-run: suggests the trial's params
         self._sampler = sampler
@@ -67,7 +64,7 @@ class StudySearcher(Searcher):
         self._trials: dict[str, int] = {}  # Tune trial id -> Optuna trial number
         self._finished: set[str] = set()  # Tune trial ids this searcher saw finish
         self._max_concurrent = 0  # no limit until Tune sets one
-        from autofl.tuning.objectives import direction
+        from autofl.tuning.strategy.objectives import direction
 
         modes = list(mode) if isinstance(mode, list) else [mode]
         ledger.study(sampler=sampler, create_directions=[direction(m) for m in modes])
@@ -112,7 +109,7 @@ class StudySearcher(Searcher):
         self._trials[trial_id] = number
         space = getattr(self._define, "space", None)
         if space is not None:  # `best-config export` reads it back without torch or the registries
-            from autofl.tuning.study import resolved_config
+            from autofl.tuning.store.study import resolved_config
 
             self._ledger.record_config(number, resolved_config(space, params))
         return params
@@ -156,5 +153,5 @@ class StudySearcher(Searcher):
             self.set_state(json.load(f))
         # trials this run's dead driver created after Tune's last snapshot: Tune does not know
         # them; released, so that this run's next asks adopt and train them. The sampler needs no
-        # reseeding: each trial's seed comes from the study (autofl/tuning/trial_sampler.py)
+        # reseeding: each trial's seed comes from the study (autofl/tuning/strategy/trial_sampler.py)
         self._ledger.release_unknown_orphans(self._run_name, set(self._trials))

@@ -13,7 +13,7 @@ stays as it is). The rule of which state a finished trial takes is `outcome()`:
 A trial a killed driver left open is an orphan (`release_orphans`, `release_unknown_orphans`):
 it stays RUNNING, marked `orphaned`, and the next ask of a resumed driver adopts it (trains it
 again under a new Tune id) instead of creating a new trial, so a kill leaves no placeholder and
-the study's trial numbers (which seed its sampler, autofl/tuning/trial_sampler.py) are those of an
+the study's trial numbers (which seed its sampler, autofl/tuning/strategy/trial_sampler.py) are those of an
 uninterrupted run. A trial no driver will train (a budget ended the run before it started, or a
 driver was killed between creating it and recording its params) is FAIL with the user attr
 `interrupted`, shown as INTERRUPTED (`shown_state`), and is replaced, not counted, when trials are
@@ -39,8 +39,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
-from autofl.tuning.objectives import REPORTED_KEYS
-from autofl.tuning.repeats import ask_unseen, is_repeat
+from autofl.tuning.strategy.objectives import REPORTED_KEYS
+from autofl.tuning.strategy.repeats import ask_unseen, is_repeat
 
 FINISHED_STATES = ("COMPLETE", "PRUNED", "FAIL")
 OPEN_STATES = ("RUNNING", "WAITING")
@@ -77,7 +77,7 @@ def shown_state(state: str, user_attrs: dict[str, Any], live_driver: bool) -> st
 
 def is_placeholder(trial: Any) -> bool:
     """Whether a trial is an interrupted placeholder: no driver trained it, and it holds no proposal
-    of the study's sequence (autofl.tuning.trial_sampler.proposal_index skips it)."""
+    of the study's sequence (autofl.tuning.strategy.trial_sampler.proposal_index skips it)."""
     return bool(trial.user_attrs.get("interrupted"))
 
 
@@ -88,8 +88,8 @@ def is_warm_started(trial: Any) -> bool:
 
 def counted(trial: Any) -> bool:
     """Whether a trial counts against the study's requested trials (interrupted ones are replaced;
-    a repeat told its twin's outcome, autofl/tuning/repeats.py, and a warm-started trial copied
-    from another study, autofl/tuning/warm_start.py, trained nothing here)."""
+    a repeat told its twin's outcome, autofl/tuning/strategy/repeats.py, and a warm-started trial copied
+    from another study, autofl/tuning/strategy/warm_start.py, trained nothing here)."""
     return not trial.user_attrs.get("interrupted") and not is_repeat(trial) and not is_warm_started(trial)
 
 
@@ -140,7 +140,7 @@ class Ledger:
 
     # ---- opening --------------------------------------------------------------------------------
     def folder(self):
-        from autofl.tuning.study import Study
+        from autofl.tuning.store.study import Study
 
         return Study(Path(self.root))
 
@@ -151,7 +151,7 @@ class Ledger:
 
         if self._study is not None and (sampler is None or sampler is self._sampler):
             return self._study
-        from autofl.tuning.storage import open_storage
+        from autofl.tuning.store.storage import open_storage
 
         folder = self.folder()
         if self._storage is None:
@@ -223,9 +223,9 @@ class Ledger:
         self, rungs: Sequence[float], max_t: float, member: Callable[[Any], bool] | None = None
     ) -> dict[float, dict[str, float]]:
         """ASHA's rungs as the study's trials left them, by Tune trial id (objective units): each
-        tagged, not interrupted trial's per-round values replayed through autofl.tuning.asha
+        tagged, not interrupted trial's per-round values replayed through autofl.tuning.strategy.asha
         (only the trials `member`, given the FrozenTrial, accepts: one bracket's)."""
-        from autofl.tuning.asha import recorded_values
+        from autofl.tuning.strategy.asha import recorded_values
 
         history: dict[float, dict[str, float]] = {m: {} for m in rungs}
         for t in self.trials():
@@ -275,7 +275,7 @@ class Ledger:
         if not self.shared():
             yield
             return
-        from autofl.tuning.storage import is_journal, journal_lock
+        from autofl.tuning.store.storage import is_journal, journal_lock
 
         if is_journal(self._url):
             with journal_lock(self._url):
@@ -296,7 +296,7 @@ class Ledger:
 
     def shared(self) -> bool:
         """Whether several drivers may share this storage (PostgreSQL, a journal)."""
-        from autofl.tuning.storage import is_shared
+        from autofl.tuning.store.storage import is_shared
 
         self.study()
         return is_shared(self._storage)
@@ -326,7 +326,7 @@ class Ledger:
             if self._study_budget_reached(trials):
                 return None
             if skip_repeats:  # a config a finished trial trained is told its outcome, not trained again
-                from autofl.tuning.space import grid_size
+                from autofl.tuning.strategy.space import grid_size
 
                 space = getattr(define, "space", None)  # DefineByRun: its space's size, 0 if continuous
                 trial, returned = ask_unseen(study, define, space_size=grid_size(space) if space else None)
@@ -425,7 +425,7 @@ class Ledger:
         return state
 
     def constraints(self) -> list[Any]:
-        """The study's constraints (its space's `constraints:`, autofl/tuning/constraints.py)."""
+        """The study's constraints (its space's `constraints:`, autofl/tuning/strategy/constraints.py)."""
         if self._constraints is None:
             self._constraints = self.folder().stored_space().parsed_constraints
         return self._constraints
@@ -433,7 +433,7 @@ class Ledger:
     def _record_constraints(self, trial: Any, result: dict[str, Any]) -> None:
         """A COMPLETE trial's constraint values (Optuna's `Trial.set_constraint`, what the samplers
         and `best_trial` read) and whether it meets them all (user attr `feasible`)."""
-        from autofl.tuning.constraints import FEASIBLE_ATTR, constraint_values
+        from autofl.tuning.strategy.constraints import FEASIBLE_ATTR, constraint_values
 
         constraints = self.constraints()
         if not constraints:
@@ -444,8 +444,8 @@ class Ledger:
         trial.set_user_attr(FEASIBLE_ATTR, all(v <= 0 for v in values.values()))
 
     def record_config(self, number: int, config: dict[str, Any]) -> None:
-        """Keep trial `number`'s runnable config (`autofl.tuning.study.CONFIG_ATTR`) with it."""
-        from autofl.tuning.study import CONFIG_ATTR
+        """Keep trial `number`'s runnable config (`autofl.tuning.store.study.CONFIG_ATTR`) with it."""
+        from autofl.tuning.store.study import CONFIG_ATTR
 
         self._trial(number).set_user_attr(CONFIG_ATTR, config)
 

@@ -16,7 +16,7 @@ objective, and it is a trial of the new space:
 
 Each taken trial carries the user attr `warm_start_from` ("OTHER#<number>"), its reported metrics
 and recorded config, and, in a constrained study, the new space's constraint values. It trained
-nothing here: it counts against no trial budget (`autofl.tuning.ledger.counted`) or round budget,
+nothing here: it counts against no trial budget (`autofl.tuning.store.ledger.counted`) or round budget,
 and a proposal of its config is told its outcome instead of training (`sampler.skip_repeats`).
 """
 
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from autofl.errors import AutoFLError
-from autofl.tuning.space import CONDITIONAL_SEP, ParamSpec, SearchSpace, all_params
+from autofl.tuning.strategy.space import CONDITIONAL_SEP, ParamSpec, SearchSpace, all_params
 
 WARM_ATTR = "warm_start_from"
 META_KEY = "warm_start"  # study.json: where from, how many taken, the line shown
@@ -58,7 +58,7 @@ class WarmStart:
 
 
 def distribution(spec: ParamSpec) -> Any:
-    """Optuna's distribution of a param, as `autofl.tuning.space.suggest` asks for it."""
+    """Optuna's distribution of a param, as `autofl.tuning.strategy.space.suggest` asks for it."""
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
     if spec.type == "categorical":
@@ -119,7 +119,7 @@ def config_difference(trained: dict[str, Any], here: dict[str, Any]) -> str | No
 def plan(home: Path, source: str, new_name: str, space: SearchSpace) -> WarmStart:
     """What warm-starting the new study `new_name` (of `space`) from study `source` in `home`
     takes and skips. Reads only; AutoFLError (one line) for an unknown study or the study itself."""
-    from autofl.tuning.study import open_study
+    from autofl.tuning.store.study import open_study
 
     if source == new_name:
         raise AutoFLError(
@@ -150,10 +150,10 @@ def _take(trial: Any, space: SearchSpace, old_space: SearchSpace, other: Any, so
     """The FrozenTrial to add for `trial` of the other study, or why it is skipped."""
     import optuna
 
-    from autofl.tuning.constraints import FEASIBLE_ATTR, constraint_values
-    from autofl.tuning.objectives import REPORTED_KEYS, TEST_METRICS
-    from autofl.tuning.repeats import is_repeat
-    from autofl.tuning.study import CONFIG_ATTR, resolved_config
+    from autofl.tuning.store.study import CONFIG_ATTR, resolved_config
+    from autofl.tuning.strategy.constraints import FEASIBLE_ATTR, constraint_values
+    from autofl.tuning.strategy.objectives import REPORTED_KEYS, TEST_METRICS
+    from autofl.tuning.strategy.repeats import is_repeat
 
     if is_repeat(trial):
         return f"a repeat of #{trial.user_attrs['repeat_of']} (trained once, taken once)"
@@ -238,8 +238,8 @@ def apply(study: Any, warm: WarmStart) -> None:
     """Add the taken trials to the new study's Optuna study (created here with the space's
     directions) and record the line in its study.json. Adding twice adds nothing: a study that
     holds warm-started trials already (a start retried on a shared storage) is left as it is."""
-    from autofl.tuning.ledger import Ledger
-    from autofl.tuning.objectives import direction
+    from autofl.tuning.store.ledger import Ledger
+    from autofl.tuning.strategy.objectives import direction
 
     space = study.space()
     modes = space.modes if space.multi_objective else [space.mode]
@@ -253,6 +253,6 @@ def apply(study: Any, warm: WarmStart) -> None:
 
 def warm_configs(trials: list[Any]) -> set[tuple]:
     """The configs (as `repeats.config_key`) of a study's warm-started trials."""
-    from autofl.tuning.repeats import config_key
+    from autofl.tuning.strategy.repeats import config_key
 
     return {config_key(t.params) for t in trials if WARM_ATTR in t.user_attrs}

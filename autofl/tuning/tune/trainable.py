@@ -29,7 +29,7 @@ from autofl.experiment import build_experiment
 from autofl.features import ClassStats
 from autofl.methods.registry import get_method_class
 from autofl.registry import load_plugins
-from autofl.tuning.space import experiment_dict
+from autofl.tuning.strategy.space import experiment_dict
 
 STATE_FILE = "simulation.pt"
 
@@ -45,7 +45,7 @@ class TrialOutOfGPUMemory(RuntimeError):
     """A trial ran out of GPU memory: one line naming what it needed and its share of the card."""
 
     def __init__(self, device: torch.device, err: BaseException):
-        from autofl.tuning.gpu_packing import needed_bytes, oom_line
+        from autofl.tuning.tune.gpu_packing import needed_bytes, oom_line
 
         card = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else 0
         context = ray.get_runtime_context() if ray.is_initialized() else None

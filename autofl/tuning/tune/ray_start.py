@@ -1,5 +1,5 @@
 """Starting Ray for a study command: the environment Tune reads, a local Ray of our own or a
-cluster's, and Ray's output routed into the study's logs/ folder (autofl/tuning/logs.py)."""
+cluster's, and Ray's output routed into the study's logs/ folder (autofl/tuning/tune/logs.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from autofl.tuning.space import SearchSpace
+from autofl.tuning.strategy.space import SearchSpace
 
 # Tune writes its experiment state (trials, searcher) at most this often; a killed driver loses
 # at most this much bookkeeping, and Optuna's storage is written at every trial event anyway.
@@ -37,13 +37,13 @@ def init_ray(address: str | None, worker_log: Path | None = None, verbose: bool 
 
     if ray.is_initialized():
         return
-    # Ray's log records go where autofl.tuning.logs routes them (the study's logs/ folder); without
+    # Ray's log records go where autofl.tuning.tune.logs routes them (the study's logs/ folder); without
     # routing (e.g. in tests) Ray's own stderr handler, installed when ray is imported, stays
     common: dict[str, Any] = dict(
         include_dashboard=False, configure_logging=False, log_to_driver=verbose or worker_log is None
     )
     if worker_log is not None:
-        from autofl.tuning.logs import worker_log_hook
+        from autofl.tuning.tune.logs import worker_log_hook
 
         common["runtime_env"] = {"worker_process_setup_hook": worker_log_hook(str(worker_log))}
     if address is not None:
@@ -59,7 +59,7 @@ def start_ray(
     """Start (or connect to) Ray with its output routed into `<study>/logs/` (returned); `meanwhile`
     runs in a thread while Ray's processes start."""
     tune_environment()
-    from autofl.tuning.logs import route_driver_logs
+    from autofl.tuning.tune.logs import route_driver_logs
 
     folder = route_driver_logs(study_root, verbose)
     side = threading.Thread(target=meanwhile, daemon=True) if meanwhile is not None else None
@@ -76,7 +76,7 @@ def concurrent_slots(resources: dict[str, float], space: SearchSpace) -> int:
     slots = resources.get("CPU", 0.0) // space.resources.cpu
     if space.resources.gpu_share > 0:
         slots = min(slots, resources.get("GPU", 0.0) // space.resources.gpu_share)
-    from autofl.tuning.preflight import memory_slots  # issue 18: a tiny cpu share is bounded by memory too
+    from autofl.tuning.tune.preflight import memory_slots  # issue 18: a tiny cpu share is bounded by memory too
 
     slots = min(slots, memory_slots(resources) or slots)
     return max(1, int(slots))

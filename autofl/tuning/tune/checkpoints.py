@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from autofl.tuning.ray_start import snapshot_seconds
-from autofl.tuning.space import SearchSpace
+from autofl.tuning.strategy.space import SearchSpace
+from autofl.tuning.tune.ray_start import snapshot_seconds
 
 
 def checkpoints_to_keep(space: SearchSpace) -> int | None:

@@ -15,7 +15,7 @@ from typing import Any
 
 from ray.tune import Stopper
 
-from autofl.tuning.ledger import Ledger
+from autofl.tuning.store.ledger import Ledger
 
 
 class AlreadyRecordedStopper(Stopper):

@@ -1,6 +1,6 @@
 """What a space file may say under `sampler:` and `scheduler:` (the pydantic sections, their
 options per kind and autofl's TPE defaults). A leaf module: the space validates against it and
-`autofl.tuning.strategy` builds the libraries' objects from it."""
+`autofl.tuning.strategy.build` builds the libraries' objects from it."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ class SamplerSpec(Strict):
     # the default, random search that skips configs already trained (with the default ASHA), met
     # issue 17's targets on three of the search benchmark's four tables and was never worse than
     # random search with ASHA there (docs/search-quality.md); a study keeps the defaults
-    # it was created with (autofl.tuning.study)
+    # it was created with (autofl.tuning.store.study)
     kind: Literal["tpe", "random", "grid", "gp", "cmaes", "qmc"] = "random"
     n_startup_trials: int | None = Field(
         None, ge=0, description="random trials before the model is used (tpe 20, gp 10, cmaes 1)"

@@ -17,8 +17,8 @@ import yaml
 from autofl.config import read_yaml
 from autofl.errors import AutoFLError, ConfigError, StorageError
 from autofl.files import write_atomic
-from autofl.tuning.space import SearchSpace, load_space, parse_space, parse_stored_space
-from autofl.tuning.strategy_spec import SAMPLER_OPTIONS, SamplerSpec
+from autofl.tuning.strategy.space import SearchSpace, load_space, parse_space, parse_stored_space
+from autofl.tuning.strategy.spec import SAMPLER_OPTIONS, SamplerSpec
 
 HOME_ENV = "AUTOFL_HOME"
 SPACE_FILE = "space.yaml"
@@ -137,7 +137,7 @@ class Study:
         """The study's storage, without password: the space's `storage`, else the `AUTOFL_STORAGE`
         URL recorded when the study was created, else a SQLite file in the study folder (a relative
         journal file lies in the study folder too)."""
-        from autofl.tuning.storage import bind_to_folder
+        from autofl.tuning.store.storage import bind_to_folder
 
         url = self.stored_space().storage or self.meta().get("storage")
         if url is None:
@@ -157,7 +157,7 @@ class Study:
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         try:
-            from autofl.tuning.storage import open_storage
+            from autofl.tuning.store.storage import open_storage
 
             url = self.storage_url()
             if self._opened is not None and self._opened[:2] == (os.getpid(), url):
@@ -173,14 +173,14 @@ class Study:
         """The study's name inside its storage: the folder's name, except in a study folder copied
         under a new name (as docs/guide/search.md advises to take ownership), whose own SQLite file still holds
         the one study under its old name (issue 18), as a journal in the folder does."""
-        from autofl.tuning.storage import in_study_folder
+        from autofl.tuning.store.storage import in_study_folder
 
         chosen = self.stored_space().storage or self.meta().get("storage")
         if chosen and not in_study_folder(chosen):
             return self.name
         import optuna
 
-        from autofl.tuning.storage import open_storage
+        from autofl.tuning.store.storage import open_storage
 
         names = optuna.get_all_study_names(storage or open_storage(self.storage_url()))
         return names[0] if self.name not in names and len(names) == 1 else self.name
@@ -241,7 +241,7 @@ def check_not_anothers(url: str, root: Path) -> None:
     """A SQLite file or journal inside another study's folder (a study.json or space copied with its
     absolute URL, `cp -a` of a study created with AUTOFL_STORAGE=sqlite:////...) is that study's:
     writing trials into it would change the other study. One line, exit 2."""
-    from autofl.tuning.storage import is_journal, is_sqlite, journal_path
+    from autofl.tuning.store.storage import is_journal, is_sqlite, journal_path
 
     if is_sqlite(url):
         database = url.split(":///", 1)[-1].split("?", 1)[0]
@@ -270,7 +270,7 @@ def sqlite_url(root: Path) -> str:
 def new_study_storage(space: SearchSpace) -> str | None:
     """The storage a new study will use when it is not the default SQLite file: the space's
     `storage`, else `AUTOFL_STORAGE` (checked; recorded without its password)."""
-    from autofl.tuning.storage import STORAGE_ENV, check_storage_url, without_password
+    from autofl.tuning.store.storage import STORAGE_ENV, check_storage_url, without_password
 
     if space.storage:
         return space.storage
@@ -293,7 +293,7 @@ def create_study(
 ) -> Study:
     """A new study folder, after every check that can fail (name, storage reachable): a failed
     start leaves nothing behind. Its space.yaml is `space_text`, else the file at `space_path`."""
-    from autofl.tuning.storage import probe_storage
+    from autofl.tuning.store.storage import probe_storage
 
     name = check_study_name(name or space.study, "--name" if name else "study")  # issue 18: the same rules
     root = home / name
@@ -328,7 +328,7 @@ def storage_stamp(url: str) -> list[Any] | None:
     of an SQLite database and its -wal / -journal files, or of a journal file; None for a server
     (PostgreSQL), whose writes no file shows. An empty file counts as none: a reader's connection
     makes an empty -wal file while it is open."""
-    from autofl.tuning.storage import is_journal, journal_path
+    from autofl.tuning.store.storage import is_journal, journal_path
 
     if is_journal(url):
         files = [journal_path(url)]
@@ -401,7 +401,7 @@ def keep_trial_rows(study: Study) -> None:
     first (their last close writes the database file); the rows are kept only if nothing wrote
     while they were read. No SETTLED_S wait: no write can follow unseen, since the next writer is
     a later driver; a reader still takes the rows only once the files have been still that long."""
-    from autofl.tuning.storage import close_sqlite
+    from autofl.tuning.store.storage import close_sqlite
 
     close_sqlite()
     stamp = storage_stamp(study.storage_url())
@@ -422,7 +422,7 @@ def best_row_value(rows: list[dict[str, Any]], mode: str) -> float | None:
 def best_of_rows(rows: list[dict[str, Any]], mode: str) -> dict[str, Any] | None:
     """The COMPLETE row (of `trial_rows`) with the best (first) objective that meets the study's
     constraints (an infeasible trial is never the best; the first of equals), or None."""
-    from autofl.tuning.objectives import best
+    from autofl.tuning.strategy.objectives import best
 
     complete = [r for r in rows if r["state"] == "COMPLETE" and r["values"] and r.get("feasible", True)]
     return best(complete, key=lambda r: r["values"][0], mode=mode)
@@ -431,7 +431,7 @@ def best_of_rows(rows: list[dict[str, Any]], mode: str) -> dict[str, Any] | None
 def pareto_rows(rows: list[dict[str, Any]], mode: str) -> list[dict[str, Any]]:
     """A multi-objective study's Pareto front (Optuna's `best_trials`, as read into the rows' "pareto"),
     best first objective first: `pareto_trials` on rows, no Optuna import."""
-    from autofl.tuning.objectives import best_first
+    from autofl.tuning.strategy.objectives import best_first
 
     return best_first([r for r in rows if r.get("pareto")], key=lambda r: r["values"][0], mode=mode)
 
@@ -443,7 +443,7 @@ def _read_trial_rows(study: Study) -> list[dict[str, Any]]:
 
 def _rows_of(ot: Any) -> list[dict[str, Any]]:
     """`trial_rows`' rows of a loaded Optuna study."""
-    from autofl.tuning.constraints import is_feasible
+    from autofl.tuning.strategy.constraints import is_feasible
 
     front = {t.number for t in ot.best_trials} if len(ot.directions) > 1 else set()
     rows = []
@@ -491,7 +491,7 @@ def pareto_trials(study: Study) -> list:
     ot = study.load_optuna()
     front = list(ot.best_trials) if ot is not None else []
     space = study.stored_space()
-    from autofl.tuning.objectives import best_first
+    from autofl.tuning.strategy.objectives import best_first
 
     return best_first(front, key=lambda t: t.values[0], mode=space.mode)
 
@@ -612,7 +612,7 @@ def trial_config(
     import copy
 
     import autofl
-    from autofl.tuning.objectives import TEST_METRICS
+    from autofl.tuning.strategy.objectives import TEST_METRICS
 
     stored = attrs.get(CONFIG_ATTR)
     if isinstance(stored, dict):

@@ -7,27 +7,31 @@ trials to a finished study starts a new experiment on the same Optuna study, so 
 every earlier trial. A `--join` driver runs its own experiment on a shared (PostgreSQL) study.
 Each experiment's folder gets a flag file once all its trials ran.
 
-One experiment is run by autofl/tuning/tune_run.py; trial states are the ledger's
-(autofl/tuning/ledger.py).
+One experiment is run by autofl/tuning/tune/experiment.py; trial states are the ledger's
+(autofl/tuning/store/ledger.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 
-from autofl.tuning.checkpoints import checkpoints_to_keep  # noqa: F401  (re-exported for callers of the former single module)
-from autofl.tuning.ledger import FINISHED_STATES, Ledger, counted
-from autofl.tuning.ray_start import concurrent_slots, init_ray  # noqa: F401  (re-exported, as checkpoints_to_keep)
-from autofl.tuning.study import Study
-from autofl.tuning.tune_run import StudyIncomplete, StudyInterrupted, run_experiment  # noqa: F401 (re-exported)
+from autofl.tuning.store.ledger import FINISHED_STATES, Ledger, counted
+from autofl.tuning.store.study import Study
+from autofl.tuning.tune.experiment import StudyIncomplete, run_experiment
 
 FINISHED_FLAG = ".autofl_finished"  # written in a Tune experiment's folder once all its trials ran
 
 
-def _last_run_dir(study: Study) -> str | None:
-    """Where the study's last main run (not a --join driver's) keeps its Tune experiment."""
+def _last_run(study: Study) -> dict | None:
+    """The record of the study's last main run (not a --join driver's)."""
     runs = [r for r in study.meta()["runs"] if not r["name"].startswith("join-")]
-    return experiment_location(study, runs[-1]["name"]) if runs else None
+    return runs[-1] if runs else None
+
+
+def _last_run_dir(study: Study) -> str | None:
+    """Where the study's last main run keeps its Tune experiment."""
+    run = _last_run(study)
+    return experiment_location(study, run["name"]) if run is not None else None
 
 
 def experiment_location(study: Study, run_name: str) -> str:
@@ -51,9 +55,17 @@ def _flag_exists(location: str) -> bool:
 
 
 def interrupted_run(study: Study) -> str | None:
-    """The last Tune experiment of the study if it did not finish all its trials and Tune can restore it."""
+    """The last Tune experiment of the study if it did not finish all its trials and Tune can restore
+    it. A run recorded by an autofl whose modules Tune's saved experiment names no longer (before
+    RUN_LAYOUT) is not restored: as a moved study's, its missing trials then run as a new experiment
+    (what its killed driver left is adopted and trained again, same numbers and params)."""
     from ray import tune
 
+    from autofl.tuning.tune.experiment import RUN_LAYOUT
+
+    run = _last_run(study)
+    if run is None or run.get("layout") != RUN_LAYOUT:
+        return None
     location = _last_run_dir(study)
     if location is None or _flag_exists(location) or not tune.Tuner.can_restore(location):
         return None
@@ -116,7 +128,7 @@ def top_up(study: Study, address: str | None) -> None:
     """Run what no experiment finished, unless a budget ended the study: the trials a killed
     driver left (released, then adopted by the new run's first asks: same numbers and params) and
     those never started (placeholders are replaced, not counted)."""
-    from autofl.tuning.tune_run import budget_spent
+    from autofl.tuning.tune.experiment import budget_spent
 
     ledger = Ledger(study.root)
     ledger.release_orphans()
@@ -139,18 +151,18 @@ def run_study(
 ) -> None:
     """The one entry point (CLI and Python API): run a new study, resume or extend one
     (`resume`, `trials` to add), or add a driver to a shared one (`join_shared`). Ray must be
-    started (autofl.tuning.ray_start.start_ray) or `address` given."""
+    started (autofl.tuning.tune.ray_start.start_ray) or `address` given."""
     try:
         if join_shared:
             join(study, address)
         else:
             search(study, trials, address, resume=resume)
     except Exception as err:
-        from autofl.tuning.write_failure import failed_write
+        from autofl.tuning.store.write_failure import failed_write
 
         reason = failed_write(err)
         if reason is None:
             raise
-        from autofl.tuning.write_failure import WriteFailed
+        from autofl.tuning.store.write_failure import WriteFailed
 
         raise WriteFailed.of(study.name, reason) from None
