@@ -141,6 +141,6 @@ def monkeypatch_module():
 
     mp = pytest.MonkeyPatch()
     mp.setattr(ray_start, "init_ray", lambda address, **kwargs: None)
-    mp.setattr(runner, "search", one_finished_trial)
+    mp.setattr(runner, "run_or_resume", one_finished_trial)
     yield mp
     mp.undo()

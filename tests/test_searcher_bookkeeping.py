@@ -125,7 +125,7 @@ def test_resume_without_a_tune_snapshot_replaces_interrupted_trials(tmp_path, mo
     started = []
     monkeypatch.setattr(runner, "run_experiment", lambda st, trials, address, restore=None: started.append(trials))
 
-    runner.search(study, None, None, resume=True)
+    runner.run_or_resume(study, None, None, resume=True)
 
     assert started == [3]
     states = [(t.state, t.user_attrs.get("interrupted")) for t in optuna.load_study(

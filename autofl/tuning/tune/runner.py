@@ -93,7 +93,7 @@ def join(study: Study, address: str | None) -> None:
     run_experiment(study, study.meta().get("trials_requested") or study.space().trials, address, join=True)
 
 
-def search(study: Study, trials: int | None, address: str | None, resume: bool) -> None:
+def run_or_resume(study: Study, trials: int | None, address: str | None, resume: bool) -> None:
     """New study: run its trials. Resume: finish the interrupted experiment, then any trials
     that never started; with `trials` on a finished study: add that many."""
     if resume and not study.meta()["runs"]:  # issue 18: a start that failed before its first run
@@ -156,7 +156,7 @@ def run_study(
         if join_shared:
             join(study, address)
         else:
-            search(study, trials, address, resume=resume)
+            run_or_resume(study, trials, address, resume=resume)
     except Exception as err:
         from autofl.tuning.store.write_failure import failed_write
 
