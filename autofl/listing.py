@@ -10,6 +10,7 @@ on every run until it is fixed."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import importlib.util
@@ -208,7 +209,10 @@ def keep_listing() -> None:
         return
     path = folder / f"listing-{fingerprint()}.json"
     if not path.exists():
-        _keep(path, listing(list(REGISTRIES)))
+        # a cache: a plugin whose rows cannot be read must not fail the train or search that keeps it
+        # (`autofl list` reads it then and says what is wrong)
+        with contextlib.suppress(Exception):
+            _keep(path, listing(list(REGISTRIES)))
 
 
 def _keep(path: Path, rows: list[Listed]) -> None:
