@@ -186,10 +186,9 @@ def cached_listing(kinds: list[str]) -> list[Listed]:
     entry) and kept for the next call, unless a plugin was skipped or the cache cannot be written."""
     from autofl.registry import REGISTRIES, plugin_problems
 
-    folder = cache_folder()
-    if folder is None:
+    path = _cache_file()
+    if path is None:
         return listing(kinds)
-    path = folder / f"listing-{fingerprint()}.json"
     try:
         rows = [Listed(**row) for row in json.loads(path.read_text())]
     except (OSError, ValueError, TypeError):
@@ -204,15 +203,19 @@ def keep_listing() -> None:
     the registries' entries, leaves them for the first `autofl list` after an install)."""
     from autofl.registry import REGISTRIES, plugin_problems
 
-    folder = cache_folder()
-    if folder is None or plugin_problems():
+    path = _cache_file()
+    if path is None or path.exists() or plugin_problems():  # kept already: no plugin is loaded for it
         return
-    path = folder / f"listing-{fingerprint()}.json"
-    if not path.exists():
-        # a cache: a plugin whose rows cannot be read must not fail the train or search that keeps it
-        # (`autofl list` reads it then and says what is wrong)
-        with contextlib.suppress(Exception):
-            _keep(path, listing(list(REGISTRIES)))
+    # a cache: a plugin whose rows cannot be read must not fail the train or search that keeps it
+    # (`autofl list` reads it then and says what is wrong)
+    with contextlib.suppress(Exception):
+        _keep(path, listing(list(REGISTRIES)))
+
+
+def _cache_file() -> Path | None:
+    """The file the rows of this install (its fingerprint) are kept in, or None without a cache folder."""
+    folder = cache_folder()
+    return folder / f"listing-{fingerprint()}.json" if folder is not None else None
 
 
 def _keep(path: Path, rows: list[Listed]) -> None:

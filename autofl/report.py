@@ -394,7 +394,7 @@ def build_report(study: Study, out_dir: Path) -> Path:
 
     matplotlib.use("Agg")
     from autofl.tuning.reeval import load_summary
-    from autofl.tuning.store.study import best_of_rows, pareto_trials, trial_rows
+    from autofl.tuning.store.study import best_of_rows, pareto_trials, rows_of
     from autofl.views import format_params
 
     space = study.space()
@@ -428,7 +428,7 @@ def build_report(study: Study, out_dir: Path) -> Path:
         + html.escape(", ".join(f"{v} {k.lower()}" for k, v in sorted(counts.items())))
         + "</p>",
     ]
-    rows = trial_rows(study)
+    rows = rows_of(ot) if ot is not None else []  # the trials read above, as rows
     if space.constraints:
         from autofl.tuning.strategy.constraints import feasibility_line
 

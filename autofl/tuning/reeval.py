@@ -85,7 +85,7 @@ def candidates(study: Study, top: int) -> list[Candidate]:
             f"re-evaluation ranks configs on one objective: see its Pareto front with "
             f"autofl best-config export {study.name} --pareto"
         )
-    from autofl.tuning.store.study import no_feasible_row, trial_rows
+    from autofl.tuning.store.study import no_feasible_row, rows_of
     from autofl.tuning.strategy.constraints import is_feasible
 
     trials = ot.get_trials(deepcopy=False) if ot is not None else []
@@ -95,7 +95,7 @@ def candidates(study: Study, top: int) -> list[Candidate]:
         if t.state.name == "COMPLETE" and t.value is not None and math.isfinite(t.value) and is_feasible(t)
     ]
     if not complete:
-        no_feasible_row(study, trial_rows(study))  # an infeasible trial is never a candidate
+        no_feasible_row(study, rows_of(ot) if ot is not None else [])  # an infeasible trial is never a candidate
         raise AutoFLError(f"study {study.name!r} has no completed trial to re-evaluate; see autofl status {study.name}")
     complete = best_first(complete, key=lambda t: t.value, mode=space.mode)
     # the paper default; in a cross-method study, that of the best trial's method

@@ -438,11 +438,11 @@ def pareto_rows(rows: list[dict[str, Any]], mode: str) -> list[dict[str, Any]]:
 
 def _read_trial_rows(study: Study) -> list[dict[str, Any]]:
     ot = study.load_optuna()
-    return _rows_of(ot) if ot is not None else []
+    return rows_of(ot) if ot is not None else []
 
 
-def _rows_of(ot: Any) -> list[dict[str, Any]]:
-    """`trial_rows`' rows of a loaded Optuna study."""
+def rows_of(ot: Any) -> list[dict[str, Any]]:
+    """`trial_rows`' rows of an Optuna study already loaded (read from its storage, no snapshot)."""
     from autofl.tuning.strategy.constraints import is_feasible
 
     front = {t.number for t in ot.best_trials} if len(ot.directions) > 1 else set()
@@ -502,7 +502,7 @@ def best_trial(study: Study):
     if ot is None:
         raise AutoFLError(f"study {study.name!r} has no trials yet")
     trials = ot.get_trials(deepcopy=False)
-    number = best_row(study, _rows_of(ot))["number"]
+    number = best_row(study, rows_of(ot))["number"]
     return next(t for t in trials if t.number == number)
 
 
