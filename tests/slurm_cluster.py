@@ -52,6 +52,17 @@ class SlurmCluster:
     def job_ended(self, job_id: str) -> bool:
         return self.job_state(job_id)[0] in ENDED
 
+    def describe(self, job_id: str, lines: int = 40) -> str:
+        """What SLURM says of a job and the tail of its daemons' logs: what a failed test prints
+        (CI, 2026-11-27, once saw a requeued job end without its second run)."""
+        shown = self.run("scontrol", "show", "job", job_id, check=False)
+        text = f"--- scontrol show job {job_id}\n{shown.stdout or shown.stderr}"
+        for name in ("slurmctld.log", "slurmd.log"):
+            path = self.folder / name
+            if path.exists():
+                text += f"--- {name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) + "\n"
+        return text
+
 
 def _free_port() -> int:
     with socket.socket() as s:

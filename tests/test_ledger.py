@@ -108,8 +108,9 @@ def test_tunes_last_results_complete_what_a_budget_cut_left_open(tmp_path, stora
 def test_a_killed_drivers_trial_is_adopted_by_the_next_ask_not_replaced(tmp_path):
     """Issue 42: a trial a killed driver left open is trained again as the same Optuna trial (same
     number, same params, a new Tune id) by the resumed driver's next ask, so no INTERRUPTED
-    placeholder is added and the trial numbers stay those of an uninterrupted run. Only a trial
-    killed before its params were whole (untagged) becomes a placeholder."""
+    placeholder is added and the trial numbers stay those of an uninterrupted run. A trial killed
+    before its params were whole (untagged: CI's kill stress left two such placeholders) is adopted
+    too: the adopting ask sets its params."""
     ledger = new_ledger(tmp_path)
     done, _ = _ask(ledger, "done")
     ledger.close(done, {"round": 4, "acc": 0.5}, False, ["acc"], 4)
@@ -120,7 +121,8 @@ def test_a_killed_drivers_trial_is_adopted_by_the_next_ask_not_replaced(tmp_path
     by_number = {t.number: t for t in ledger.trials()}
     assert by_number[killed].state.name == "RUNNING" and by_number[killed].user_attrs["orphaned"]
     assert shown_state("RUNNING", by_number[killed].user_attrs, live_driver=True) == INTERRUPTED
-    assert by_number[untagged.number].user_attrs.get("interrupted")  # a placeholder, no params to train
+    assert by_number[untagged.number].state.name == "RUNNING" and by_number[untagged.number].user_attrs["orphaned"]
+    assert not by_number[untagged.number].user_attrs.get("interrupted")  # no placeholder
     assert ledger.release_orphans() == 0  # released once
 
     again = _ask(ledger, "resumed", run="run-2")
@@ -131,8 +133,22 @@ def test_a_killed_drivers_trial_is_adopted_by_the_next_ask_not_replaced(tmp_path
     assert ledger.number_of("resumed") == killed
     assert ledger.report(killed, 0.3, 1) and ledger.report(killed, 0.4, 2)  # its first round again: kept once
     assert ledger.trials()[killed].intermediate_values == {1: 0.3, 2: 0.4}
+    number, adopted = _ask(ledger, "untagged", run="run-2")
+    assert number == untagged.number and set(adopted) == {"x"}  # its param set by the adopting ask
+    trial = ledger.trials()[untagged.number]
+    assert trial.params == adopted and trial.user_attrs["earlier_tune_trial_ids"] == []
     fresh, _ = _ask(ledger, "next", run="run-2")
     assert fresh == untagged.number + 1 and len(ledger.trials()) == 4  # a new trial only once no orphan is left
+
+
+def test_an_enqueued_start_point_is_not_released(tmp_path):
+    """A WAITING trial (an enqueued start point) is no orphan: the next ask takes it, as an
+    uninterrupted run's would."""
+    ledger = new_ledger(tmp_path)
+    ledger.study().enqueue_trial({"x": 0.25})
+    assert ledger.release_orphans() == 0 and ledger.release_unknown_orphans("run-1", set()) == 0
+    number, params = _ask(ledger, "first")
+    assert params == {"x": 0.25} and not ledger.trials()[number].user_attrs.get("orphaned")
 
 
 def test_a_restored_searcher_releases_the_trials_its_snapshot_missed(tmp_path):

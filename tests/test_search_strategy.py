@@ -236,6 +236,34 @@ def test_an_interrupted_placeholder_shifts_no_later_proposal(tmp_path, sampler):
     assert first + _proposals(split, space, 5) == one
 
 
+@pytest.mark.parametrize("sampler", [None, {"kind": "tpe", "n_startup_trials": 3},
+                                     {"kind": "cmaes", "n_startup_trials": 2, "popsize": 3}, {"kind": "grid"}])
+def test_a_trial_killed_while_its_params_were_set_is_finished_as_an_uninterrupted_run_would(tmp_path, sampler):
+    """A driver killed after a trial's first param leaves it for the next driver to adopt
+    (autofl.tuning.store.ledger.release): a new sampler sets the missing param to what one driver
+    asking everything sets (each param drawn on its own has its own seed), and the trials after it
+    are the uninterrupted run's too. (Not GP: Optuna's GPSampler counts the adopted trial, which
+    holds the killed driver's draw, as a running trial to avoid, and may draw the rest anew.)"""
+    grid = sampler == {"kind": "grid"}
+    params = {"fl.lr": {"type": "categorical", "choices": [0.01, 0.02, 0.05, 0.1]},
+              "fl.local_epochs": {"type": "int", "low": 1, "high": 3}} if grid else \
+        {"fl.lr": LR, "fl.local_epochs": {"type": "int", "low": 1, "high": 3}}
+    space = load_space(_write(tmp_path, seed=11, params=params, trials=8, **({"sampler": sampler} if sampler else {})))
+    storage = f"sqlite:///{tmp_path / 'o.db'}"
+    one = _proposals(optuna.create_study(study_name="one", storage=storage, direction="maximize"), space, 8)
+    split = optuna.create_study(study_name="split", storage=storage, direction="maximize")
+    first = _proposals(split, space, 4)
+    split.ask().suggest_float("fl.lr", 0.01, 0.1, log=True)  # the driver is killed here
+    split.sampler = make_sampler(space)  # the next driver
+    killed = split.trials[-1]
+    ids = optuna.storages.RDBStorage(storage)  # what the ledger's adoption builds (public storage API)
+    adopted = optuna.trial.Trial(split, ids.get_trial_id_from_study_id_trial_number(
+        ids.get_study_id_from_name("split"), killed.number))
+    x, y = adopted.suggest_float("fl.lr", 0.01, 0.1, log=True), adopted.suggest_int("fl.local_epochs", 1, 3)
+    split.tell(adopted, _objective(x, y))
+    assert first + [(x, y)] + _proposals(split, space, 3, split.sampler) == one
+
+
 def test_a_restored_sampler_pickles_as_its_space_and_proposes_the_same(tmp_path):
     import pickle
 

@@ -14,11 +14,13 @@ A trial a killed driver left open is an orphan (`release_orphans`, `release_unkn
 it stays RUNNING, marked `orphaned`, and the next ask of a resumed driver adopts it (trains it
 again under a new Tune id) instead of creating a new trial, so a kill leaves no placeholder and
 the study's trial numbers (which seed its sampler, autofl/tuning/strategy/trial_sampler.py) are those of an
-uninterrupted run. A trial no driver will train (a budget ended the run before it started, or a
-driver was killed between creating it and recording its params) is FAIL with the user attr
-`interrupted`, shown as INTERRUPTED (`shown_state`), and is replaced, not counted, when trials are
-added. A trial carries the Tune trial id (`tune_trial_id`)
-and the Tune experiment (`tune_run`) it ran under: the map between Tune's ids and Optuna's numbers.
+uninterrupted run; a driver killed while it set a trial's params leaves it with some or none
+of them, and the adopting ask sets the rest to what the killed driver would have set (the sampler
+seeds each trial and each parameter drawn on its own). A trial no driver will train (a budget ended
+the run before it started) is FAIL with the user attr `interrupted`, shown as INTERRUPTED
+(`shown_state`), and is replaced, not counted, when trials are added. A trial carries the Tune
+trial id (`tune_trial_id`) and the Tune experiment (`tune_run`) it ran under: the map between Tune's
+ids and Optuna's numbers.
 
 The live view, `status`, `report`, re-evaluation, the stoppers and the scheduler only read from
 it (`trials`, `number_of`, `state_of`, `finished_in_run`, `rounds_used`, `rung_history`).
@@ -320,9 +322,10 @@ class Ledger:
             trials = study.get_trials(deepcopy=False)
             if self._run_budget_used(trials, run_name, known) >= budget:
                 return None
-            adopted = self._adopt_orphan(study, trials, run_name, tune_trial_id, define)
+            adopted = self._adopt_orphan(study, trials, run_name, tune_trial_id, define, skip_repeats)
             if adopted is not None:
                 return adopted
+            trials = study.get_trials(deepcopy=False)  # an adopted repeat was told as its twin
             if self._study_budget_reached(trials):
                 return None
             if skip_repeats:  # a config a finished trial trained is told its outcome, not trained again
@@ -344,24 +347,35 @@ class Ledger:
         run_name: str,
         tune_trial_id: str,
         define: Callable[[Any], dict[str, Any] | None],
+        skip_repeats: bool,
     ) -> tuple[int, dict[str, Any]] | None:
-        """The lowest-numbered orphan (`release_orphans`), handed to Tune trial `tune_trial_id` of
-        `run_name` to train again from its first round: its number and params (the define-by-run
-        returns the params it holds), or None if the study has no orphan."""
+        """The lowest-numbered orphan (`release`), handed to Tune trial `tune_trial_id` of `run_name`
+        to train again from its first round: its number and params, or None if the study has no
+        orphan to train. The define-by-run returns the params the orphan holds and sets those its
+        killed driver had not set yet. An orphan killed before its tag may be a config a finished
+        trial trained: with `skip_repeats` it is told as that twin, as its driver would have."""
         import optuna
 
-        orphans = [t for t in trials if t.state.name == "RUNNING" and t.user_attrs.get("orphaned")]
-        if not orphans:
-            return None
-        orphan = min(orphans, key=lambda t: t.number)
-        trial = optuna.trial.Trial(study, self._trial_id(orphan.number))
-        returned = define(trial)  # every param is set: Optuna returns the stored values
-        earlier = list(orphan.user_attrs.get("earlier_tune_trial_ids", []))
-        trial.set_user_attr("earlier_tune_trial_ids", [*earlier, orphan.user_attrs.get("tune_trial_id")])
-        trial.set_user_attr("tune_trial_id", tune_trial_id)
-        trial.set_user_attr("tune_run", run_name)
-        trial.set_user_attr("orphaned", False)
-        return orphan.number, {**trial.params, **(returned if isinstance(returned, dict) else {})}
+        orphans = sorted(
+            (t for t in trials if t.state.name == "RUNNING" and t.user_attrs.get("orphaned")), key=lambda t: t.number
+        )
+        for orphan in orphans:
+            trial = optuna.trial.Trial(study, self._trial_id(orphan.number))
+            returned = define(trial)  # stored params come back as they are
+            if skip_repeats and orphan.user_attrs.get("tune_trial_id") is None:
+                from autofl.tuning.strategy.repeats import config_key, tell_as_twin, trained_configs
+
+                twin = trained_configs(study).get(config_key(trial.params))
+                if twin is not None:
+                    tell_as_twin(study, trial, twin)
+                    continue
+            earlier = [*orphan.user_attrs.get("earlier_tune_trial_ids", []), orphan.user_attrs.get("tune_trial_id")]
+            trial.set_user_attr("earlier_tune_trial_ids", [t for t in earlier if t is not None])
+            trial.set_user_attr("tune_trial_id", tune_trial_id)
+            trial.set_user_attr("tune_run", run_name)
+            trial.set_user_attr("orphaned", False)
+            return orphan.number, {**trial.params, **(returned if isinstance(returned, dict) else {})}
+        return None
 
     def _run_budget_used(self, trials: list[Any], run_name: str, known: set[str]) -> int:
         """Trials the run's searcher handed out, plus the run's trials finished by a driver that
@@ -466,20 +480,19 @@ class Ledger:
         return self._storage.get_trial(trial_id)
 
     def release(self, trial: Any) -> None:
-        """A trial its driver left open: an orphan the next ask adopts, if its params are whole (it
-        was tagged, which happens once its params are set); else interrupted (a placeholder)."""
-        if trial.user_attrs.get("tune_trial_id") is None:
-            self.interrupt(trial.number)
-        else:
-            self._trial(trial.number).set_user_attr("orphaned", True)
+        """A trial its driver left open: an orphan the next ask adopts (`_adopt_orphan`), whether
+        its driver had tagged it or was killed while setting its params (no placeholder: CI's kill
+        stress, 2026-11-27, left two from kills just after a trial finished, as the next was asked)."""
+        self._trial(trial.number).set_user_attr("orphaned", True)
 
     def release_unknown_orphans(self, run_name: str, known: set[str]) -> int:
-        """Trials of `run_name` (or untagged: killed between ask and tag) still open that the
+        """Trials of `run_name` (or untagged: killed between ask and tag) still running that the
         restored searcher does not know: created after Tune's last snapshot, no one trains them,
-        so they are released (`release`). Returns how many."""
+        so they are released (`release`). Returns how many. (A WAITING trial is an enqueued start
+        point the next ask takes, as an uninterrupted run's would.)"""
         released = 0
         with self.suggest_lock():  # no other driver is between ask and tag
-            for t in self.trials(OPEN_STATES):
+            for t in self.trials(("RUNNING",)):
                 run = t.user_attrs.get("tune_run")
                 mine = run == run_name or run is None
                 if mine and t.user_attrs.get("tune_trial_id") not in known and not t.user_attrs.get("orphaned"):
@@ -488,16 +501,17 @@ class Ledger:
         return released
 
     def release_orphans(self) -> int:
-        """Trials left open by a killed main driver that no Tune experiment will finish (a --join
+        """Trials left running by a killed main driver that no Tune experiment will finish (a --join
         driver's trials are left alone: it may be running them now): released (`release`), for
         the next run to adopt. Returns how many."""
-        orphans = [
-            t
-            for t in self.trials(OPEN_STATES)
-            if not t.user_attrs.get("orphaned") and not str(t.user_attrs.get("tune_run", "")).startswith("join-")
-        ]
-        for t in orphans:
-            self.release(t)
+        with self.suggest_lock():  # no other driver is between ask and tag
+            orphans = [
+                t
+                for t in self.trials(("RUNNING",))
+                if not t.user_attrs.get("orphaned") and not str(t.user_attrs.get("tune_run", "")).startswith("join-")
+            ]
+            for t in orphans:
+                self.release(t)
         return len(orphans)
 
     def fail_orphans(self) -> int:
