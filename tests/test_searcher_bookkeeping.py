@@ -106,9 +106,10 @@ def test_stopper_stops_only_trials_already_finished_in_the_study_and_rechecks_af
     assert restored("running", {"round": 4}) is True
 
 
-def test_resume_without_a_tune_snapshot_replaces_interrupted_trials(tmp_path, monkeypatch):
+def test_resume_without_a_tune_snapshot_runs_the_missing_trials_and_adopts_the_orphan(tmp_path, monkeypatch):
     """Killed before Tune saved anything: the trials still missing are run anew; a trial the dead
-    driver left RUNNING is marked FAIL (interrupted) and replaced, not counted as done."""
+    driver left RUNNING (here untagged: killed before its params were set) is not counted as done,
+    and is released for the new run's first ask to adopt (issue 42: no placeholder)."""
     import yaml
 
     from autofl.tuning.tune import runner
@@ -128,9 +129,9 @@ def test_resume_without_a_tune_snapshot_replaces_interrupted_trials(tmp_path, mo
     runner.run_or_resume(study, None, None, resume=True)
 
     assert started == [3]
-    states = [(t.state, t.user_attrs.get("interrupted")) for t in optuna.load_study(
+    states = [(t.state, t.user_attrs.get("interrupted"), t.user_attrs.get("orphaned")) for t in optuna.load_study(
         study_name="s", storage=study.storage_url()).get_trials()]
-    assert states == [(TrialState.COMPLETE, None), (TrialState.FAIL, True)]
+    assert states == [(TrialState.COMPLETE, None, None), (TrialState.RUNNING, None, True)]
 
 
 def test_pickled_searcher_and_stopper_carry_the_study_folder_not_the_storage(tmp_path):
