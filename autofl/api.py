@@ -160,7 +160,7 @@ class Study:
     Open one with `autofl.load_study(name)`; `autofl.search(...)` returns one."""
 
     def __init__(self, folder: Any):
-        self._folder = folder  # autofl.tuning.store.study.Study
+        self._folder = folder  # autofl.tuning.store.study.StudyFolder
 
     def __repr__(self) -> str:
         return f"Study({self.name!r}, root={str(self.root)!r})"

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from autofl.files import write_atomic
-from autofl.tuning.store.study import Study
+from autofl.tuning.store.study import StudyFolder
 from autofl.tuning.strategy.objectives import better, sign
 
 
@@ -388,7 +388,7 @@ figure.wide{flex-basis:100%;max-width:100%}figcaption{font-weight:600;margin-bot
 img{max-width:100%;border:1px solid #eee}.note{color:#a00}.verdict{font-weight:600}"""
 
 
-def build_report(study: Study, out_dir: Path) -> Path:
+def build_report(study: StudyFolder, out_dir: Path) -> Path:
     """Write `<out_dir>/report.html` and one PNG per figure; return the page's path."""
     import matplotlib
 

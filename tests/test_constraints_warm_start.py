@@ -221,7 +221,7 @@ def three_trials(tmp_path: Path, name: str, feasible: tuple[bool, bool, bool]) -
 
 def test_export_status_and_reeval_skip_an_infeasible_best(tmp_path, capsys):
     from autofl.tuning.reeval import candidates
-    from autofl.tuning.store.study import Study
+    from autofl.tuning.store.study import StudyFolder
 
     root = three_trials(tmp_path, "con", (True, False, True))  # the highest value (0.9, trial 1) is infeasible
     home = tmp_path / "home"
@@ -233,7 +233,7 @@ def test_export_status_and_reeval_skip_an_infeasible_best(tmp_path, capsys):
     assert code == 0, err
     assert "infeasible" in out
     assert "constraints: personal_val_acc_p10 >= 0.75; 2 of 3 completed trials feasible (infeasible, never" in out
-    assert [c.trial for c in candidates(Study(root), top=3)] == [None, 2, 0]  # the default, then feasible only
+    assert [c.trial for c in candidates(StudyFolder(root), top=3)] == [None, 2, 0]  # the default, then feasible only
     code, _, err = cli(capsys, "report", "con", "--dir", home)
     assert code == 0, err
     page = (root / "report" / "report.html").read_text()
@@ -264,9 +264,9 @@ def test_export_with_no_feasible_trial_is_one_line_exit_2(tmp_path, capsys):
 
 def test_reeval_never_picks_a_candidate_whose_seed_mean_misses_a_constraint(tmp_path):
     from autofl.tuning.reeval import DEFAULT_LABEL, Candidate, Run, record_run, summarize
-    from autofl.tuning.store.study import Study
+    from autofl.tuning.store.study import StudyFolder
 
-    study = Study(three_trials(tmp_path, "rv", (True, True, True)))
+    study = StudyFolder(three_trials(tmp_path, "rv", (True, True, True)))
     default = Candidate(DEFAULT_LABEL, None, {}, None)
     searched = Candidate("trial-2", 2, {"fl.lr": 0.06}, 0.7)
     runs = [Run(c, seed, False) for c in (default, searched) for seed in (1000, 1001)]
@@ -345,7 +345,7 @@ def test_warm_start_skips_a_back_fill_outside_the_range_and_a_config_trained_oth
 
 def test_warm_started_trials_count_against_no_budget_and_get_the_new_constraints(tmp_path):
     from autofl.tuning.store.ledger import Ledger, counted
-    from autofl.tuning.store.study import Study
+    from autofl.tuning.store.study import StudyFolder
     from autofl.tuning.strategy.warm_start import apply, plan
 
     source_study(tmp_path)
@@ -363,8 +363,8 @@ def test_warm_started_trials_count_against_no_budget_and_get_the_new_constraints
     assert len(trials) == 4 and not any(counted(t) for t in trials)
     assert Ledger(folder.root).rounds_used() == {}  # they trained no round here
     assert [t.user_attrs.get("feasible") for t in trials] == [False, True, True, None]
-    assert Study(folder.root).meta()["warm_start"]["taken"] == 4
-    assert st.best_trial(Study(folder.root)).params == {"fl.lr": 0.06}
+    assert StudyFolder(folder.root).meta()["warm_start"]["taken"] == 4
+    assert st.best_trial(StudyFolder(folder.root)).params == {"fl.lr": 0.06}
 
 
 def test_warm_start_refusals_are_one_line_exit_2_and_write_nothing(tmp_path, capsys):

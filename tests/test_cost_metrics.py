@@ -20,7 +20,7 @@ from autofl.features import ClassStats
 from autofl.methods.registry import get_method_class
 from autofl.tuning.strategy.objectives import REPORTED_KEYS
 from autofl.tuning.store.storage import open_storage
-from autofl.tuning.store.study import Study
+from autofl.tuning.store.study import StudyFolder
 from conftest import new_ledger
 
 TINY = ["data.num_clients=4", "fl.participation=0.5", "fl.rounds=2", "runtime.compile=off"]
@@ -191,7 +191,7 @@ def _costed_study(home):
         "study": "c", "base": {"fl": {"rounds": 4}},
         "params": {"fl.lr": {"type": "float", "low": 0.001, "high": 1.0, "log": True}},
         "scheduler": {"kind": "none"}}))
-    ot = optuna.create_study(study_name="c", storage=open_storage(Study(root).storage_url()), direction="maximize")
+    ot = optuna.create_study(study_name="c", storage=open_storage(StudyFolder(root).storage_url()), direction="maximize")
     dist = {"fl.lr": optuna.distributions.FloatDistribution(0.001, 1.0, log=True)}
     for i, (up, flops, target) in enumerate([(2.5e6, 3.2e9, 3), (1.25e5, 4.0e7, None)]):
         ot.add_trial(optuna.trial.create_trial(
@@ -223,11 +223,11 @@ def test_status_and_report_show_the_cost_columns(tmp_path, capsys):
 def test_status_of_a_study_without_cost_has_no_cost_columns(tmp_path, capsys):
     home = tmp_path / "home"
     root = _costed_study(home)
-    ot = optuna.load_study(study_name="c", storage=open_storage(Study(root).storage_url()))
+    ot = optuna.load_study(study_name="c", storage=open_storage(StudyFolder(root).storage_url()))
     assert ot.trials  # the columns are there when some trial reported its cost ...
     (root.parent / "d").mkdir()
     (root.parent / "d" / "space.yaml").write_text(yaml.safe_dump({"study": "d"}))
-    old = optuna.create_study(study_name="d", storage=open_storage(Study(root.parent / "d").storage_url()),
+    old = optuna.create_study(study_name="d", storage=open_storage(StudyFolder(root.parent / "d").storage_url()),
                               direction="maximize")
     old.add_trial(optuna.trial.create_trial(params={}, distributions={}, value=0.5))
     assert main(["status", "d", "--dir", str(home)]) == 0  # ... and not for a study from before

@@ -120,7 +120,7 @@ def test_status_shows_unseen_val_and_reeval_and_the_report_show_the_unseen_test_
     from autofl.cli import main
     from autofl.tuning import reeval
     from autofl.tuning.strategy.objectives import REPORTED_KEYS
-    from autofl.tuning.store.study import Study
+    from autofl.tuning.store.study import StudyFolder
     from autofl.views import reeval_table, report_card, report_card_table
 
     assert set(UNSEEN) <= set(REPORTED_KEYS)  # what the ledger keeps of a trial's last result
@@ -139,7 +139,7 @@ def test_status_shows_unseen_val_and_reeval_and_the_report_show_the_unseen_test_
     out = capsys.readouterr().out
     assert "unseen val" in out and "0.7766" in out and "unseen_test" not in out  # no test metric in status
 
-    study = Study(root)
+    study = StudyFolder(root)
     chosen, runs = reeval.plan(study, seeds=2, top=1, vary_partition=False)
     for run in runs:
         gain = 0.05 if run.candidate.label != "default" else 0.0

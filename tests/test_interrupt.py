@@ -13,7 +13,7 @@ import yaml
 
 from autofl.tuning.tune import interrupt
 from autofl.tuning.store.ledger import Ledger
-from autofl.tuning.store.study import Study
+from autofl.tuning.store.study import StudyFolder
 from autofl.tuning.tune.experiment import StudyInterrupted, settle_run
 
 
@@ -49,7 +49,7 @@ def test_a_default_handler_under_the_watch_still_raises_keyboard_interrupt():
         assert interrupt.received()
 
 
-def _study(tmp_path: Path) -> tuple[Study, Ledger]:
+def _study(tmp_path: Path) -> tuple[StudyFolder, Ledger]:
     root = tmp_path / "s"
     root.mkdir()
     (root / "space.yaml").write_text(yaml.safe_dump({
@@ -57,7 +57,7 @@ def _study(tmp_path: Path) -> tuple[Study, Ledger]:
         "params": {"fl.lr": {"type": "float", "low": 0.001, "high": 1.0}}}))
     ledger = Ledger(root)
     ledger.study(create_directions=["maximize"])
-    return Study(root), ledger
+    return StudyFolder(root), ledger
 
 
 def test_a_ctrl_c_while_no_trial_is_open_leaves_the_run_resumable(tmp_path):

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from autofl.tuning.store.storage import bind_to_folder, check_storage_url, open_storage
-from autofl.tuning.store.study import Study
+from autofl.tuning.store.study import StudyFolder
 from conftest import new_ledger
 
 
@@ -38,7 +38,7 @@ def test_a_relative_journal_lies_in_the_study_folder_and_moves_with_it(tmp_path)
                            lambda trial: trial.suggest_float("x", 0.0, 1.0))
     copy = tmp_path / "copied"
     shutil.copytree(ledger.root, copy)  # taking a study over by copying its folder (README)
-    study = Study(copy)
+    study = StudyFolder(copy)
     assert study.storage_url() == f"journal://{copy / 'optuna.log'}" and study.optuna_name() == "s"
     assert [t.number for t in study.load_optuna().get_trials()] == [number]
 

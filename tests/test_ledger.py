@@ -165,12 +165,12 @@ def test_a_restored_searcher_releases_the_trials_its_snapshot_missed(tmp_path):
 def test_a_run_that_ends_open_without_a_signal_is_not_reported_interrupted(tmp_path):
     """Issue 42: exit 130 'interrupted' came without any signal (after a full disk); only a signal
     is an interruption: trials left open otherwise are StudyIncomplete (exit 1), resumable."""
-    from autofl.tuning.store.study import Study
+    from autofl.tuning.store.study import StudyFolder
     from autofl.tuning.tune.experiment import StudyIncomplete, StudyInterrupted, settle_run
 
     ledger = new_ledger(tmp_path)
     _ask(ledger, "open")
-    study = Study(tmp_path / "s")
+    study = StudyFolder(tmp_path / "s")
     with pytest.raises(StudyIncomplete) as err:
         settle_run(study, study.space(), ledger, "run-1", interrupted=False)
     assert err.value.exit_code == 1 and "1 trial(s) unfinished" in str(err.value)

@@ -18,7 +18,7 @@ import yaml
 
 from autofl.tuning import reeval
 from autofl.tuning.store.storage import open_storage
-from autofl.tuning.store.study import Study
+from autofl.tuning.store.study import StudyFolder
 from conftest import STORAGE_KINDS
 from test_search_e2e import AUTOFL, run, space_file
 
@@ -37,7 +37,7 @@ def test_t_interval_on_fixed_numbers():
     assert one["mean"] == 0.5 and math.isnan(one["std"]) and math.isnan(one["ci_low"])
 
 
-def _study_with_trials(tmp_path: Path, values: dict[float, float], mode: str = "max") -> Study:
+def _study_with_trials(tmp_path: Path, values: dict[float, float], mode: str = "max") -> StudyFolder:
     """A study folder whose Optuna study holds COMPLETE trials: fl.lr -> objective value. The first
     is the paper default (the base config's lr)."""
     root = tmp_path / "s"
@@ -51,10 +51,10 @@ def _study_with_trials(tmp_path: Path, values: dict[float, float], mode: str = "
     for lr, value in values.items():
         ot.add_trial(optuna.trial.create_trial(params={"fl.lr": lr}, value=value,
                                                distributions={"fl.lr": optuna.distributions.FloatDistribution(0.001, 1.0)}))
-    return Study(root)
+    return StudyFolder(root)
 
 
-def _record(study: Study, run: reeval.Run, val: float, test: float) -> None:
+def _record(study: StudyFolder, run: reeval.Run, val: float, test: float) -> None:
     reeval.record_run(study, run, {"round": 2, "personal_val_acc": val, "personal_test_acc": test})
 
 
@@ -141,7 +141,7 @@ def test_reeval_is_stored_reused_by_export_and_shown_by_status(tmp_path, storage
     assert [p.stem for p in records][:2] == ["default-seed1000", "default-seed1001"] and len(records) == 4
     stamps = {p: p.stat().st_mtime_ns for p in records}
     summary = json.loads((home / "rv" / "reeval" / "summary.json").read_text())
-    ot = optuna.load_study(study_name="rv", storage=open_storage(Study(home / "rv").storage_url()))
+    ot = optuna.load_study(study_name="rv", storage=open_storage(StudyFolder(home / "rv").storage_url()))
     assert ot.user_attrs["reeval"]["best"] == summary["best"] and len(summary["rows"]) == 2
     for row in summary["rows"]:
         assert row["seeds"] == [1000, 1001] and row["personal_test_acc"]["n"] == 2

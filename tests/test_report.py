@@ -18,7 +18,7 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution
 
 from autofl.cli import main
 from autofl.tuning.store.storage import open_storage
-from autofl.tuning.store.study import Study
+from autofl.tuning.store.study import StudyFolder
 from conftest import STORAGE_KINDS, storage_line
 from autofl.report import asha_milestones
 from autofl.tuning.strategy.space import SearchSpace
@@ -36,7 +36,7 @@ def _study(home: Path, storage: str = "sqlite") -> Path:
         "params": {"fl.lr": {"type": "float", "low": 0.001, "high": 1.0, "log": True},
                    "method.name": {"type": "categorical", "choices": ["fedavg", "fedprox"]}},
         "scheduler": {"kind": "asha", "grace_period": 2, "reduction_factor": 2}}) + storage_line(storage))
-    ot = optuna.create_study(study_name="rep", storage=open_storage(Study(root).storage_url()), direction="maximize")
+    ot = optuna.create_study(study_name="rep", storage=open_storage(StudyFolder(root).storage_url()), direction="maximize")
     dists = {"fl.lr": FloatDistribution(0.001, 1.0, log=True),
              "method.name": CategoricalDistribution(["fedavg", "fedprox"])}
     for i in range(8):
@@ -133,7 +133,7 @@ def test_log_axes_have_plain_tick_labels_and_no_trial_is_drawn_white(tmp_path, m
     import numpy as np
 
     from autofl import report
-    from autofl.tuning.store.study import Study
+    from autofl.tuning.store.study import StudyFolder
 
     drawn = {}
 
@@ -148,7 +148,7 @@ def test_log_axes_have_plain_tick_labels_and_no_trial_is_drawn_white(tmp_path, m
         return b"png"
 
     monkeypatch.setattr(report, "_png", keep)
-    report.build_report(Study(_study(tmp_path / "home")), tmp_path / "out")
+    report.build_report(StudyFolder(_study(tmp_path / "home")), tmp_path / "out")
     figures = {title: (labels, colours) for title, labels, colours in drawn.values()}
     slices = [v for t, v in figures.items() if "Slice" in t]
     parallel = figures["Parallel Coordinate Plot"]

@@ -154,31 +154,31 @@ def test_a_study_with_qmc_sampler_and_hyperband_runs(tmp_path):
 def test_a_study_keeps_the_sampler_defaults_it_was_created_with(tmp_path, monkeypatch):
     """A resumed study goes on with the sampler it started with, whatever today's default is."""
     from autofl.errors import StorageError
-    from autofl.tuning.store.study import Study, create_study
+    from autofl.tuning.store.study import StudyFolder, create_study
 
     monkeypatch.delenv("AUTOFL_STORAGE", raising=False)
     path = _write(tmp_path)  # names no sampler
     study = create_study(tmp_path / "home", path, load_space(path), None)
     assert study.meta()["default_sampler"] == {"kind": "random", "skip_repeats": True}
-    assert type(make_sampler(Study(study.root).space()).current) is optuna.samplers.RandomSampler
+    assert type(make_sampler(StudyFolder(study.root).space()).current) is optuna.samplers.RandomSampler
     # a study created before the defaults were recorded started with TPE, trained repeats, and goes on so
     (study.root / "study.json").write_text('{"runs": []}')
-    legacy = Study(study.root).space()
+    legacy = StudyFolder(study.root).space()
     assert type(make_sampler(legacy).current) is optuna.samplers.TPESampler and not legacy.sampler.skip_repeats
     # what the space's own sampler section sets wins; only what it leaves unset is the recorded default
     (study.root / "space.yaml").write_text(yaml.safe_dump({**yaml.safe_load(path.read_text()),
                                                           "sampler": {"kind": "qmc", "scramble": True}}))
-    spec = Study(study.root).space().sampler
+    spec = StudyFolder(study.root).space().sampler
     assert spec.kind == "qmc" and spec.scramble and not spec.skip_repeats
     # TPE's options without a kind were valid when TPE was the default, and stay valid for that study
     (study.root / "space.yaml").write_text(yaml.safe_dump({**yaml.safe_load(path.read_text()),
                                                           "sampler": {"n_startup_trials": 30}}))
-    spec = Study(study.root).space().sampler
+    spec = StudyFolder(study.root).space().sampler
     assert spec.kind == "tpe" and spec.options()["n_startup_trials"] == 30
     # a damaged record is one line naming the field, not a traceback
     (study.root / "study.json").write_text('{"runs": [], "default_sampler": {"kind": "bohb"}}')
     with pytest.raises(StorageError, match="study.json: default_sampler must be"):
-        Study(study.root).space()
+        StudyFolder(study.root).space()
 
 
 def _objective(x: float, y: int) -> float:

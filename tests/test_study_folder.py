@@ -81,15 +81,15 @@ def test_a_copied_interrupted_study_resumes_into_its_own_folder(tmp_path):
 
     # an interrupted run recorded by an autofl of another module layout (Tune's tuner.pkl names
     # modules by path) is not restored: its missing trials run as a new experiment
-    from autofl.tuning.store.study import Study
+    from autofl.tuning.store.study import StudyFolder
     from autofl.tuning.tune.runner import interrupted_run
 
-    assert interrupted_run(Study(home / "k2")) == str(home / "k2" / "tune" / "run-1")
+    assert interrupted_run(StudyFolder(home / "k2")) == str(home / "k2" / "tune" / "run-1")
     record = json.loads((home / "k2" / "study.json").read_text())
     for run_record in record["runs"]:
         del run_record["layout"]
     (home / "k2" / "study.json").write_text(json.dumps(record))
-    assert interrupted_run(Study(home / "k2")) is None
+    assert interrupted_run(StudyFolder(home / "k2")) is None
     proc = run(["search", "--resume", "k2", "--dir", home])
     assert proc.returncode == 0, proc.stderr[-3000:]
     resumed = trials_of(home, "k2")

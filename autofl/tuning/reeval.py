@@ -25,7 +25,7 @@ from typing import Any
 
 from autofl.errors import AutoFLError
 from autofl.files import write_atomic
-from autofl.tuning.store.study import Study
+from autofl.tuning.store.study import StudyFolder
 from autofl.tuning.strategy.objectives import TEST_METRICS, best, best_first, gain
 
 REEVAL_DIR = "reeval"
@@ -67,12 +67,12 @@ class Run:
         return values
 
 
-def fresh_seeds(study: Study, count: int) -> list[int]:
+def fresh_seeds(study: StudyFolder, count: int) -> list[int]:
     base = study.space().base_experiment().seed
     return [base + SEED_OFFSET + k for k in range(count)]
 
 
-def candidates(study: Study, top: int) -> list[Candidate]:
+def candidates(study: StudyFolder, top: int) -> list[Candidate]:
     """The paper default first, then the `top` best COMPLETE trials (a trial whose values equal the
     default's, such as the study's enqueued first trial, is the default itself and not repeated)."""
     from autofl.tuning.strategy.space import start_points
@@ -119,11 +119,11 @@ def candidates(study: Study, top: int) -> list[Candidate]:
     return chosen
 
 
-def runs_dir(study: Study) -> Path:
+def runs_dir(study: StudyFolder) -> Path:
     return study.root / REEVAL_DIR / "runs"
 
 
-def load_finished(study: Study) -> dict[str, dict[str, Any]]:
+def load_finished(study: StudyFolder) -> dict[str, dict[str, Any]]:
     """Finished runs by key (a file that is not valid JSON, e.g. cut by a kill, is run again)."""
     out = {}
     for path in sorted(runs_dir(study).glob("*.json")) if runs_dir(study).is_dir() else []:
@@ -139,14 +139,14 @@ def _write_json(path: Path, data: Any) -> None:
     write_atomic(path, json.dumps(data, indent=1))
 
 
-def plan(study: Study, seeds: int, top: int, vary_partition: bool) -> tuple[list[Candidate], list[Run]]:
+def plan(study: StudyFolder, seeds: int, top: int, vary_partition: bool) -> tuple[list[Candidate], list[Run]]:
     chosen = candidates(study, top)
     fresh = fresh_seeds(study, seeds)
     runs = [Run(c, s, vary_partition) for c in chosen for s in fresh]
     return chosen, runs
 
 
-def record_run(study: Study, run: Run, result: dict[str, Any]) -> None:
+def record_run(study: StudyFolder, run: Run, result: dict[str, Any]) -> None:
     from autofl.tuning.strategy.objectives import REPORTED_KEYS
 
     _write_json(
@@ -176,7 +176,7 @@ def t_interval(values: list[float], confidence: float = 0.95) -> dict[str, float
     return {"n": n, "mean": mean, "std": std, "ci_low": mean - half, "ci_high": mean + half}
 
 
-def summarize(study: Study, chosen: list[Candidate], runs: list[Run]) -> dict[str, Any]:
+def summarize(study: StudyFolder, chosen: list[Candidate], runs: list[Run]) -> dict[str, Any]:
     """Per candidate: statistics of the objective and test metrics over its finished seeds, and the
     paired (same seed) difference of the objective and of personal_test_acc to the default."""
     from autofl.tuning.store.study import resolved_config
@@ -263,14 +263,14 @@ def verdict(best: dict[str, Any] | None, objective: str, mode: str) -> str:
     )
 
 
-def save_summary(study: Study, summary: dict[str, Any]) -> None:
+def save_summary(study: StudyFolder, summary: dict[str, Any]) -> None:
     _write_json(study.root / REEVAL_DIR / "summary.json", summary)
     ot = study.load_optuna()
     if ot is not None:
         ot.set_user_attr("reeval", json.loads(json.dumps(summary)))  # plain JSON (NaN stays a float)
 
 
-def load_summary(study: Study) -> dict[str, Any] | None:
+def load_summary(study: StudyFolder) -> dict[str, Any] | None:
     path = study.root / REEVAL_DIR / "summary.json"
     try:
         return json.loads(path.read_text()) if path.is_file() else None
@@ -279,7 +279,7 @@ def load_summary(study: Study) -> dict[str, Any] | None:
 
 
 def reevaluate(
-    study: Study,
+    study: StudyFolder,
     seeds: int,
     top: int,
     vary_partition: bool,

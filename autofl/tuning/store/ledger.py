@@ -142,9 +142,9 @@ class Ledger:
 
     # ---- opening --------------------------------------------------------------------------------
     def folder(self):
-        from autofl.tuning.store.study import Study
+        from autofl.tuning.store.study import StudyFolder
 
-        return Study(Path(self.root))
+        return StudyFolder(Path(self.root))
 
     def study(self, sampler: Any = None, create_directions: list[Literal["maximize", "minimize"]] | None = None):
         """The Optuna study (None if it does not exist yet and no `create_directions` are given).

@@ -74,14 +74,18 @@ def studies_dir(explicit: str | None = None) -> Path:
 
 
 @dataclass
-class Study:
+class StudyFolder:
+    """A study's folder: its space, `study.json`, storage and trial rows, what the runner, the
+    re-evaluation and the report share. Python callers hold `autofl.Study` (autofl/api.py), which
+    wraps one; the two names differ so that one name means one thing."""
+
     root: Path  # the study's folder
-    # the validated space, read once per Study: the file is the study's own copy and never changes,
+    # the validated space, read once per StudyFolder: the file is the study's own copy and never changes,
     # and validating it builds an experiment per searched bound (storage_url, tune_root and
     # load_optuna all need it)
     _space: SearchSpace | None = field(default=None, init=False, repr=False, compare=False)
     _stored: SearchSpace | None = field(default=None, init=False, repr=False, compare=False)
-    # (pid, url, storage): the storage opened once per process and Study (opening an RDB storage
+    # (pid, url, storage): the storage opened once per process and StudyFolder (opening an RDB storage
     # builds Optuna's schema objects and checks its version: about 0.4 s a time on 2 cores)
     _opened: tuple[int, str, Any] | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -229,12 +233,12 @@ def existing_studies(home: Path) -> list[str]:
     return study_folders(home)[0]
 
 
-def open_study(home: Path, name: str) -> Study:
+def open_study(home: Path, name: str) -> StudyFolder:
     root = home / check_study_name(name, "study name")
     if not (root / SPACE_FILE).is_file():
         known = existing_studies(home)
         raise AutoFLError(f"study {name!r} not found in {home}; existing studies: {', '.join(known) or '(none)'}")
-    return Study(root)
+    return StudyFolder(root)
 
 
 def check_not_anothers(url: str, root: Path) -> None:
@@ -290,7 +294,7 @@ def create_study(
     name: str | None,
     storage_path: str | None = None,
     space_text: str | None = None,
-) -> Study:
+) -> StudyFolder:
     """A new study folder, after every check that can fail (name, storage reachable): a failed
     start leaves nothing behind. Its space.yaml is `space_text`, else the file at `space_path`."""
     from autofl.tuning.store.storage import probe_storage
@@ -310,7 +314,7 @@ def create_study(
     if storage is not None:
         probe_storage(storage)
     root.mkdir(parents=True, exist_ok=True)
-    study = Study(root)
+    study = StudyFolder(root)
     recorded = {
         "storage": storage if not space.storage else None,
         "storage_path": storage_path,
@@ -364,7 +368,7 @@ def _written_lately(stamp: list[Any]) -> bool:
     return time.time_ns() - newest < SETTLED_S * 1e9
 
 
-def trial_rows(study: Study, snapshot: bool = False) -> list[dict[str, Any]]:
+def trial_rows(study: StudyFolder, snapshot: bool = False) -> list[dict[str, Any]]:
     """One dict per trial (number, Optuna state, params, last round, objective, values, user_attrs,
     feasible: meets the constraints, pareto: on a multi-objective study's Pareto front).
     With `snapshot` (a caller that knows no driver writes the study now), rows kept in the study
@@ -387,14 +391,14 @@ def trial_rows(study: Study, snapshot: bool = False) -> list[dict[str, Any]]:
     return rows
 
 
-def _keep_rows(study: Study, stamp: list[Any], rows: list[dict[str, Any]]) -> None:
+def _keep_rows(study: StudyFolder, stamp: list[Any], rows: list[dict[str, Any]]) -> None:
     with contextlib.suppress(AutoFLError, OSError, TypeError, ValueError):  # read-only folder: read each time
         write_atomic(
             study.root / TRIALS_SNAPSHOT, json.dumps({"format": SNAPSHOT_FORMAT, "stamp": stamp, "rows": rows})
         )
 
 
-def keep_trial_rows(study: Study) -> None:
+def keep_trial_rows(study: StudyFolder) -> None:
     """Leave the study's rows for the read-only commands, as a search's driver does when it ends
     (it holds the study's driver lock, so no one else writes it): the first `autofl status` or
     `studies` after the search then needs no Optuna. The driver's SQLite connections are closed
@@ -436,7 +440,7 @@ def pareto_rows(rows: list[dict[str, Any]], mode: str) -> list[dict[str, Any]]:
     return best_first([r for r in rows if r.get("pareto")], key=lambda r: r["values"][0], mode=mode)
 
 
-def _read_trial_rows(study: Study) -> list[dict[str, Any]]:
+def _read_trial_rows(study: StudyFolder) -> list[dict[str, Any]]:
     ot = study.load_optuna()
     return rows_of(ot) if ot is not None else []
 
@@ -486,7 +490,7 @@ def first_value(trial: Any) -> float | None:
     return trial.values[0] if trial.values else None
 
 
-def pareto_trials(study: Study) -> list:
+def pareto_trials(study: StudyFolder) -> list:
     """A multi-objective study's Pareto front (Optuna's best_trials), best first objective first."""
     ot = study.load_optuna()
     front = list(ot.best_trials) if ot is not None else []
@@ -496,7 +500,7 @@ def pareto_trials(study: Study) -> list:
     return best_first(front, key=lambda t: t.values[0], mode=space.mode)
 
 
-def best_trial(study: Study):
+def best_trial(study: StudyFolder):
     """Optuna's FrozenTrial of `best_row`'s choice (the same trial, the same one-line errors)."""
     ot = study.load_optuna()
     if ot is None:
@@ -506,7 +510,7 @@ def best_trial(study: Study):
     return next(t for t in trials if t.number == number)
 
 
-def no_feasible_row(study: Study, rows: list[dict[str, Any]]) -> None:
+def no_feasible_row(study: StudyFolder, rows: list[dict[str, Any]]) -> None:
     """Raise, in one line, when the study has COMPLETE trials (`trial_rows`' rows) but none meets its
     constraints."""
     complete = [r for r in rows if r["state"] == "COMPLETE" and r["values"]]
@@ -514,7 +518,7 @@ def no_feasible_row(study: Study, rows: list[dict[str, Any]]) -> None:
         raise _none_feasible(study, len(complete))
 
 
-def _none_feasible(study: Study, complete: int) -> AutoFLError:
+def _none_feasible(study: StudyFolder, complete: int) -> AutoFLError:
     constraints = study.stored_space().constraints
     return AutoFLError(
         f"study {study.name!r}: none of its {complete} completed trials meets the constraints "
@@ -522,7 +526,7 @@ def _none_feasible(study: Study, complete: int) -> AutoFLError:
     )
 
 
-def best_row(study: Study, rows: list[dict[str, Any]]) -> dict[str, Any]:
+def best_row(study: StudyFolder, rows: list[dict[str, Any]]) -> dict[str, Any]:
     """`best_trial` on `trial_rows`' rows (no Optuna import): the COMPLETE row with the best (first)
     objective that meets the constraints (the first of equals, as `best_trial`), else the same one-line
     AutoFLError."""
@@ -537,7 +541,7 @@ CONFIG_ATTR = "config"  # a trial's user attr: its runnable config, resolved whe
 
 
 def export_best_config(
-    study: Study, rows: list[dict[str, Any]], reeval: dict[str, Any] | None = None
+    study: StudyFolder, rows: list[dict[str, Any]], reeval: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """A complete experiment config of the best trial of `rows` (`trial_rows`'), runnable by `autofl
     train --config`. With a re-evaluation summary, the best candidate by mean objective over its seeds
@@ -563,7 +567,7 @@ def export_best_config(
     return config
 
 
-def export_pareto(study: Study) -> dict[str, Any]:
+def export_pareto(study: StudyFolder) -> dict[str, Any]:
     """A multi-objective study's Pareto front: per trial its objective values and its runnable config."""
     space = study.stored_space()
     if not space.multi_objective:
@@ -604,7 +608,7 @@ def resolved_config(space: SearchSpace, params: dict[str, Any]) -> dict[str, Any
 
 
 def trial_config(
-    study: Study, params: dict[str, Any], number: int | None, value: float | None, attrs: dict[str, Any]
+    study: StudyFolder, params: dict[str, Any], number: int | None, value: float | None, attrs: dict[str, Any]
 ) -> dict[str, Any]:
     """The runnable config of one set of searched values, with where it came from as metadata. A
     trial's config stored when it was asked for (`CONFIG_ATTR`) is used as it is, so exporting needs

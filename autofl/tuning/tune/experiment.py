@@ -13,7 +13,7 @@ from typing import Any
 
 from autofl.errors import AutoFLError
 from autofl.tuning.store.ledger import Ledger, bound_to
-from autofl.tuning.store.study import Study
+from autofl.tuning.store.study import StudyFolder
 from autofl.tuning.strategy.space import DefineByRun, SearchSpace
 
 
@@ -110,7 +110,7 @@ def study_trainable(
 RUN_LAYOUT = 2
 
 
-def new_run(study: Study, trials: int, join: bool) -> tuple[str, bool]:
+def new_run(study: StudyFolder, trials: int, join: bool) -> tuple[str, bool]:
     """Record a new run of `trials` in the study's meta: its name, and whether it starts with the
     space's start points (the study's first main run)."""
     import os
@@ -129,7 +129,7 @@ def new_run(study: Study, trials: int, join: bool) -> tuple[str, bool]:
 
 
 def run_experiment(
-    study: Study, trials: int, address: str | None, restore: str | None = None, join: bool = False
+    study: StudyFolder, trials: int, address: str | None, restore: str | None = None, join: bool = False
 ) -> None:
     """Run `trials` new trials (or restore the interrupted experiment at `restore`). A joined
     driver (`join`) runs its own experiment and takes trials from the study's shared budget."""
@@ -137,7 +137,7 @@ def run_experiment(
         _run_experiment(study, trials, address, restore, join)
 
 
-def _run_experiment(study: Study, trials: int, address: str | None, restore: str | None, join: bool) -> None:
+def _run_experiment(study: StudyFolder, trials: int, address: str | None, restore: str | None, join: bool) -> None:
     from ray import tune
 
     from autofl.tuning.tune import interrupt
@@ -213,7 +213,7 @@ def last_results(grid: Any) -> dict[str, dict[str, Any]]:
 
 
 def settle_run(
-    study: Study,
+    study: StudyFolder,
     space: SearchSpace,
     ledger: Ledger,
     run: str,
@@ -248,7 +248,7 @@ def settle_run(
     ledger.settle_run(run)
 
 
-def budget_spent(study: Study, space: SearchSpace, ledger: Ledger, run: str) -> bool:
+def budget_spent(study: StudyFolder, space: SearchSpace, ledger: Ledger, run: str) -> bool:
     """Whether the study's round budget, or run `run`'s time budget, is spent."""
     walls = [r.get("tune_wall_s", 0.0) for r in study.meta()["runs"] if r["name"] == run]
     return bool(
@@ -257,7 +257,7 @@ def budget_spent(study: Study, space: SearchSpace, ledger: Ledger, run: str) -> 
     )
 
 
-def record_wall(study: Study, run_name: str, seconds: float) -> None:
+def record_wall(study: StudyFolder, run_name: str, seconds: float) -> None:
     """Add this invocation's Tune wall time (Tuner.fit, from actor start to the last trial's end)
     to its run's entry in the study's meta: what `scripts/search_overhead.py` compares with the
     trials' own training time."""

@@ -12,7 +12,7 @@ from typing import Any
 from ray import tune
 from ray.tune import Callback
 
-from autofl.tuning.store.study import REFERENCE_DIR, Study
+from autofl.tuning.store.study import REFERENCE_DIR, StudyFolder
 from autofl.tuning.tune import interrupt
 from autofl.tuning.tune.experiment import study_trainable
 from autofl.tuning.tune.ray_start import init_ray
@@ -37,7 +37,7 @@ class _Recorder(Callback):
 
 
 def run_configs(
-    study: Study,
+    study: StudyFolder,
     configs: list[dict[str, Any]],
     address: str | None,
     on_done: Callable[[int, dict], None],

@@ -16,25 +16,25 @@ from __future__ import annotations
 import contextlib
 
 from autofl.tuning.store.ledger import FINISHED_STATES, Ledger, counted
-from autofl.tuning.store.study import Study
+from autofl.tuning.store.study import StudyFolder
 from autofl.tuning.tune.experiment import StudyIncomplete, run_experiment
 
 FINISHED_FLAG = ".autofl_finished"  # written in a Tune experiment's folder once all its trials ran
 
 
-def _last_run(study: Study) -> dict | None:
+def _last_run(study: StudyFolder) -> dict | None:
     """The record of the study's last main run (not a --join driver's)."""
     runs = [r for r in study.meta()["runs"] if not r["name"].startswith("join-")]
     return runs[-1] if runs else None
 
 
-def _last_run_dir(study: Study) -> str | None:
+def _last_run_dir(study: StudyFolder) -> str | None:
     """Where the study's last main run keeps its Tune experiment."""
     run = _last_run(study)
     return experiment_location(study, run["name"]) if run is not None else None
 
 
-def experiment_location(study: Study, run_name: str) -> str:
+def experiment_location(study: StudyFolder, run_name: str) -> str:
     return f"{study.tune_root().rstrip('/')}/{run_name}"
 
 
@@ -54,7 +54,7 @@ def _flag_exists(location: str) -> bool:
     return fs.get_file_info(f"{path}/{FINISHED_FLAG}").type != pyarrow.fs.FileType.NotFound
 
 
-def interrupted_run(study: Study) -> str | None:
+def interrupted_run(study: StudyFolder) -> str | None:
     """The last Tune experiment of the study if it did not finish all its trials and Tune can restore
     it. A run recorded by an autofl whose modules Tune's saved experiment names no longer (before
     RUN_LAYOUT) is not restored: as a moved study's, its missing trials then run as a new experiment
@@ -72,7 +72,7 @@ def interrupted_run(study: Study) -> str | None:
     return location
 
 
-def mark_finished(study: Study) -> None:
+def mark_finished(study: StudyFolder) -> None:
     location = _last_run_dir(study)
     if location is not None:
         fs, path = _filesystem(location)
@@ -81,19 +81,19 @@ def mark_finished(study: Study) -> None:
             pass
 
 
-def fail_orphans(study: Study) -> int:
+def fail_orphans(study: StudyFolder) -> int:
     """Trials left open by a killed main driver that no Tune experiment will finish: the ledger
     records them interrupted."""
     return Ledger(study.root).fail_orphans()
 
 
-def join(study: Study, address: str | None) -> None:
+def join(study: StudyFolder, address: str | None) -> None:
     """Another driver on a study whose storage is shared (PostgreSQL): trials until the study's
     requested total is reached, counting every driver's."""
     run_experiment(study, study.meta().get("trials_requested") or study.space().trials, address, join=True)
 
 
-def run_or_resume(study: Study, trials: int | None, address: str | None, resume: bool) -> None:
+def run_or_resume(study: StudyFolder, trials: int | None, address: str | None, resume: bool) -> None:
     """New study: run its trials. Resume: finish the interrupted experiment, then any trials
     that never started; with `trials` on a finished study: add that many."""
     if resume and not study.meta()["runs"]:  # issue 18: a start that failed before its first run
@@ -115,7 +115,7 @@ def run_or_resume(study: Study, trials: int | None, address: str | None, resume:
         mark_finished(study)
 
 
-def moved(study: Study) -> bool:
+def moved(study: StudyFolder) -> bool:
     """Whether the study's folder was copied or moved since its last run: Tune's saved experiment
     (tuner.pkl, its trials' folders) names the old folder, and a restore wrote new trials' checkpoints
     there (issue 42). Such a study is not restored: its missing trials run as a new experiment in
@@ -124,7 +124,7 @@ def moved(study: Study) -> bool:
     return recorded is not None and recorded != str(study.root.resolve())
 
 
-def top_up(study: Study, address: str | None) -> None:
+def top_up(study: StudyFolder, address: str | None) -> None:
     """Run what no experiment finished, unless a budget ended the study: the trials a killed
     driver left (released, then adopted by the new run's first asks: same numbers and params) and
     those never started (placeholders are replaced, not counted)."""
@@ -147,7 +147,11 @@ def top_up(study: Study, address: str | None) -> None:
 
 
 def run_study(
-    study: Study, trials: int | None = None, address: str | None = None, resume: bool = False, join_shared: bool = False
+    study: StudyFolder,
+    trials: int | None = None,
+    address: str | None = None,
+    resume: bool = False,
+    join_shared: bool = False,
 ) -> None:
     """The one entry point (CLI and Python API): run a new study, resume or extend one
     (`resume`, `trials` to add), or add a driver to a shared one (`join_shared`). Ray must be
