@@ -56,12 +56,18 @@ class SlurmCluster:
         """What SLURM says of a job and the tail of its daemons' logs: what a failed test prints
         (CI, 2026-11-27, once saw a requeued job end without its second run)."""
         shown = self.run("scontrol", "show", "job", job_id, check=False)
-        text = f"--- scontrol show job {job_id}\n{shown.stdout or shown.stderr}"
-        for name in ("slurmctld.log", "slurmd.log"):
-            path = self.folder / name
-            if path.exists():
-                text += f"--- {name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) + "\n"
-        return text
+        return f"--- scontrol show job {job_id}\n{shown.stdout or shown.stderr}" + log_tail(
+            self.folder, ("slurmctld.log", "slurmd.log"), lines)
+
+
+def log_tail(folder: Path, names: tuple[str, ...], lines: int) -> str:
+    """The last `lines` lines of each of the daemons' files `names` in `folder` that exists."""
+    text = ""
+    for name in names:
+        path = folder / name
+        if path.exists():
+            text += f"--- {name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) + "\n"
+    return text
 
 
 def _free_port() -> int:
@@ -151,12 +157,7 @@ class SlurmProcesses:
         raise RuntimeError(f"SLURM did not start: {self.log_tail()}")
 
     def log_tail(self) -> str:
-        text = ""
-        for name in ("slurmctld.out", "slurmd.out", "slurmctld.log", "slurmd.log"):
-            path = self.folder / name
-            if path.exists():
-                text += f"--- {name}\n" + "\n".join(path.read_text().splitlines()[-15:]) + "\n"
-        return text
+        return log_tail(self.folder, ("slurmctld.out", "slurmd.out", "slurmctld.log", "slurmd.log"), 15)
 
     def stop(self) -> None:
         conf = self.folder / "slurm.conf"

@@ -83,6 +83,11 @@ def is_placeholder(trial: Any) -> bool:
     return bool(trial.user_attrs.get("interrupted"))
 
 
+def is_orphan(trial: Any) -> bool:
+    """Whether a trial is an orphan: left running by a dead driver and released for an ask to adopt."""
+    return trial.state.name == "RUNNING" and bool(trial.user_attrs.get("orphaned"))
+
+
 def is_warm_started(trial: Any) -> bool:
     """Whether a trial was copied from another study (`autofl search --warm-start`): trained there."""
     return "warm_start_from" in trial.user_attrs
@@ -322,10 +327,12 @@ class Ledger:
             trials = study.get_trials(deepcopy=False)
             if self._run_budget_used(trials, run_name, known) >= budget:
                 return None
-            adopted = self._adopt_orphan(study, trials, run_name, tune_trial_id, define, skip_repeats)
-            if adopted is not None:
-                return adopted
-            trials = study.get_trials(deepcopy=False)  # an adopted repeat was told as its twin
+            orphans = sorted((t for t in trials if is_orphan(t)), key=lambda t: t.number)
+            if orphans:
+                adopted = self._adopt_orphan(study, orphans, run_name, tune_trial_id, define, skip_repeats)
+                if adopted is not None:
+                    return adopted
+                trials = study.get_trials(deepcopy=False)  # each orphan was a repeat, told as its twin
             if self._study_budget_reached(trials):
                 return None
             if skip_repeats:  # a config a finished trial trained is told its outcome, not trained again
@@ -343,22 +350,19 @@ class Ledger:
     def _adopt_orphan(
         self,
         study: Any,
-        trials: list[Any],
+        orphans: list[Any],
         run_name: str,
         tune_trial_id: str,
         define: Callable[[Any], dict[str, Any] | None],
         skip_repeats: bool,
     ) -> tuple[int, dict[str, Any]] | None:
-        """The lowest-numbered orphan (`release`), handed to Tune trial `tune_trial_id` of `run_name`
-        to train again from its first round: its number and params, or None if the study has no
-        orphan to train. The define-by-run returns the params the orphan holds and sets those its
+        """The first of `orphans` (`release`; lowest number first), handed to Tune trial
+        `tune_trial_id` of `run_name` to train again from its first round: its number and params, or
+        None if none is left to train. The define-by-run returns the params the orphan holds and sets those its
         killed driver had not set yet. An orphan killed before its tag may be a config a finished
         trial trained: with `skip_repeats` it is told as that twin, as its driver would have."""
         import optuna
 
-        orphans = sorted(
-            (t for t in trials if t.state.name == "RUNNING" and t.user_attrs.get("orphaned")), key=lambda t: t.number
-        )
         for orphan in orphans:
             trial = optuna.trial.Trial(study, self._trial_id(orphan.number))
             returned = define(trial)  # stored params come back as they are
