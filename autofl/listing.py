@@ -6,7 +6,12 @@ Reading them imports every method's module, and with it torch (4-6 s on a 2-core
 fingerprint of what they are read from: autofl's version and source files, the Python version, and
 every installed plugin entry point with its distribution's version and its package's source files
 (stat'ed, not imported). A listing that skipped a plugin is not kept, so its one-line warning shows
-on every run until it is fixed."""
+on every run until it is fixed.
+
+Where no plugin is installed, the first call after an install reads no module either: the built-ins'
+rows ship with autofl (`builtin_listing.json`, written by `scripts/write_builtin_listing.py`) under a
+hash of the sources they are read from, and are used while that hash matches the files here (an edited
+method or model is read anew); a test holds the shipped rows equal to the live ones."""
 
 from __future__ import annotations
 
@@ -181,20 +186,87 @@ def fingerprint() -> str:
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:24]
 
 
+BUILTIN_ROWS = Path(__file__).with_name("builtin_listing.json")
+# what the built-ins' rows are read from: their declaring packages, and the modules that turn a
+# declaration into a row (a change elsewhere that alters a row fails tests/test_startup_imports.py)
+BUILTIN_SOURCES = ("methods", "models", "data", "config.py", "listing.py", "registry.py")
+
+
+def builtin_sources_hash() -> str:
+    """A hash of the contents of BUILTIN_SOURCES' .py files, with the Python and pydantic versions
+    that shape the rows' text (type names, defaults)."""
+    import pydantic
+
+    root = Path(__file__).parent
+    digest = hashlib.sha256(f"{CACHE_FORMAT} {sys.version_info[:2]} {pydantic.VERSION}".encode())
+    for name in BUILTIN_SOURCES:
+        path = root / name
+        for source in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+            digest.update(f"\0{source.relative_to(root).as_posix()}\0".encode())
+            digest.update(source.read_bytes())
+    return digest.hexdigest()[:24]
+
+
+def builtin_rows() -> list[Listed]:
+    """The built-ins' rows, read from their classes (imports every built-in entry, and torch)."""
+    from autofl.registry import BUILT_IN
+
+    return [row for row in listing(list(REGISTRIES)) if row.source == BUILT_IN]
+
+
+def shipped_builtin_rows() -> list[Listed] | None:
+    """The built-ins' rows as shipped in BUILTIN_ROWS, or None when they were not read from the
+    sources here (an edited built-in, another Python or pydantic) or cannot be read."""
+    try:
+        shipped = json.loads(BUILTIN_ROWS.read_text())
+        if shipped["sources"] != builtin_sources_hash():
+            return None
+        return [Listed(**row) for row in shipped["rows"]]
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def write_builtin_rows() -> Path:
+    """Write BUILTIN_ROWS from the built-ins as they are now (scripts/write_builtin_listing.py)."""
+    rows = [dataclasses.asdict(row) for row in builtin_rows()]
+    BUILTIN_ROWS.write_text(json.dumps({"sources": builtin_sources_hash(), "rows": rows}, indent=1) + "\n")
+    return BUILTIN_ROWS
+
+
+def plugins_installed() -> bool:
+    """Whether any distribution declares an entry in autofl's plugin groups (read from the installed
+    metadata; no plugin is imported)."""
+    from importlib.metadata import entry_points
+
+    return any(entry_points(group=registry.group) for registry in REGISTRIES.values())
+
+
+def _read_rows() -> list[Listed]:
+    """Every row: the shipped built-in rows when no plugin is installed and they match the sources,
+    else read from the registries (importing every entry)."""
+    if not plugins_installed():
+        shipped = shipped_builtin_rows()
+        if shipped is not None:
+            return shipped
+    return listing(list(REGISTRIES))
+
+
 def cached_listing(kinds: list[str]) -> list[Listed]:
-    """`listing(kinds)`, from the cache when its fingerprint matches; else read (importing every
-    entry) and kept for the next call, unless a plugin was skipped or the cache cannot be written."""
-    from autofl.registry import REGISTRIES, plugin_problems
+    """`listing(kinds)`, from the cache when its fingerprint matches; else read (from the shipped
+    built-in rows, or importing every entry) and kept for the next call, unless a plugin was skipped
+    or the cache cannot be written."""
+    from autofl.registry import plugin_problems
 
     path = _cache_file()
     if path is None:
-        return listing(kinds)
-    try:
-        rows = [Listed(**row) for row in json.loads(path.read_text())]
-    except (OSError, ValueError, TypeError):
-        rows = listing(list(REGISTRIES))
-        if not plugin_problems():
-            _keep(path, rows)
+        rows = _read_rows()
+    else:
+        try:
+            rows = [Listed(**row) for row in json.loads(path.read_text())]
+        except (OSError, ValueError, TypeError):
+            rows = _read_rows()
+            if not plugins_installed() or not plugin_problems():
+                _keep(path, rows)
     return [row for kind in kinds for row in rows if row.kind == kind]
 
 

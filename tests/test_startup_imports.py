@@ -131,6 +131,39 @@ def test_a_training_leaves_the_listing_for_the_first_list_after_an_install(tmp_p
     assert (code, modules) == (0, []) and "fdcl" in out and "fedavg" in out
 
 
+def test_the_shipped_builtin_rows_are_the_live_ones():
+    """autofl/builtin_listing.json is what reading the built-ins gives now, under the hash of the
+    sources here: a changed built-in method, model or dataset fails this until the file is written anew."""
+    from autofl.listing import builtin_rows, shipped_builtin_rows
+
+    shipped = shipped_builtin_rows()
+    assert shipped is not None, "autofl/builtin_listing.json is stale: run python scripts/write_builtin_listing.py"
+    assert shipped == builtin_rows(), "autofl/builtin_listing.json is stale: run python scripts/write_builtin_listing.py"
+
+
+def test_the_first_list_of_an_install_without_plugins_imports_no_torch(tmp_path):
+    """The first `autofl list` after an install (an empty cache) imported every method's module: 7.6 s here
+    (issue 42). Without plugins it shows the shipped built-in rows, and keeps them for the next call; where
+    the shipped rows were not read from the sources here, it reads the classes, as before."""
+    no_plugins = "import autofl.listing as listing\nlisting.plugins_installed = lambda: False\n"
+    stale = tmp_path / "stale.json"
+    stale.write_text(json.dumps({"sources": "another build", "rows": []}))
+
+    def listed(patch: str, cache: str) -> tuple[int, set[str], str]:
+        env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / cache),
+               "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+        proc = subprocess.run([sys.executable, "-c", patch + LIST_PROBE, "list"], capture_output=True, text=True,
+                              env=env, timeout=300)
+        code, modules, out = json.loads(proc.stdout.strip().splitlines()[-1])
+        return code, set(modules), " ".join(out.replace("│", " ").split())
+
+    shipped = listed(no_plugins, "fresh")
+    assert shipped[:2] == (0, set()) and "fdcl built-in FDCL" in shipped[2] and "digits built-in" in shipped[2]
+    assert len(list((tmp_path / "fresh" / "autofl").glob("listing-*.json"))) == 1  # kept for the next call
+    read = listed(no_plugins + f"listing.BUILTIN_ROWS = listing.Path({str(stale)!r})\n", "stale")
+    assert read[0] == 0 and "torch" in read[1] and "fdcl built-in FDCL" in read[2]  # (with any plugin installed here)
+
+
 def test_an_idle_studys_trials_come_from_its_snapshot_until_its_storage_is_written(tmp_path):
     """`studies`, `status` and `best-config export` of an idle study read the rows kept beside its storage
     while the storage's files are unchanged (no Optuna import: 2.3 s -> 0.6 s here); any write to the storage (here a trial
