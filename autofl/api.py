@@ -190,13 +190,16 @@ class Study:
 
     @property
     def record(self) -> dict[str, Any]:
-        """The study's record (study.json): its runs and the trials asked for so far."""
-        return self._folder.meta()
+        """The study's record: what was fixed when it was made (study.json: storage, default sampler,
+        warm start) and what its runs changed (the ledger's: runs, trials_requested, root)."""
+        from autofl.tuning.store.study import study_record
+
+        return {**self._folder.meta(), **study_record(self._folder, snapshot=not self.driver_running())}
 
     @property
     def runs(self) -> list[dict[str, Any]]:
         """The study's driver runs (Tune experiments): name, trials asked for, Tune wall seconds."""
-        return list(self._folder.meta()["runs"])
+        return list(self.record["runs"])
 
     def driver_running(self) -> bool:
         """Whether a main driver (`autofl search` or a re-evaluation) holds the study now."""

@@ -71,8 +71,10 @@ def main() -> None:
         ckpt_bytes = sum(f.stat().st_size for c in ckpts for f in c.rglob("*") if f.is_file())
         print(f"trials {len(trial_dirs)}, rounds {rounds}, summed trial time {trained:.1f} s")
         print(f"wall (whole command) {wall:.1f} s")
-        meta = json.loads((home / "studies" / space["study"] / "study.json").read_text())
-        tune_wall = sum(run.get("tune_wall_s", 0.0) for run in meta["runs"])
+        import autofl
+
+        runs = autofl.load_study(space["study"], home / "studies").runs  # the study's record (its ledger)
+        tune_wall = sum(run.get("tune_wall_s", 0.0) for run in runs)
         print(f"Tune experiment wall (Tuner.fit: actor start, trials, checkpoints, clean-up) {tune_wall:.1f} s")
         serial = space.get("resources", {}).get("cpu", 1) >= 2
         if serial:

@@ -176,3 +176,43 @@ def test_a_run_that_ends_open_without_a_signal_is_not_reported_interrupted(tmp_p
     assert err.value.exit_code == 1 and "1 trial(s) unfinished" in str(err.value)
     with pytest.raises(StudyInterrupted):
         settle_run(study, study.space(), ledger, "run-1", interrupted=True)
+
+
+def test_the_studys_record_is_the_ledgers_and_study_json_keeps_what_was_fixed_at_creation(tmp_path, storage):
+    """Runs, the requested total and the run's folder change as a study runs: the ledger keeps them in
+    the storage (issue 38: four functions rewrote study.json, and the requested total lived in two
+    places). A --join driver's run shares the requested total; wall time adds up per run."""
+    import json
+
+    ledger = new_ledger(tmp_path, storage)
+    meta = tmp_path / "s" / "study.json"
+    meta.write_text(json.dumps({"default_sampler": {"kind": "random", "skip_repeats": True}}))
+    assert ledger.record() == {"runs": [], "trials_requested": 0, "root": None}
+    ledger.add_run("run-1", 4, 2, join=False)
+    ledger.add_run("join-h-1-2", 4, 2, join=True)
+    ledger.add_wall("run-1", 1.5)
+    ledger.add_wall("run-1", 2.0)
+    record = Ledger(tmp_path / "s").record()  # as another process reads it
+    assert record == {"runs": [{"name": "run-1", "trials": 4, "layout": 2, "tune_wall_s": 3.5},
+                               {"name": "join-h-1-2", "trials": 4, "layout": 2}],
+                      "trials_requested": 4, "root": str((tmp_path / "s").resolve())}
+    assert ledger.requested() == 4  # what every driver counts against
+    ledger.set_requested(3)
+    assert Ledger(tmp_path / "s").record()["trials_requested"] == 3
+    assert json.loads(meta.read_text()) == {"default_sampler": {"kind": "random", "skip_repeats": True}}
+
+
+def test_an_older_studys_record_moves_from_study_json_into_the_ledger_at_its_next_run(tmp_path, storage):
+    """A study made before the record moved kept runs, trials_requested and root in study.json: they
+    are read from there until the next run, which moves them, so there is one record again."""
+    import json
+
+    ledger = new_ledger(tmp_path, storage)
+    meta = tmp_path / "s" / "study.json"
+    old_runs = [{"name": "run-1", "trials": 3, "layout": 2, "tune_wall_s": 7.0}]
+    meta.write_text(json.dumps({"runs": old_runs, "trials_requested": 3, "root": "/old/s", "storage_path": "/x"}))
+    assert ledger.record() == {"runs": old_runs, "trials_requested": 3, "root": "/old/s"}
+    ledger.add_run("run-2", 2, 2, join=False)
+    assert ledger.record() == {"runs": [*old_runs, {"name": "run-2", "trials": 2, "layout": 2}],
+                               "trials_requested": 5, "root": str((tmp_path / "s").resolve())}
+    assert json.loads(meta.read_text()) == {"storage_path": "/x"}

@@ -85,10 +85,11 @@ def test_a_copied_interrupted_study_resumes_into_its_own_folder(tmp_path):
     from autofl.tuning.tune.runner import interrupted_run
 
     assert interrupted_run(StudyFolder(home / "k2")) == str(home / "k2" / "tune" / "run-1")
-    record = json.loads((home / "k2" / "study.json").read_text())
-    for run_record in record["runs"]:
-        del run_record["layout"]
-    (home / "k2" / "study.json").write_text(json.dumps(record))
+    from autofl.tuning.store.ledger import RUNS_ATTR, Ledger
+
+    ledger = Ledger(home / "k2")
+    ledger.study().set_user_attr(RUNS_ATTR, [{k: v for k, v in r.items() if k != "layout"}
+                                             for r in ledger.record()["runs"]])
     assert interrupted_run(StudyFolder(home / "k2")) is None
     proc = run(["search", "--resume", "k2", "--dir", home])
     assert proc.returncode == 0, proc.stderr[-3000:]

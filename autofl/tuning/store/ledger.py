@@ -47,6 +47,19 @@ from autofl.tuning.strategy.repeats import ask_unseen, is_repeat
 FINISHED_STATES = ("COMPLETE", "PRUNED", "FAIL")
 OPEN_STATES = ("RUNNING", "WAITING")
 INTERRUPTED = "INTERRUPTED"  # shown for FAIL + interrupted, and for trials no live driver runs
+# the study's record (Ledger.record), as attributes of the Optuna study
+RUNS_ATTR = "autofl_runs"
+REQUESTED_ATTR = "trials_requested"
+ROOT_ATTR = "autofl_root"
+
+
+def legacy_record(meta: dict[str, Any]) -> dict[str, Any]:
+    """The record a study made before 2026-11-28 keeps in study.json (`meta`), until its next run."""
+    return {
+        "runs": list(meta.get("runs", [])),
+        "trials_requested": int(meta.get("trials_requested", 0)),
+        "root": meta.get("root"),
+    }
 
 
 def outcome(
@@ -249,8 +262,60 @@ class Ledger:
 
     def requested(self) -> int | None:
         study = self.study()
-        value = study.user_attrs.get("trials_requested") if study is not None else None
+        value = study.user_attrs.get(REQUESTED_ATTR) if study is not None else None
         return None if value is None else int(value)
+
+    def record(self) -> dict[str, Any]:
+        """What changes about the study as it runs (study.json keeps only what is fixed at creation):
+        `runs` (one entry per driver run: name, trials asked for, module layout, Tune wall seconds),
+        `trials_requested` (the study's total so far) and `root` (the folder its last run ran in).
+        Kept in the Optuna storage's study attributes; a study made before 2026-11-28 keeps them in
+        study.json until its next run moves them here."""
+        study = self.study()
+        attrs = study.user_attrs if study is not None else {}
+        if RUNS_ATTR not in attrs:
+            return legacy_record(self.folder().meta())
+        return {
+            "runs": list(attrs[RUNS_ATTR]),
+            "trials_requested": int(attrs.get(REQUESTED_ATTR) or 0),
+            "root": attrs.get(ROOT_ATTR),
+        }
+
+    def add_run(self, name: str, trials: int, layout: int, join: bool) -> dict[str, Any]:
+        """Record a new driver run of `trials` started in this study's folder: a main run adds them
+        to the requested total, a --join driver's shares it. Returns the record after it."""
+        from autofl.tuning.store.study import LEGACY_RECORD_KEYS
+
+        with self.suggest_lock():  # several drivers of a shared study: one read-modify-write at a time
+            record = self.record()
+            record["runs"] = [*record["runs"], {"name": name, "trials": trials, "layout": layout}]
+            if not join:
+                record["trials_requested"] += trials
+            record["root"] = str(Path(self.root).resolve())
+            self._write_record(record)
+        folder = self.folder()
+        meta = folder.meta()
+        if any(key in meta for key in LEGACY_RECORD_KEYS):  # moved into the storage: one record
+            folder.write_meta({k: v for k, v in meta.items() if k not in LEGACY_RECORD_KEYS})
+        return record
+
+    def add_wall(self, run_name: str, seconds: float) -> None:
+        """Add `seconds` of Tune wall time to run `run_name`'s entry."""
+        with self.suggest_lock():
+            record = self.record()
+            record["runs"] = [
+                {**run, "tune_wall_s": round(run.get("tune_wall_s", 0.0) + seconds, 3)}
+                if run["name"] == run_name
+                else run
+                for run in record["runs"]
+            ]
+            self._write_record(record)
+
+    def _write_record(self, record: dict[str, Any]) -> None:
+        study = self.study()
+        study.set_user_attr(RUNS_ATTR, record["runs"])
+        study.set_user_attr(REQUESTED_ATTR, record["trials_requested"])
+        study.set_user_attr(ROOT_ATTR, record["root"])
 
     # ---- writing: the only place trial states change ------------------------------------------
     def _trial(self, number: int):
@@ -268,7 +333,8 @@ class Ledger:
 
     def set_requested(self, total: int) -> None:
         """The study's requested total, what every driver counts against (PostgreSQL: several)."""
-        self.study().set_user_attr("trials_requested", total)
+        with self.suggest_lock():
+            self._write_record({**self.record(), "trials_requested": total})
 
     def enqueue(self, points: Iterable[dict[str, Any]]) -> None:
         for point in points:

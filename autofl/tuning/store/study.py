@@ -29,6 +29,8 @@ TUNE_DIR = "tune"
 # from (trial_rows): a later view of an idle study reads them without importing Optuna
 TRIALS_SNAPSHOT = "trials-snapshot.json"
 FINISHED = ("COMPLETE", "PRUNED", "FAIL")
+# what study.json held of a study made before 2026-11-28 that now is the ledger's (Ledger.record)
+LEGACY_RECORD_KEYS = ("runs", "trials_requested", "root")
 DEFAULT_SAMPLER_KEY = "default_sampler"  # study.json: the default sampler when the space names none
 LEGACY_DEFAULT_SAMPLER = {"kind": "tpe", "skip_repeats": False}  # autofl's default until 2026-11-24
 
@@ -120,9 +122,11 @@ class StudyFolder:
         return self._stored
 
     def meta(self) -> dict[str, Any]:
+        """study.json: what is fixed when the study is made (its storage, storage path, default
+        sampler, warm start). What changes as it runs is the ledger's (Ledger.record)."""
         path = self.root / META_FILE
         if not path.exists():
-            return {"runs": [], "trials_requested": 0}
+            return {}
         try:  # issue 18: a corrupt or unreadable study.json is one line, not a traceback
             meta = json.loads(path.read_text())
         except (OSError, ValueError) as err:
@@ -131,8 +135,8 @@ class StudyFolder:
                 f"from a copy of the study, or remove the study"
             ) from None
         if not isinstance(meta, dict) or not isinstance(meta.get("runs", []), list):
-            raise StorageError(f"{path}: not a study record (expected an object with a 'runs' list)")
-        return {"runs": [], "trials_requested": 0, **meta}
+            raise StorageError(f"{path}: not a study record (expected an object, whose 'runs' if any is a list)")
+        return meta
 
     def write_meta(self, meta: dict[str, Any]) -> None:
         write_atomic(self.root / META_FILE, json.dumps(meta, indent=1))
@@ -354,7 +358,7 @@ def storage_stamp(url: str) -> list[Any] | None:
     return stamp
 
 
-SNAPSHOT_FORMAT = 2  # bump when a row's keys change: older snapshots are then read anew (2: "pareto")
+SNAPSHOT_FORMAT = 3  # bump when a row's keys change: older snapshots are then read anew (2: "pareto", 3: "record")
 SETTLED_S = 2.0  # a storage file modified less than this long ago is read, not taken from the snapshot
 
 
@@ -374,6 +378,17 @@ def trial_rows(study: StudyFolder, snapshot: bool = False) -> list[dict[str, Any
     With `snapshot` (a caller that knows no driver writes the study now), rows kept in the study
     folder are returned when the storage's files are unchanged since they were read (`storage_stamp`),
     and rows read from Optuna are kept so; a server's storage is always read."""
+    return _read_or_kept(study, snapshot)["rows"]
+
+
+def study_record(study: StudyFolder, snapshot: bool = False) -> dict[str, Any]:
+    """The study's record (`Ledger.record`: runs, trials_requested, root), kept and read back with
+    the trial rows (`trial_rows`, whose `snapshot` it takes)."""
+    return _read_or_kept(study, snapshot)["record"]
+
+
+def _read_or_kept(study: StudyFolder, snapshot: bool) -> dict[str, Any]:
+    """{"rows": trial_rows' rows, "record": the ledger's record}: kept or read (see trial_rows)."""
     stamp = storage_stamp(study.storage_url()) if snapshot else None
     if stamp is not None and _written_lately(stamp):  # a write within the clock's granularity may not show
         stamp = None
@@ -382,20 +397,18 @@ def trial_rows(study: StudyFolder, snapshot: bool = False) -> list[dict[str, Any
         try:
             saved = json.loads(kept.read_text())
             if saved["stamp"] == stamp and saved.get("format") == SNAPSHOT_FORMAT:
-                return list(saved["rows"])
+                return {"rows": list(saved["rows"]), "record": dict(saved["record"])}
         except (OSError, ValueError, KeyError, TypeError):
             pass
-    rows = _read_trial_rows(study)
+    read = _read_storage(study)
     if stamp is not None and storage_stamp(study.storage_url()) == stamp:  # nothing wrote while it was read
-        _keep_rows(study, stamp, rows)
-    return rows
+        _keep_rows(study, stamp, read)
+    return read
 
 
-def _keep_rows(study: StudyFolder, stamp: list[Any], rows: list[dict[str, Any]]) -> None:
+def _keep_rows(study: StudyFolder, stamp: list[Any], read: dict[str, Any]) -> None:
     with contextlib.suppress(AutoFLError, OSError, TypeError, ValueError):  # read-only folder: read each time
-        write_atomic(
-            study.root / TRIALS_SNAPSHOT, json.dumps({"format": SNAPSHOT_FORMAT, "stamp": stamp, "rows": rows})
-        )
+        write_atomic(study.root / TRIALS_SNAPSHOT, json.dumps({"format": SNAPSHOT_FORMAT, "stamp": stamp, **read}))
 
 
 def keep_trial_rows(study: StudyFolder) -> None:
@@ -411,10 +424,10 @@ def keep_trial_rows(study: StudyFolder) -> None:
     stamp = storage_stamp(study.storage_url())
     if stamp is None:  # a server's storage: always read
         return
-    rows = _read_trial_rows(study)
+    read = _read_storage(study)
     close_sqlite()
     if storage_stamp(study.storage_url()) == stamp:
-        _keep_rows(study, stamp, rows)
+        _keep_rows(study, stamp, read)
 
 
 def best_row_value(rows: list[dict[str, Any]], mode: str) -> float | None:
@@ -443,6 +456,13 @@ def pareto_rows(rows: list[dict[str, Any]], mode: str) -> list[dict[str, Any]]:
 def _read_trial_rows(study: StudyFolder) -> list[dict[str, Any]]:
     ot = study.load_optuna()
     return rows_of(ot) if ot is not None else []
+
+
+def _read_storage(study: StudyFolder) -> dict[str, Any]:
+    """The study's trial rows and record, read from its storage."""
+    from autofl.tuning.store.ledger import Ledger
+
+    return {"rows": _read_trial_rows(study), "record": Ledger(study.root).record()}
 
 
 def rows_of(ot: Any) -> list[dict[str, Any]]:

@@ -110,22 +110,22 @@ def study_trainable(
 RUN_LAYOUT = 2
 
 
-def new_run(study: StudyFolder, trials: int, join: bool) -> tuple[str, bool]:
-    """Record a new run of `trials` in the study's meta: its name, and whether it starts with the
-    space's start points (the study's first main run)."""
+def new_run(study: StudyFolder, ledger: Ledger, trials: int, join: bool) -> tuple[str, bool]:
+    """Record a new run of `trials` in the study's record (the ledger's): its name, and whether it
+    starts with the space's start points (the study's first main run)."""
     import os
     import socket
 
-    meta = study.meta()
-    if join:  # its own Tune experiment; the study's requested total is unchanged
-        run_name = f"join-{socket.gethostname()}-{os.getpid()}-{len(meta['runs']) + 1}"
-    else:
-        run_name = f"run-{len(meta['runs']) + 1}"
-        meta["trials_requested"] = meta.get("trials_requested", 0) + trials
-    meta["runs"].append({"name": run_name, "trials": trials, "layout": RUN_LAYOUT})
-    meta["root"] = str(study.root.resolve())  # where its Tune experiments are (autofl.tuning.tune.runner.moved)
-    study.write_meta(meta)
-    return run_name, len(meta["runs"]) == 1 and not join
+    from autofl.tuning.strategy.objectives import direction
+
+    space = study.space()
+    modes = space.modes if space.multi_objective else [space.mode]
+    ledger.study(create_directions=[direction(m) for m in modes or []])  # the record is kept in it
+    number = len(ledger.record()["runs"]) + 1
+    # a --join driver runs its own Tune experiment; the study's requested total is unchanged
+    run_name = f"join-{socket.gethostname()}-{os.getpid()}-{number}" if join else f"run-{number}"
+    runs = ledger.add_run(run_name, trials, RUN_LAYOUT, join)["runs"]
+    return run_name, len(runs) == 1 and not join
 
 
 def run_experiment(
@@ -155,10 +155,8 @@ def _run_experiment(study: StudyFolder, trials: int, address: str | None, restor
         )
         run_name = restore.rstrip("/").rsplit("/", 1)[-1]
     else:
-        run_name, with_start = new_run(study, trials, join)
+        run_name, with_start = new_run(study, ledger, trials, join)
         searcher = make_searcher(space, ledger, run_name, trials, with_start_point=with_start)
-        if not join:  # what every driver of the study counts against (PostgreSQL: several drivers)
-            ledger.set_requested(study.meta()["trials_requested"])
         tuner = tune.Tuner(
             trainable,
             tune_config=tune.TuneConfig(
@@ -198,7 +196,7 @@ def _run_experiment(study: StudyFolder, trials: int, address: str | None, restor
     failed = write_failure.first_noted()
     if failed is not None and not interrupt.received():  # the study is as the failed write left it: resumable
         raise write_failure.WriteFailed.of(study.name, failed)
-    record_wall(study, run_name, time.time() - started)
+    ledger.add_wall(run_name, time.time() - started)
     settle_run(study, space, ledger, run_name, last_results(grid), interrupted=interrupt.received())
 
 
@@ -250,19 +248,8 @@ def settle_run(
 
 def budget_spent(study: StudyFolder, space: SearchSpace, ledger: Ledger, run: str) -> bool:
     """Whether the study's round budget, or run `run`'s time budget, is spent."""
-    walls = [r.get("tune_wall_s", 0.0) for r in study.meta()["runs"] if r["name"] == run]
+    walls = [r.get("tune_wall_s", 0.0) for r in ledger.record()["runs"] if r["name"] == run]
     return bool(
         (space.budget_rounds is not None and sum(ledger.rounds_used().values()) >= space.budget_rounds)
         or (space.time_budget_s is not None and walls and walls[-1] >= 0.95 * space.time_budget_s)
     )
-
-
-def record_wall(study: StudyFolder, run_name: str, seconds: float) -> None:
-    """Add this invocation's Tune wall time (Tuner.fit, from actor start to the last trial's end)
-    to its run's entry in the study's meta: what `scripts/search_overhead.py` compares with the
-    trials' own training time."""
-    meta = study.meta()
-    for run in meta["runs"]:
-        if run["name"] == run_name:
-            run["tune_wall_s"] = round(run.get("tune_wall_s", 0.0) + seconds, 3)
-    study.write_meta(meta)

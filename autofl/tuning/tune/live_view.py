@@ -49,7 +49,7 @@ class LiveView(Callback):
         study = self._ledger.folder()
         space = study.space()
         self.objective, self.mode, self.max_rounds = space.objective, space.mode, space.max_rounds
-        self.requested = study.meta().get("trials_requested") or space.trials
+        self.requested = self._ledger.record()["trials_requested"] or space.trials
         # in a pipe or CI log rich would wrap at 80 columns: give the event lines room instead
         self.console = console or Console(width=None if sys.stdout.isatty() else 200, markup=False, emoji=False)
         self._study = study
