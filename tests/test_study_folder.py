@@ -85,11 +85,12 @@ def test_a_copied_interrupted_study_resumes_into_its_own_folder(tmp_path):
     from autofl.tuning.tune.runner import interrupted_run
 
     assert interrupted_run(StudyFolder(home / "k2")) == str(home / "k2" / "tune" / "run-1")
-    from autofl.tuning.store.ledger import RUNS_ATTR, Ledger
+    from autofl.tuning.store.ledger import RECORD_ATTR, Ledger
 
     ledger = Ledger(home / "k2")
-    ledger.study().set_user_attr(RUNS_ATTR, [{k: v for k, v in r.items() if k != "layout"}
-                                             for r in ledger.record()["runs"]])
+    record = ledger.record()
+    record["runs"] = [{k: v for k, v in r.items() if k != "layout"} for r in record["runs"]]
+    ledger.study().set_user_attr(RECORD_ATTR, record)
     assert interrupted_run(StudyFolder(home / "k2")) is None
     proc = run(["search", "--resume", "k2", "--dir", home])
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -47,10 +47,9 @@ from autofl.tuning.strategy.repeats import ask_unseen, is_repeat
 FINISHED_STATES = ("COMPLETE", "PRUNED", "FAIL")
 OPEN_STATES = ("RUNNING", "WAITING")
 INTERRUPTED = "INTERRUPTED"  # shown for FAIL + interrupted, and for trials no live driver runs
-# the study's record (Ledger.record), as attributes of the Optuna study
-RUNS_ATTR = "autofl_runs"
-REQUESTED_ATTR = "trials_requested"
-ROOT_ATTR = "autofl_root"
+# the study's record (Ledger.record): one attribute of the Optuna study, so that one write changes it
+# whole (a driver killed mid-write leaves the record before or after, never half of each)
+RECORD_ATTR = "autofl_record"
 
 
 def legacy_record(meta: dict[str, Any]) -> dict[str, Any]:
@@ -261,9 +260,9 @@ class Ledger:
         return history
 
     def requested(self) -> int | None:
-        study = self.study()
-        value = study.user_attrs.get(REQUESTED_ATTR) if study is not None else None
-        return None if value is None else int(value)
+        """The study's requested total (None before its first run)."""
+        record = self.record()
+        return record["trials_requested"] if record["runs"] else None
 
     def record(self) -> dict[str, Any]:
         """What changes about the study as it runs (study.json keeps only what is fixed at creation):
@@ -272,14 +271,10 @@ class Ledger:
         Kept in the Optuna storage's study attributes; a study made before 2026-11-28 keeps them in
         study.json until its next run moves them here."""
         study = self.study()
-        attrs = study.user_attrs if study is not None else {}
-        if RUNS_ATTR not in attrs:
+        kept = study.user_attrs.get(RECORD_ATTR) if study is not None else None
+        if kept is None:
             return legacy_record(self.folder().meta())
-        return {
-            "runs": list(attrs[RUNS_ATTR]),
-            "trials_requested": int(attrs.get(REQUESTED_ATTR) or 0),
-            "root": attrs.get(ROOT_ATTR),
-        }
+        return {"runs": list(kept["runs"]), "trials_requested": int(kept["trials_requested"]), "root": kept["root"]}
 
     def add_run(self, name: str, trials: int, layout: int, join: bool) -> dict[str, Any]:
         """Record a new driver run of `trials` started in this study's folder: a main run adds them
@@ -312,10 +307,7 @@ class Ledger:
             self._write_record(record)
 
     def _write_record(self, record: dict[str, Any]) -> None:
-        study = self.study()
-        study.set_user_attr(RUNS_ATTR, record["runs"])
-        study.set_user_attr(REQUESTED_ATTR, record["trials_requested"])
-        study.set_user_attr(ROOT_ATTR, record["root"])
+        self.study().set_user_attr(RECORD_ATTR, record)  # one write: the record changes whole
 
     # ---- writing: the only place trial states change ------------------------------------------
     def _trial(self, number: int):
