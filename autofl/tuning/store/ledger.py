@@ -52,12 +52,17 @@ INTERRUPTED = "INTERRUPTED"  # shown for FAIL + interrupted, and for trials no l
 RECORD_ATTR = "autofl_record"
 
 
-def legacy_record(meta: dict[str, Any]) -> dict[str, Any]:
-    """The record a study made before 2026-11-28 keeps in study.json (`meta`), until its next run."""
+def record_of(optuna_study: Any, meta: dict[str, Any]) -> dict[str, Any]:
+    """`Ledger.record` of a loaded Optuna study (None: not made yet) whose folder's study.json is
+    `meta`: the record kept in the study's attribute, else what a study made before 2026-11-28 kept
+    in study.json until its next run."""
+    kept = optuna_study.user_attrs.get(RECORD_ATTR) if optuna_study is not None else None
+    if kept is None:
+        kept = meta
     return {
-        "runs": list(meta.get("runs", [])),
-        "trials_requested": int(meta.get("trials_requested", 0)),
-        "root": meta.get("root"),
+        "runs": list(kept.get("runs", [])),
+        "trials_requested": int(kept.get("trials_requested", 0)),
+        "root": kept.get("root"),
     }
 
 
@@ -270,11 +275,7 @@ class Ledger:
         `trials_requested` (the study's total so far) and `root` (the folder its last run ran in).
         Kept in the Optuna storage's study attributes; a study made before 2026-11-28 keeps them in
         study.json until its next run moves them here."""
-        study = self.study()
-        kept = study.user_attrs.get(RECORD_ATTR) if study is not None else None
-        if kept is None:
-            return legacy_record(self.folder().meta())
-        return {"runs": list(kept["runs"]), "trials_requested": int(kept["trials_requested"]), "root": kept["root"]}
+        return record_of(self.study(), self.folder().meta())
 
     def add_run(self, name: str, trials: int, layout: int, join: bool) -> dict[str, Any]:
         """Record a new driver run of `trials` started in this study's folder: a main run adds them

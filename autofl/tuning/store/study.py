@@ -459,10 +459,11 @@ def _read_trial_rows(study: StudyFolder) -> list[dict[str, Any]]:
 
 
 def _read_storage(study: StudyFolder) -> dict[str, Any]:
-    """The study's trial rows and record, read from its storage."""
-    from autofl.tuning.store.ledger import Ledger
+    """The study's trial rows and record (`Ledger.record`), read from its storage."""
+    from autofl.tuning.store.ledger import record_of
 
-    return {"rows": _read_trial_rows(study), "record": Ledger(study.root).record()}
+    ot = study.load_optuna()
+    return {"rows": rows_of(ot) if ot is not None else [], "record": record_of(ot, study.meta())}
 
 
 def rows_of(ot: Any) -> list[dict[str, Any]]:
