@@ -120,3 +120,52 @@ def test_a_private_model_is_kept_across_rounds_and_is_not_the_global_model(execu
         sim.method.load_personal(sim.model, sim.global_state, sim.client_states[cid], sim.server_state)
         assert torch.equal(sim.model.local.head[0].weight, v)
     assert not torch.equal(after_1[0], after_1[1])  # each client keeps its own
+
+
+def test_sharing_places_each_key_once_by_pattern():
+    """`Sharing` on fixed keys: what a client uploads, downloads and keeps (issue 38: shared_keys and
+    keep_private stated one policy twice, and could disagree)."""
+    from autofl.methods.base import Sharing
+
+    keys = ["encoder.0.weight", "encoder.1.running_mean", "projector.0.weight", "head.weight", "global_head.weight"]
+    fedavg = Sharing()
+    assert [k for k in keys if fedavg.is_uploaded(k)] == keys and not any(fedavg.is_kept(k) for k in keys)
+    fedper = Sharing(local=("head.*",))
+    assert [k for k in keys if not fedper.is_uploaded(k)] == ["head.weight"]
+    assert [k for k in keys if fedper.is_kept(k)] == ["head.weight"]
+    fedfcd = Sharing(local=("*",), server_trained=("global_head.*",))  # server-trained wins over local
+    assert not any(fedfcd.is_uploaded(k) for k in keys)
+    assert [k for k in keys if fedfcd.is_server_trained(k)] == ["global_head.weight"]
+    assert [k for k in keys if fedfcd.is_kept(k)] == keys[:4]
+    dualfed = Sharing(local=("projector.*", "head.*"), also_kept=("encoder.*.running_mean",))
+    assert [k for k in keys if dualfed.is_uploaded(k)] == ["encoder.0.weight", "encoder.1.running_mean",
+                                                           "global_head.weight"]
+    assert [k for k in keys if dualfed.is_kept(k)] == ["encoder.1.running_mean", "projector.0.weight", "head.weight"]
+
+
+@pytest.mark.parametrize("hook", ["shared_keys", "received_keys", "keep_private"])
+def test_overriding_a_declared_policy_hook_is_a_one_line_error(hook):
+    """The sharing policy is declared once (`sharing`); a method overriding the hook that used to state it
+    is refused when its class is made, naming what to declare instead."""
+    with pytest.raises(MethodDefinitionError, match=f"overrides {hook}: declare `sharing = Sharing"):
+        type("Twice", (Method,), {"name": "twice", hook: lambda self, *args: []})
+
+
+def test_a_methods_sharing_decides_what_the_engine_uploads_downloads_and_keeps():
+    """FedPer's head stays on its client (kept, never uploaded); FedGH's head is the server's (downloaded,
+    never uploaded nor kept)."""
+    from autofl.registry import METHODS
+
+    for name, uploaded, received, kept in (("fedper", ["encoder."], ["encoder."], ["head."]),
+                                           ("fedgh", [], ["head."], ["encoder."]),
+                                           ("fedavg", ["encoder.", "head."], ["encoder.", "head."], [])):
+        cls = METHODS.get(name)
+        exp = load_experiment(overrides=[f"method.name={name}", "data.dataset=digits"])
+        method = cls(cls.Params(**exp.method.params()), exp, (1, 8, 8), 10)
+        model = method.build_model()
+        state = model.state_dict()
+        assert {k.split(".")[0] + "." for k in method.shared_keys(model)} == set(uploaded)
+        assert {k.split(".")[0] + "." for k in method.received_keys(model)} == set(received)
+        client: dict = {}
+        method.keep_private(dict(state), client)
+        assert {k.split(".")[0] + "." for k in client.get("private", {})} == set(kept)

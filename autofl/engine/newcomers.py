@@ -51,6 +51,6 @@ def personalize_newcomers(sim: Any) -> list[Newcomer]:
     newcomers = []
     for weights in trained:
         state: dict[str, Any] = {}
-        method.keep_private(weights, state, sim.shared)
+        method.keep_private(weights, state)
         newcomers.append(Newcomer(weights, state))
     return newcomers

@@ -187,7 +187,7 @@ class Simulation:
             )
             self.cost.upload_bytes += tensor_bytes(upload.state) + tensor_bytes(sent)  # the losses are reports
             uploads.append(upload)
-            self.method.keep_private(outcome.state, self.client_states[job.cid], self.shared)
+            self.method.keep_private(outcome.state, self.client_states[job.cid])
         self.global_state.update(self.method.aggregate(uploads))
         self.apply(self.method.server_update(self.server_context(trained=True), uploads))
         self.round += 1

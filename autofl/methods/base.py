@@ -19,10 +19,14 @@ A proximal term is written `ws.proximal(params, anchor)` (sum ||w - anchor||^2),
 the executor. What the fast executors need beyond this is theirs to check (the engine page of the
 docs says how they run a loss).
 
-What the client keeps is declared, not written: `private_models` names models of the model's layout
-held inside the model (`model.<name>`, e.g. a personal model), each client's own from round to round;
-`copies` names workspace copies filled by `client_start` each round and dropped after it (an update
-may train one only if `scratch_copies` lists it: a trained copy nothing keeps is an error).
+Where each weight lives is declared once, not written: `sharing` (a `Sharing`) says by key pattern what
+a client uploads for the server to aggregate, what the server trains and sends, and what a client keeps
+as its own from round to round (by default everything is uploaded, so nothing is kept);
+`private_models` names models of the model's layout held inside the model (`model.<name>`, e.g. a
+personal model), each client's own; `copies` names workspace copies filled by `client_start` each round
+and dropped after it (an update may train one only if `scratch_copies` lists it: a trained copy
+nothing keeps is an error). What else a client remembers between rounds (its previous local model)
+is the `remember` hook's.
 
 The server side is values in, values out (as Flower's Strategy and FedJAX's ServerState): a
 method never sees the simulation. Its server-side state is one frozen dataclass, a subclass of
@@ -40,22 +44,23 @@ method's stream of draws of that name.
 `ServerUpdate(global_state=..., state=...)` returns new global-state entries and/or the new server
 state; nothing else the hook does is kept. The other hooks are:
 
-    build_model() -> SplitModel                   shared_keys(model) -> list[str]
-    received_keys(model) -> list[str]             server_payload(server) -> dict   (what a client downloads)
+    build_model() -> SplitModel                   server_payload(server) -> dict   (what a client downloads)
     client_start(global_state, client_state, server) -> ClientStart
     local_stages(rnd, server) -> list[Stage]      upload_payload(client: TrainedClient) -> dict
-    keep_private(trained, client_state, shared) -> None    (writes the client's own dict)
+    remember(trained, client_state) -> None       (writes the client's own dict)
     load_personal(model, global_state, client_state, server) -> None
     predict(model, x, client_state, server) -> Tensor
     load_global(model, global_state, server) -> None
     predict_global(model, x, server) -> Tensor
 
 where `server` is the method's current `ServerState` (the `State` subclass) and `client_state` the
-client's own dict (what `keep_private` stored).
+client's own dict (what `sharing` kept, under "private", and what `remember` stored).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 
 import torch
@@ -66,6 +71,7 @@ from autofl.config import Strict
 from autofl.engine.plan import ClientStart, LossFn, ModelCopies, Stage, TrainedClient, Update, Upload
 from autofl.engine.server import ServerContext, ServerState, ServerUpdate
 from autofl.engine.state import StateDict, weighted_average
+from autofl.errors import MethodDefinitionError
 from autofl.models.parts import SplitModel, build_model
 from autofl.registry import METHODS
 
@@ -80,6 +86,7 @@ __all__ = [
     "ServerContext",
     "ServerState",
     "ServerUpdate",
+    "Sharing",
     "Stage",
     "StateDict",
     "TrainedClient",
@@ -92,6 +99,50 @@ ModuleT = TypeVar("ModuleT", bound=torch.nn.Module)
 
 class MethodParams(Strict):
     """A method's own hyperparameters; unknown keys and non-finite numbers are errors."""
+
+
+@dataclass(frozen=True)
+class Sharing:
+    """Where each of the model's weights lives, as glob patterns over its state-dict keys ("head.*",
+    "encoder.*.running_mean"). Every key a client neither keeps local nor gets from the server's own
+    training is uploaded and aggregated into the global state (the default: all of them, FedAvg).
+
+    - `local`: what stays on each client, never uploaded: its own from round to round, laid over the
+      global state at its next start (FedPer's head; "*" where nothing is aggregated);
+    - `server_trained`: what the server trains and every sampled client downloads, never uploaded
+      nor kept (FedGH's head, FedFCD's global head); it wins over `local`;
+    - `also_kept`: uploaded keys each client also keeps as its own (DualFed's encoder BN statistics:
+      averaged for the global model, the client's own for its personal one).
+
+    The keys of `Method.private_models` are each client's own in any case."""
+
+    local: tuple[str, ...] = ()
+    server_trained: tuple[str, ...] = ()
+    also_kept: tuple[str, ...] = ()
+
+    @staticmethod
+    def _any(patterns: tuple[str, ...], key: str) -> bool:
+        return any(fnmatchcase(key, pattern) for pattern in patterns)
+
+    def is_server_trained(self, key: str) -> bool:
+        return self._any(self.server_trained, key)
+
+    def is_uploaded(self, key: str) -> bool:
+        return not self._any(self.local, key) and not self.is_server_trained(key)
+
+    def is_kept(self, key: str) -> bool:
+        if self.is_server_trained(key):
+            return False
+        return self._any(self.local, key) or self._any(self.also_kept, key)
+
+
+# hooks a method no longer overrides: what they decided is declared (`sharing`) or hooked (`remember`)
+_DECLARED_NOT_OVERRIDDEN = {
+    "shared_keys": "declare `sharing = Sharing(local=...)` instead",
+    "received_keys": "declare `sharing = Sharing(server_trained=...)` instead",
+    "keep_private": "declare `sharing = Sharing(local=..., also_kept=...)` for the weights a client keeps, and override "
+    "`remember(trained, client_state)` for anything else it stores",
+}
 
 
 class Method:
@@ -114,6 +165,8 @@ class Method:
     # trained copy (the received global model's weights before its first participation), and the
     # engine keeps it after training. Trained as `model.<name>.`, read in `predict` as `model.<name>`.
     private_models: ClassVar[tuple[str, ...]] = ()
+    # where each weight lives: uploaded and aggregated, kept by the client, trained by the server
+    sharing: ClassVar[Sharing] = Sharing()
     # workspace copies the local step reads (ws.glob, ws.prev ...), filled by `client_start` each round;
     # frozen unless an update trains them, and dropped after the round: an update may train one only
     # if it is also listed in `scratch_copies` (trained and dropped on purpose, as FedSiam-DA's f')
@@ -128,6 +181,9 @@ class Method:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        for hook, instead in _DECLARED_NOT_OVERRIDDEN.items():
+            if hook in cls.__dict__:  # the policy stated twice could disagree
+                raise MethodDefinitionError(f"method {cls.__qualname__} overrides {hook}: {instead}")
         if cls.private_models:  # a client's own model: its personal predictions are not the global model's
             cls.personal_is_global = False
 
@@ -205,16 +261,18 @@ class Method:
         return cast(ModuleT, self._spares[name])  # a copy of the first `like` asked for under `name`
 
     def shared_keys(self, model: SplitModel) -> list[str]:
-        """State-dict keys the server aggregates; the rest stay on the client (default: all but the
-        private models')."""
+        """State-dict keys a client uploads and the server aggregates (all but `sharing`'s local and
+        server-trained keys, and a private model's). Declared, not overridden."""
         private = self.private_prefixes()
-        return [k for k in model.state_dict() if not (private and k.startswith(private))]
+        return [
+            k for k in model.state_dict() if self.sharing.is_uploaded(k) and not (private and k.startswith(private))
+        ]
 
     def received_keys(self, model: SplitModel) -> list[str]:
         """State-dict keys of the global state a sampled client downloads at the start of a round
-        (counted in `download_bytes`); default: the shared keys. A method whose server trains part of
-        the model that nothing aggregates (FedGH's head) names that part here."""
-        return self.shared_keys(model)
+        (counted in `download_bytes`): the shared keys and the server-trained ones."""
+        shared = set(self.shared_keys(model))
+        return [k for k in model.state_dict() if k in shared or self.sharing.is_server_trained(k)]
 
     def server_payload(self, server: ServerState) -> dict[str, Any]:
         """What the server sends each sampled client besides the global state's `received_keys`
@@ -252,7 +310,7 @@ class Method:
 
     def start_with_previous(self, global_state: StateDict, client_state: dict[str, Any]) -> ClientStart:
         """For methods that contrast with the received global model (`ws.glob`) and the client's
-        previous local model (`ws.prev`, kept by `keep_private` as client_state["prev"]): before a
+        previous local model (`ws.prev`, stored by `remember` as client_state["prev"]): before a
         client's first participation there is none, and `flags["has_prev"]` is 0 (the term is off)."""
         prev = client_state.get("prev")
         return ClientStart(
@@ -281,12 +339,18 @@ class Method:
         """Extra uploads computed from the trained model (prototypes, statistics)."""
         return {}
 
-    def keep_private(self, trained: StateDict, client_state: dict[str, Any], shared: list[str]) -> None:
-        """After local training: store what stays on the client (`trained` is the client's own copy)."""
-        keep = set(shared)
-        private = {k: v for k, v in trained.items() if k not in keep}
-        if private:
-            client_state["private"] = private
+    def keep_private(self, trained: StateDict, client_state: dict[str, Any]) -> None:
+        """After local training (the engine calls it; `trained` is the client's own copy): keep what
+        `sharing` and `private_models` say stays on the client, then what `remember` stores."""
+        private = self.private_prefixes()
+        own = {k: v for k, v in trained.items() if self.sharing.is_kept(k) or (private and k.startswith(private))}
+        if own:
+            client_state["private"] = own
+        self.remember(trained, client_state)
+
+    def remember(self, trained: StateDict, client_state: dict[str, Any]) -> None:
+        """Store anything else a client needs at its next participation in its own dict (MOON's
+        previous local model, `client_state["prev"]`). Default: nothing."""
 
     # ----- evaluation ------------------------------------------------------------------------
     def load_personal(
@@ -306,7 +370,7 @@ class Method:
         """A held-out client's personal model (data.holdout_clients; `predict` then reads it with
         `client_state`): `trained` is what its newcomer training left, the received global model
         after eval.newcomer_epochs of this method's local step on its own data (the model as received
-        with 0 epochs); `client_state` what `keep_private` kept of it. Default: `trained`, the global
+        with 0 epochs); `client_state` what `sharing` and `remember` kept of it. Default: `trained`, the global
         model fine-tuned on the client's own data. Override for a method that personalizes a newcomer
         another way."""
         model.load_state_dict(trained)

@@ -12,7 +12,7 @@ from pydantic import Field
 from autofl.config import FUSIBLE
 from autofl.engine.state import StateDict, weighted_average
 from autofl.losses import supcon
-from autofl.methods.base import Method, MethodParams, ModelCopies, ServerState, Stage, Update, Upload
+from autofl.methods.base import Method, MethodParams, ModelCopies, ServerState, Sharing, Stage, Update, Upload
 from autofl.methods.registry import register
 from autofl.models.parts import SplitModel, build_head
 
@@ -28,6 +28,9 @@ class DualFedParams(MethodParams):
 @register
 class DualFed(Method):
     name = "dualfed"
+    # encoder and global head are aggregated; the encoder's BN statistics are averaged only for the
+    # global model's evaluation and never overwrite a client's own
+    sharing = Sharing(local=("projector.*", "head.*"), also_kept=tuple(f"encoder.*.{b}" for b in _BN_BUFFERS))
     Params = DualFedParams
     params: DualFedParams  # the validated Params (Method.__init__)
     uses_projector = True
@@ -40,18 +43,6 @@ class DualFed(Method):
         model = super().build_model()
         model.global_head = build_head(self.exp.model, self.input_shape, self.num_classes)
         return model
-
-    def shared_keys(self, model: SplitModel) -> list[str]:
-        """Encoder and global head; encoder BN statistics are averaged only for the global model's
-        evaluation and never overwrite a client's own (they are private too, see keep_private)."""
-        return [k for k in model.state_dict() if k.startswith(("encoder.", "global_head."))]
-
-    def keep_private(self, trained: StateDict, client_state: dict, shared: list[str]) -> None:
-        client_state["private"] = {
-            k: v
-            for k, v in trained.items()
-            if k.startswith(("projector.", "head.")) or (k.startswith("encoder.") and k.endswith(_BN_BUFFERS))
-        }
 
     def aggregate(self, uploads: list[Upload]) -> StateDict:
         weights = [u.num_samples if self.params.weighted else 1.0 for u in uploads]

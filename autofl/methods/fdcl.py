@@ -55,7 +55,7 @@ class FDCL(Method):
         l_e, l_c = fdcl_terms((pe_l, pe_g, pe_p), (pc_l, pc_g, pc_p), self.fused(flags, "tau"))
         return F.cross_entropy(pc_l, y) + flags["has_prev"] * self.fused(flags, "mu") * (l_e + l_c)
 
-    def keep_private(self, trained: StateDict, client_state: dict, shared: list[str]) -> None:
+    def remember(self, trained: StateDict, client_state: dict) -> None:
         client_state["prev"] = trained  # also the client's personal model
 
     def load_personal(

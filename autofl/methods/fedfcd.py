@@ -14,7 +14,6 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from autofl.engine.cost import tensor_bytes
-from autofl.engine.state import StateDict
 from autofl.features import ClassStats, class_mean_pairs, encoded_class_stats, train_head, weighted_class_means
 from autofl.losses import prototype_distance
 from autofl.methods.base import (
@@ -24,6 +23,7 @@ from autofl.methods.base import (
     ServerContext,
     ServerState,
     ServerUpdate,
+    Sharing,
     Stage,
     TrainedClient,
     Update,
@@ -67,6 +67,8 @@ class FedFCDState(ServerState):
 @register
 class FedFCD(Method):
     name = "fedfcd"
+    # only prototypes go up; phi_g is trained on the server and downloaded by every sampled client
+    sharing = Sharing(local=("*",), server_trained=("global_head.*",))
     trains_encoder_features = True
     Params = FedFCDParams
     params: FedFCDParams  # the validated Params (Method.__init__)
@@ -79,13 +81,6 @@ class FedFCD(Method):
         model.global_head = build_head(self.exp.model, self.input_shape, self.num_classes)
         self.has_extractor = any(True for _ in model.encoder.parameters())  # none when the head takes every layer
         return model
-
-    def shared_keys(self, model: SplitModel) -> list[str]:
-        return []  # only prototypes go up; phi_g is trained on the server
-
-    def received_keys(self, model: SplitModel) -> list[str]:
-        """phi_g, trained on the server, downloaded by every sampled client."""
-        return [k for k in model.state_dict() if k.startswith("global_head.")]
 
     def server_payload(self, server: ServerState) -> dict[str, Any]:
         """The GFRs the extractor's regularizer pulls towards."""
@@ -154,10 +149,6 @@ class FedFCD(Method):
         return {
             "lfr": encoded_class_stats(client.model.encoder, client.x, client.y, client.train_idx, client.num_classes)
         }
-
-    def keep_private(self, trained: StateDict, client_state: dict, shared: list[str]) -> None:
-        """Everything but phi_g, which the server trains and sends (nothing is aggregated)."""
-        client_state["private"] = {k: v for k, v in trained.items() if not k.startswith("global_head.")}
 
     def predict(self, model: SplitModel, x: torch.Tensor, client_state: dict, server: ServerState) -> torch.Tensor:
         f = model.encoder(x)

@@ -16,9 +16,8 @@ from pydantic import Field
 from autofl.config import FUSIBLE
 from autofl.engine.state import StateDict
 from autofl.features import ClassStats, class_mean_pairs, encoded_class_stats, train_head
-from autofl.methods.base import Method, MethodParams, ServerContext, ServerUpdate, TrainedClient, Upload
+from autofl.methods.base import Method, MethodParams, ServerContext, ServerUpdate, Sharing, TrainedClient, Upload
 from autofl.methods.registry import register
-from autofl.models.parts import SplitModel
 
 _HEAD = "head."
 
@@ -48,18 +47,14 @@ def train_global_head(
 @register
 class FedGH(Method):
     name = "fedgh"
+    # only class means go up; the global head is trained on the server, and every sampled client
+    # downloads it and starts from it
+    sharing = Sharing(local=("*",), server_trained=(_HEAD + "*",))
     Params = FedGHParams
     params: FedGHParams  # the validated Params (Method.__init__)
     has_global_model = False  # the encoders stay on the clients: no whole global model
     personal_is_global = False
     population_ready = True  # its local step is FedAvg's; server_lr acts on the server alone
-
-    def shared_keys(self, model: SplitModel) -> list[str]:
-        return []  # only class means go up; the global head is trained on the server
-
-    def received_keys(self, model: SplitModel) -> list[str]:
-        """The global head, which every sampled client downloads and starts from."""
-        return [k for k in model.state_dict() if k.startswith(_HEAD)]
 
     # ----- server ----------------------------------------------------------------------------
     def server_update(self, ctx: ServerContext, uploads: list[Upload]) -> ServerUpdate:
@@ -83,7 +78,3 @@ class FedGH(Method):
                 client.model.encoder, client.x, client.y, client.train_idx, client.num_classes
             )
         }
-
-    def keep_private(self, trained: StateDict, client_state: dict, shared: list[str]) -> None:
-        """Everything but the head, which the global head replaces at the start of the next round."""
-        client_state["private"] = {k: v for k, v in trained.items() if not k.startswith(_HEAD)}

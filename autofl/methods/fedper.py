@@ -1,16 +1,13 @@
 """FedPer: the head stays private on each client, the rest is averaged."""
 
-from autofl.methods.base import Method
+from autofl.methods.base import Method, Sharing
 from autofl.methods.registry import register
-from autofl.models.parts import SplitModel
 
 
 @register
 class FedPer(Method):
     name = "fedper"
+    sharing = Sharing(local=("head.*",))  # the head stays on its client
     has_global_model = False  # the server never trains a head
     personal_is_global = False
     population_ready = True
-
-    def shared_keys(self, model: SplitModel) -> list[str]:
-        return [k for k in model.state_dict() if not k.startswith("head.")]

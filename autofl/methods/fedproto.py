@@ -23,6 +23,7 @@ from autofl.methods.base import (
     ServerContext,
     ServerState,
     ServerUpdate,
+    Sharing,
     Stage,
     TrainedClient,
     Update,
@@ -63,15 +64,13 @@ class FedProtoState(ServerState):
 @register
 class FedProto(Method):
     name = "fedproto"
+    sharing = Sharing(local=("*",))  # only prototypes go up: every weight stays on its client
     Params = FedProtoParams
     params: FedProtoParams  # the validated Params (Method.__init__)
     State = FedProtoState
     trains_encoder_features = True
     has_global_model = False  # no weights are aggregated: there is no global model
     personal_is_global = False
-
-    def shared_keys(self, model: SplitModel) -> list[str]:
-        return []  # only prototypes go up
 
     # ----- server ----------------------------------------------------------------------------
     def server_update(self, ctx: ServerContext, uploads: list[Upload]) -> ServerUpdate:

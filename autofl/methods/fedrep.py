@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from autofl.methods.base import Method, MethodParams, ModelCopies, ServerState, Stage, Update
+from autofl.methods.base import Method, MethodParams, ModelCopies, ServerState, Sharing, Stage, Update
 from autofl.methods.registry import register
 from autofl.models.parts import SplitModel
 
@@ -30,6 +30,7 @@ class FedRepParams(MethodParams):
 @register
 class FedRep(Method):
     name = "fedrep"
+    sharing = Sharing(local=("head.*",))  # the head stays on its client
     Params = FedRepParams
     params: FedRepParams  # the validated Params (Method.__init__)
     has_global_model = False  # the server never trains a head
@@ -40,9 +41,6 @@ class FedRep(Method):
         model = super().build_model()
         self.has_body = any(True for _ in model.encoder.parameters())  # none when the head takes every layer
         return model
-
-    def shared_keys(self, model: SplitModel) -> list[str]:
-        return [k for k in model.state_dict() if not k.startswith("head.")]
 
     def local_stages(self, rnd: int, server: ServerState) -> list[Stage]:
         """Head alone (encoder frozen) for head_epochs, then the encoder alone (head frozen) for

@@ -110,7 +110,7 @@ class FedSiamDA(Method):
         local = Update(("model.",), local_loss, frozen_stats=("model.encoder", "model.projector"))
         return [Stage((siamese, local), snapshot_after_epoch={"hist": "model"}, flags_after_epoch={"has_hist": 1.0})]
 
-    def keep_private(self, trained: StateDict, client_state: dict, shared: list[str]) -> None:
+    def remember(self, trained: StateDict, client_state: dict) -> None:
         client_state["personal"] = trained  # this upload: the next participation's first history
 
     def load_personal(

@@ -43,5 +43,5 @@ class Moon(Method):
             z, z_g, z_p, self.fused(flags, "tau")
         )
 
-    def keep_private(self, trained: StateDict, client_state: dict, shared: list[str]) -> None:
+    def remember(self, trained: StateDict, client_state: dict) -> None:
         client_state["prev"] = trained

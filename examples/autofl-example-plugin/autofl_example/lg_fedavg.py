@@ -3,8 +3,7 @@ Global Representations", arXiv:2001.01523): each client keeps its own local repr
 encoder and projector, never sent) and the server averages only the global layers on top of it
 (the head). The opposite split of FedPer; `model.head_layers` sets how many layers are global."""
 
-from autofl.methods.base import Method
-from autofl.models.parts import SplitModel
+from autofl.methods.base import Method, Sharing
 
 
 class LGFedAvg(Method):
@@ -13,6 +12,4 @@ class LGFedAvg(Method):
     personal_is_global = False
     population_ready = True  # its local step is FedAvg's and reads no per-config value: configs can train as one
 
-    def shared_keys(self, model: SplitModel) -> list[str]:
-        """Only the head (the global layers) is uploaded and averaged."""
-        return [k for k in model.state_dict() if k.startswith("head.")]
+    sharing = Sharing(local=("encoder.*", "projector.*"))  # only the head (the global layers) is uploaded and averaged
