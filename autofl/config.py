@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from autofl.errors import ConfigError
+from autofl.errors import ConfigError, format_validation_error
+from autofl.registry import DATASETS, MODELS, REGISTRIES
+from autofl.safe_yaml import YamlTooLarge, load_text, read_text_bounded
 
 DATA_ROOT_ENV = "AUTOFL_DATA_ROOT"
 
@@ -79,8 +81,6 @@ class SplitConfig(Strict):
 
 def _registered(registry_name: str, name: str) -> str:
     """`name` if the registry holds it, else the one line listing what it holds."""
-    from autofl.registry import REGISTRIES
-
     registry = REGISTRIES[registry_name]
     if name not in registry:
         raise ValueError(registry.unknown(name))
@@ -301,8 +301,6 @@ class Experiment(Strict):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Experiment:
-        from autofl.registry import DATASETS
-
         dataset = DATASETS.get(self.data.dataset)
         if dataset.uses_path and not self.data.path:
             raise ValueError(f"data.path: dataset {self.data.dataset} reads a file; set data.path to it")
@@ -315,11 +313,6 @@ class Experiment(Strict):
         return self
 
     def _check_model(self, input_shape: tuple[int, ...]) -> None:
-        from pydantic import ValidationError
-
-        from autofl.errors import format_validation_error
-        from autofl.registry import MODELS
-
         arch = self.model.arch
         spec = MODELS.get(arch)
         try:
@@ -398,8 +391,6 @@ class Experiment(Strict):
 
     def dataset_facts(self) -> Any:
         """The dataset's `DatasetFacts` (classes, input shape, natural clients)."""
-        from autofl.registry import DATASETS
-
         return DATASETS.get(self.data.dataset).facts(self.data)
 
 
@@ -420,8 +411,6 @@ def set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply `a.b=value` strings; values are parsed as YAML scalars (`0.1`, `true`, `[1, 2]`)."""
-    from autofl.safe_yaml import YamlTooLarge, load_text
-
     tree = copy.deepcopy(raw)
     for item in overrides:
         if "=" not in item:
@@ -447,8 +436,6 @@ def file_problem(path: Path) -> str:
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
-    from autofl.safe_yaml import YamlTooLarge, load_text, read_text_bounded
-
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: {file_problem(path)}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from autofl.engine.metrics import eval_batch
 
@@ -82,8 +83,6 @@ def train_head(
 ) -> None:
     """Plain SGD of a head on (feature, label) pairs, shuffled each epoch (FedECCR's correction,
     FedFCD's server-trained global head)."""
-    import torch.nn.functional as F
-
     head.train()
     for p in head.parameters():
         p.requires_grad_(True)

@@ -17,8 +17,11 @@ import torch
 from autofl.config import Experiment, FLConfig
 from autofl.data.datasets import RawDataset
 from autofl.engine.harm import HarmReference
+from autofl.engine.metrics import client_test_accuracies
+from autofl.engine.simulation import Simulation
 from autofl.experiment import build_experiment
 from autofl.files import write_atomic
+from autofl.methods.registry import get_method_class
 
 
 def reference_experiment(exp: Experiment, method: str, fl: FLConfig | None = None) -> Experiment:
@@ -51,10 +54,6 @@ def reference_key(local: Experiment) -> str:
 def compute_reference(
     local: Experiment, fedavg: Experiment, raw: RawDataset | None = None, device: torch.device | None = None
 ) -> HarmReference:
-    from autofl.engine.metrics import client_test_accuracies
-    from autofl.engine.simulation import Simulation
-    from autofl.methods.registry import get_method_class
-
     accuracies = []
     for exp, global_model in ((local, False), (fedavg, True)):
         sim = Simulation(exp, get_method_class(exp.method.name), raw=raw, device=device)

@@ -17,6 +17,7 @@ line naming its distribution and the cause (`plugin_problems()`; printed once on
 from __future__ import annotations
 
 import importlib
+import pkgutil
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -148,9 +149,7 @@ def _same_declaration(old: Any, new: Any) -> bool:
 
 
 def _method_modules() -> list[str]:
-    import pkgutil
-
-    import autofl.methods as package
+    import autofl.methods as package  # lazy: the engine imports no method (tests/test_server_hooks.py)
 
     skip = {"base", "registry"}
     return [

@@ -22,9 +22,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autofl.errors import AutoFLError
+from autofl.experiment import build_experiment
 from autofl.files import write_atomic
-from autofl.tuning.store.study import StudyFolder
+from autofl.tuning.reeval import load_summary
+from autofl.tuning.store.ledger import is_warm_started
+from autofl.tuning.store.study import StudyFolder, best_of_rows, pareto_trials, rows_of
+from autofl.tuning.strategy.constraints import feasibility_line, is_feasible
 from autofl.tuning.strategy.objectives import better, sign
+from autofl.units import format_bytes, format_flops
+from autofl.views import format_interval, format_params, report_card
 
 
 @dataclass
@@ -110,9 +117,6 @@ def visible_cmap(cmap):
 def trial_compute(space, trials: list) -> dict[int, float]:
     """Clients trained by each finished trial: rounds it reached x sampled clients per round (0 for
     a trial warm-started from another study: it trained there)."""
-    from autofl.experiment import build_experiment
-    from autofl.tuning.store.ledger import is_warm_started
-
     out = {}
     for t in trials:
         if t.state.is_finished():
@@ -127,7 +131,7 @@ def asha_milestones(space) -> list[int]:
     (hyperband: those of its first bracket)."""
     if space.scheduler.kind not in ("asha", "hyperband"):
         return []
-    from autofl.tuning.strategy.asha import milestones
+    from autofl.tuning.strategy.asha import milestones  # lazy: pulls numpy
 
     return [
         int(m)
@@ -139,8 +143,6 @@ def asha_milestones(space) -> list[int]:
 def _best_so_far(space, ot, trials: list, compute: dict[int, float]) -> list[Figure]:
     import matplotlib.pyplot as plt
     import optuna.visualization.matplotlib as ovm
-
-    from autofl.tuning.strategy.constraints import is_feasible
 
     xs, ys, best, spent = [], [], None, 0.0
     for t in sorted(trials, key=lambda t: t.datetime_complete or t.datetime_start):
@@ -277,8 +279,6 @@ def _reeval_figure(summary: dict[str, Any]) -> Figure:
 def leaderboard(space, trials: list, compute: dict[int, float], summary: dict[str, Any] | None) -> list[dict[str, Any]]:
     """Cross-method studies: per method, its best trial, re-evaluated mean (if one of its configs
     was re-evaluated), trials run and compute spent."""
-    from autofl.tuning.strategy.constraints import is_feasible
-
     methods: dict[str, dict[str, Any]] = {}
     for t in trials:
         if "method.name" not in t.params or not t.state.is_finished():
@@ -320,8 +320,6 @@ def cost_table(space, trials: list) -> tuple[list[str], list[list[Any]]]:
     """The report's cost table: per finished trial that reported its cost (autofl.engine.cost), best
     first, its objective value, bytes up and down (per round, and in all), training FLOPs per round
     and rounds to target. No rows for a study whose trials reported no cost (older studies)."""
-    from autofl.units import format_bytes, format_flops
-
     header = [
         "trial",
         space.objective,
@@ -374,8 +372,6 @@ def _table(header: list[str], rows: list[list[Any]]) -> str:
 
 
 def _interval(stat: dict[str, float] | None) -> str:
-    from autofl.views import format_interval
-
     return format_interval(stat, bounds=True)
 
 
@@ -393,16 +389,11 @@ def build_report(study: StudyFolder, out_dir: Path) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
-    from autofl.tuning.reeval import load_summary
-    from autofl.tuning.store.study import best_of_rows, pareto_trials, rows_of
-    from autofl.views import format_params
 
     space = study.space()
     ot = study.load_optuna()
     trials = ot.get_trials(deepcopy=False) if ot is not None else []
     if not any(t.state.name == "COMPLETE" for t in trials):
-        from autofl.errors import AutoFLError
-
         raise AutoFLError(
             f"study {study.name!r} has no completed trial yet; nothing to report (see autofl status {study.name})"
         )
@@ -430,8 +421,6 @@ def build_report(study: StudyFolder, out_dir: Path) -> Path:
     ]
     rows = rows_of(ot) if ot is not None else []  # the trials read above, as rows
     if space.constraints:
-        from autofl.tuning.strategy.constraints import feasibility_line
-
         parts.append(f"<p>{html.escape(feasibility_line(space.constraints, rows))}</p>")
     top = best_of_rows(rows, space.mode)  # never an infeasible trial
     if top is None:
@@ -475,7 +464,6 @@ def build_report(study: StudyFolder, out_dir: Path) -> Path:
                 ],
             )
         )
-        from autofl.views import report_card
 
         header, body = report_card(summary, bounds=True)
         parts.append("<h2>Report card</h2>")

@@ -25,8 +25,10 @@ import os
 import re
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -332,9 +334,6 @@ def wait_for_ray(address: str, nodes: int, seconds: float, step_pid: int | None 
     """Whether `nodes` Ray nodes are alive at `address` within `seconds` (the head first answers
     on its port, then its nodes register); False at once if the process `step_pid` (the head's
     srun) has ended."""
-    import socket
-    import time
-
     host, port = address.rsplit(":", 1)
     deadline = time.monotonic() + seconds
     while True:

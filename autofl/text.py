@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import sys
 import unicodedata
+from urllib.parse import unquote_plus
 
 from rich.console import Console
 
@@ -54,8 +55,6 @@ _QUERY_PARAM = re.compile(r"(?P<head>(?:^|[?&;\s'\"(,])(?P<key>[^=&;?\s'\"(,]+)\
 def is_secret_key(key: str) -> bool:
     """Whether a URL query key or a libpq keyword carries a password (`password`, `PASSWORD`,
     `pass%77ord`, `sslpassword`)."""
-    from urllib.parse import unquote_plus
-
     return "password" in unquote_plus(key).lower()
 
 

@@ -15,10 +15,12 @@ import torch
 import yaml
 
 from autofl.config import Experiment, experiment_to_dict
+from autofl.device import run_threads
 from autofl.engine.simulation import Simulation
 from autofl.engine.state import plain_tree
 from autofl.errors import AutoFLError, OutputError, RunDiverged
-from autofl.files import write_atomic, write_failed
+from autofl.files import not_a_regular_file, write_atomic, write_failed
+from autofl.harm_references import harm_reference
 from autofl.methods.registry import get_method_class
 
 METRICS_FILE = "metrics.jsonl"
@@ -36,8 +38,6 @@ def check_out_dir(out: Path, overwrite: bool) -> None:
             f"through a link; give the folder itself"
         )
     if out.exists() and not out.is_dir():
-        from autofl.files import not_a_regular_file
-
         raise AutoFLError(f"--out {out}: is {not_a_regular_file(out) or 'a file'}; give a folder")
     existing = out
     while not existing.exists():
@@ -92,7 +92,6 @@ def run_training(
     and swaps it in at the end: an interrupted run leaves the earlier one whole, never a mix."""
     check_out_dir(out, overwrite)
     check_device(exp.runtime.device)
-    from autofl.device import run_threads
 
     torch.set_num_threads(run_threads(exp.runtime.threads))  # the CPUs it is given, not every core
     # loads the data first: a missing dataset fails before anything is written
@@ -101,8 +100,6 @@ def run_training(
     if announce is not None:
         announce(sim.executor_line)
     if exp.eval.harmed_clients:  # its references, two runs on the same partition and seed (not cached)
-        from autofl.harm_references import harm_reference
-
         if announce is not None:
             announce("eval.harmed_clients: training the references first (local and FedAvg, same partition and seed)")
         sim.harm_reference = harm_reference(exp, device=sim.device)

@@ -7,6 +7,9 @@ from typing import Any
 
 from rich.table import Table
 
+from autofl.text import clean
+from autofl.units import format_bytes, format_flops
+
 
 def format_interval(stat: dict[str, float] | None, signed: bool = False, bounds: bool = False) -> str:
     """A mean with its 95% CI (Student t): `mean ± h` (the CI is [mean - h, mean + h]), or with
@@ -29,9 +32,8 @@ def format_params(params: dict[str, Any], short: bool = True) -> str:
     """Searched values, floats to 4 significant digits; `short`: each key by its last part
     (`fdcl:method.mu` -> mu)."""
     name = (lambda k: k.split(":")[-1].split(".")[-1]) if short else (lambda k: k)
-    from autofl.text import clean  # user values reach the terminal: control characters escaped
 
-    return clean(
+    return clean(  # user values reach the terminal: control characters escaped
         ", ".join(f"{name(k)}={v:.4g}" if isinstance(v, float) else f"{name(k)}={v}" for k, v in params.items())
     )
 
@@ -91,8 +93,6 @@ CARD_COLUMNS: tuple[tuple[str, str], ...] = (
 def report_card(summary: dict[str, Any], bounds: bool = False) -> tuple[list[str], list[list[str]]]:
     """The report card's header and rows (text): config, then each CARD_COLUMNS metric some config
     has, as `mean ± h` (or `mean [low, high]` with `bounds`); bytes and FLOPs as their mean."""
-    from autofl.units import format_bytes, format_flops
-
     rows = summary["rows"]
     columns = [(k, title) for k, title in CARD_COLUMNS if any(k in r for r in rows)]
 

@@ -7,6 +7,7 @@ plugins (`autofl.registry.DATASETS`); this module holds the built-in image loade
 from __future__ import annotations
 
 import importlib.util
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ import torch
 from autofl.config import DATA_ROOT_ENV, DataConfig
 from autofl.data.raw import RawDataset
 from autofl.errors import DataError
+from autofl.registry import DATASETS
 
 __all__ = ["RawDataset", "load_digits", "load_raw_dataset", "load_torchvision"]
 
@@ -54,8 +56,6 @@ def load_torchvision(
     name: str, cls_name: str, layout: str, mean: tuple[float, ...], std: tuple[float, ...], cfg: DataConfig
 ) -> RawDataset:
     """torchvision's `cls_name` from `cfg`'s root (files under `root/layout`), normalized by mean / std."""
-    import pickle
-
     from torchvision import datasets
 
     root, download = cfg.resolved_root(), cfg.download
@@ -114,8 +114,6 @@ def load_raw_dataset(cfg: DataConfig) -> RawDataset:
     """Load `cfg.dataset` (a registered `DatasetSpec`) with `cfg`'s root, download flag and path.
     The last one loaded is kept: a search checks its dataset before it creates the study, then
     shares that; validating a config whose facts come from its file loads it once."""
-    from autofl.registry import DATASETS
-
     spec = DATASETS.get(cfg.dataset)
     key = (cfg.dataset, str(cfg.resolved_root()), cfg.download, cfg.path, _file_version(cfg.path))
     if key not in _cache:

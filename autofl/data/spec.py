@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from autofl.data.datasets import load_raw_dataset
 from autofl.data.raw import RawDataset
 from autofl.registry import DATASETS
 
@@ -52,7 +53,6 @@ class DatasetSpec:
         """The dataset's facts: declared, or read from the data when not declared."""
         if self.num_classes is not None and self.input_shape is not None:
             return DatasetFacts(self.num_classes, tuple(self.input_shape), self.natural_clients)
-        from autofl.data.datasets import load_raw_dataset
 
         raw = load_raw_dataset(cfg)
         return DatasetFacts(raw.num_classes, raw.input_shape, raw.num_natural_clients, raw.test_client is not None)

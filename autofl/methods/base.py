@@ -59,6 +59,7 @@ client's own dict (what `sharing` kept, under "private", and what `remember` sto
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
@@ -67,13 +68,13 @@ import torch
 import torch.nn.functional as F
 from pydantic import ValidationError
 
-from autofl.config import Strict
+from autofl.config import MethodConfig, Strict
 from autofl.engine.plan import ClientStart, LossFn, ModelCopies, Stage, TrainedClient, Update, Upload
 from autofl.engine.server import ServerContext, ServerState, ServerUpdate
 from autofl.engine.state import StateDict, weighted_average
-from autofl.errors import MethodDefinitionError
+from autofl.errors import MethodDefinitionError, format_validation_error
 from autofl.models.parts import SplitModel, build_model
-from autofl.registry import METHODS
+from autofl.registry import METHODS, MODELS
 
 if TYPE_CHECKING:
     from autofl.config import Experiment
@@ -199,9 +200,6 @@ class Method:
     def resolve_experiment(cls, exp: Experiment, all_methods: dict[str, type[Method]]) -> Experiment:
         """Validate the method's parameters and projector settings; fill the method's defaults.
         Raises ValueError with one line naming the key and what is allowed."""
-        from autofl.config import MethodConfig
-        from autofl.errors import format_validation_error
-
         try:
             params = cls.Params(**exp.method.params())
         except ValidationError as err:
@@ -210,7 +208,6 @@ class Method:
             ) from None
         exp.method = MethodConfig(name=cls.name, **params.model_dump())
         model = exp.model
-        from autofl.registry import MODELS
 
         arch = MODELS.get(model.arch)
         if cls.trains_encoder_features and arch.linear_only and model.head_layers >= arch.linear_layers:
@@ -241,8 +238,6 @@ class Method:
         starts where the model starts)."""
         model = build_model(self.exp.model, self.input_shape, self.num_classes, self.projector_out_dim)
         if self.private_models:
-            import copy
-
             template = copy.deepcopy(model)
             for name in self.private_models:
                 model.add_module(name, copy.deepcopy(template))
@@ -255,8 +250,6 @@ class Method:
     def spare(self, name: str, like: ModuleT) -> ModuleT:
         """A second model instance of the same layout, built once and reused by loading states."""
         if name not in self._spares:
-            import copy
-
             self._spares[name] = copy.deepcopy(like)
         return cast(ModuleT, self._spares[name])  # a copy of the first `like` asked for under `name`
 

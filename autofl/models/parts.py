@@ -14,6 +14,7 @@ from torch import nn
 
 from autofl.config import ModelConfig
 from autofl.models.spec import LinearSpec
+from autofl.registry import MODELS
 
 
 class SplitModel(nn.Module):
@@ -39,8 +40,6 @@ class SplitModel(nn.Module):
 
 def arch_layers(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> tuple[nn.Module, list[LinearSpec]]:
     """The body and Linear stack of `cfg.arch` (a registered `ModelSpec`) with its own params."""
-    from autofl.registry import MODELS
-
     spec = MODELS.get(cfg.arch)
     return spec.layers(input_shape, num_classes, spec.Params(**cfg.params()))
 

@@ -25,8 +25,10 @@ from typing import Any
 
 from autofl.errors import AutoFLError
 from autofl.files import write_atomic
-from autofl.tuning.store.study import StudyFolder
-from autofl.tuning.strategy.objectives import TEST_METRICS, best, best_first, gain
+from autofl.tuning.store.study import StudyFolder, no_feasible_row, resolved_config, rows_of
+from autofl.tuning.strategy.constraints import is_feasible, violated
+from autofl.tuning.strategy.objectives import REPORTED_KEYS, TEST_METRICS, best, best_first, gain
+from autofl.tuning.strategy.space import start_points
 
 REEVAL_DIR = "reeval"
 # what a round ships and computes, on the report card beside the test metrics
@@ -75,8 +77,6 @@ def fresh_seeds(study: StudyFolder, count: int) -> list[int]:
 def candidates(study: StudyFolder, top: int) -> list[Candidate]:
     """The paper default first, then the `top` best COMPLETE trials (a trial whose values equal the
     default's, such as the study's enqueued first trial, is the default itself and not repeated)."""
-    from autofl.tuning.strategy.space import start_points
-
     ot = study.load_optuna()
     space = study.space()
     if space.multi_objective:
@@ -85,8 +85,6 @@ def candidates(study: StudyFolder, top: int) -> list[Candidate]:
             f"re-evaluation ranks configs on one objective: see its Pareto front with "
             f"autofl best-config export {study.name} --pareto"
         )
-    from autofl.tuning.store.study import no_feasible_row, rows_of
-    from autofl.tuning.strategy.constraints import is_feasible
 
     trials = ot.get_trials(deepcopy=False) if ot is not None else []
     complete = [
@@ -147,8 +145,6 @@ def plan(study: StudyFolder, seeds: int, top: int, vary_partition: bool) -> tupl
 
 
 def record_run(study: StudyFolder, run: Run, result: dict[str, Any]) -> None:
-    from autofl.tuning.strategy.objectives import REPORTED_KEYS
-
     _write_json(
         runs_dir(study) / f"{run.key}.json",
         {
@@ -179,8 +175,6 @@ def t_interval(values: list[float], confidence: float = 0.95) -> dict[str, float
 def summarize(study: StudyFolder, chosen: list[Candidate], runs: list[Run]) -> dict[str, Any]:
     """Per candidate: statistics of the objective and test metrics over its finished seeds, and the
     paired (same seed) difference of the objective and of personal_test_acc to the default."""
-    from autofl.tuning.store.study import resolved_config
-
     space = study.space()
     finished = load_finished(study)
     by_label: dict[str, dict[int, dict[str, float]]] = {c.label: {} for c in chosen}
@@ -231,8 +225,6 @@ def summarize(study: StudyFolder, chosen: list[Candidate], runs: list[Run]) -> d
 def mean_violations(constraints: list[Any], per_seed: list[dict[str, float]]) -> list[str]:
     """The constraints that the mean over seeds of their metrics misses (a metric no seed
     reported counts as missed)."""
-    from autofl.tuning.strategy.constraints import violated
-
     means = {}
     for c in constraints:
         values = [m[c.metric] for m in per_seed if isinstance(m.get(c.metric), (int, float))]
@@ -293,7 +285,7 @@ def reevaluate(
     missing = [r for r in runs if r.key not in done]
     on_plan(len(missing), len(runs))
     if missing:
-        from autofl.tuning.tune.run_list import run_configs
+        from autofl.tuning.tune.run_list import run_configs  # lazy: pulls ray and torch
 
         data_seed = study.space().base_experiment().data_seed()
 

@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from autofl.errors import StorageError
 from autofl.text import is_secret_key, mask_url
 
 STORAGE_ENV = "AUTOFL_STORAGE"
@@ -180,8 +181,6 @@ def open_storage(url: str):
             return _open_journal(url)
         return _open_rdb_once_created(url)
     except Exception as err:  # any driver error becomes one line
-        from autofl.errors import StorageError
-
         if isinstance(err, StorageError):
             raise
         text = str(err).strip()
@@ -257,8 +256,6 @@ def _open_journal(url: str):
     reads only what was appended since), its writes under a JournalFileOpenLock."""
     import optuna
     from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
-
-    from autofl.errors import StorageError
 
     path = journal_path(url)
     if not os.path.isabs(path):

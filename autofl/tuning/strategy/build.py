@@ -33,7 +33,7 @@ def make_sampler(space: SearchSpace, run_name: str | None = None):
     resumed or joined driver's included, proposes what one uninterrupted run would
     (autofl/tuning/strategy/trial_sampler.py). `run_name` is accepted for callers that name the run; the
     proposals do not depend on it."""
-    from autofl.tuning.strategy.trial_sampler import TrialSeededSampler
+    from autofl.tuning.strategy.trial_sampler import TrialSeededSampler  # lazy: pulls optuna
 
     return TrialSeededSampler(space)
 
@@ -49,7 +49,7 @@ def make_scheduler(space: SearchSpace, ledger: Ledger):
         return MedianStoppingRule(
             time_attr="round", grace_period=spec.grace_period, min_samples_required=spec.min_samples_required
         )
-    from autofl.tuning.tune.scheduler import StudyASHA
+    from autofl.tuning.tune.scheduler import StudyASHA  # lazy: pulls ray
 
     return StudyASHA(
         ledger,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
 from typing import Any, Literal
@@ -11,6 +12,8 @@ from pydantic import Field, PrivateAttr, ValidationError, field_validator, model
 from autofl.config import TARGET_METRICS, Experiment, Strict, read_yaml, set_dotted, with_absolute_data_path
 from autofl.errors import ConfigError, format_validation_error
 from autofl.experiment import build_experiment
+from autofl.methods.registry import get_method_class
+from autofl.tuning.store.storage import check_storage_url
 
 # any validation metric may be the objective: the mean, the worst-decile client (p10) or the spread
 from autofl.tuning.strategy.constraints import CONSTRAINED_SAMPLERS, Constraint, parse_constraints
@@ -205,8 +208,6 @@ class SearchSpace(Strict):
     @field_validator("storage")
     @classmethod
     def _storage_url(cls, value: str | None) -> str | None:
-        from autofl.tuning.store.storage import check_storage_url
-
         return None if value is None else check_storage_url(value, None)
 
     @model_validator(mode="after")
@@ -269,7 +270,7 @@ class SearchSpace(Strict):
         `resources.gpu: auto` becomes the share of a card one trial needs, measured on a dry round
         of the base experiment (0 without a GPU; autofl/tuning/tune/gpu_packing.py). Idempotent."""
         if self.resources.gpu == "auto":
-            from autofl.tuning.tune.gpu_packing import resolve_auto_gpu
+            from autofl.tuning.tune.gpu_packing import resolve_auto_gpu  # lazy: pulls torch
 
             self.resources.gpu, self.resources._auto_line = resolve_auto_gpu(
                 self.base_experiment(), self.resources.cpu, self.resources.max_concurrent
@@ -298,8 +299,6 @@ def experiment_dict(
 ) -> dict[str, Any]:
     """The base config, with the chosen method's `method_base` overlay, with searched values set
     (keys may carry a '<method>:' prefix)."""
-    import copy
-
     tree = copy.deepcopy(base)
     method = values.get("method.name", (base.get("method") or {}).get("name"))
     _merge(tree, copy.deepcopy((method_base or {}).get(str(method), {})))
@@ -433,8 +432,6 @@ def validate_space(space: SearchSpace) -> None:
             f"allowed: data.split.val > 0 (the test split is reported, never optimized)"
         )
     if "global_val_acc" in space.metrics:
-        from autofl.methods.registry import get_method_class
-
         for m in methods:
             if not get_method_class(m).has_global_model:
                 raise ConfigError(
@@ -452,8 +449,6 @@ def validate_space(space: SearchSpace) -> None:
             )
     for i, constraint in enumerate(space.parsed_constraints):
         if constraint.metric.startswith("global_"):
-            from autofl.methods.registry import get_method_class
-
             for m in methods:
                 if not get_method_class(m).has_global_model:
                     raise ConfigError(

@@ -27,8 +27,13 @@ import zlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import optuna
 from optuna.samplers import BaseSampler
+
+from autofl.tuning.store.ledger import is_placeholder
+from autofl.tuning.strategy.grid_sampler import StudyGridSampler
+from autofl.tuning.strategy.space import all_params, grid_values
 
 if TYPE_CHECKING:
     from autofl.tuning.strategy.space import SearchSpace
@@ -37,8 +42,6 @@ if TYPE_CHECKING:
 def trial_seed(seed: int, index: int, param: str | None = None) -> int:
     """The sampler seed of the study's `index`-th proposal, or of its parameter `param` when that
     is sampled on its own (NumPy's SeedSequence of them; the name enters as its CRC-32)."""
-    import numpy as np
-
     entropy = [int(seed) & 0xFFFFFFFF, int(index), *([zlib.crc32(param.encode())] if param is not None else [])]
     return int(np.random.SeedSequence(entropy).generate_state(1)[0])
 
@@ -52,9 +55,6 @@ def build_sampler(space: SearchSpace, seed: int) -> BaseSampler:
     if spec.kind == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if spec.kind == "grid":
-        from autofl.tuning.strategy.grid_sampler import StudyGridSampler
-        from autofl.tuning.strategy.space import all_params, grid_values
-
         # the study seed: it shuffles the grid, and trial n takes the shuffled grid's point n
         grid = {name: grid_values(p) for name, p in all_params(space).items()}
         finite = {name: values for name, values in grid.items() if values is not None}
@@ -141,6 +141,4 @@ class TrialSeededSampler(BaseSampler):
 def proposal_index(study: optuna.Study, number: int) -> int:
     """Trial `number`'s place among the study's proposals: its number less the interrupted
     placeholders before it (trials no driver trained; see autofl.tuning.store.ledger.counted)."""
-    from autofl.tuning.store.ledger import is_placeholder
-
     return number - sum(1 for t in study.get_trials(deepcopy=False) if t.number < number and is_placeholder(t))

@@ -28,6 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from autofl.errors import AutoFLError
+from autofl.tuning.store.ledger import Ledger
+from autofl.tuning.store.study import CONFIG_ATTR, open_study, resolved_config
+from autofl.tuning.strategy.constraints import FEASIBLE_ATTR, constraint_values
+from autofl.tuning.strategy.objectives import REPORTED_KEYS, TEST_METRICS, direction
+from autofl.tuning.strategy.repeats import config_key, is_repeat
 from autofl.tuning.strategy.space import CONDITIONAL_SEP, ParamSpec, SearchSpace, all_params
 
 WARM_ATTR = "warm_start_from"
@@ -119,8 +124,6 @@ def config_difference(trained: dict[str, Any], here: dict[str, Any]) -> str | No
 def plan(home: Path, source: str, new_name: str, space: SearchSpace) -> WarmStart:
     """What warm-starting the new study `new_name` (of `space`) from study `source` in `home`
     takes and skips. Reads only; AutoFLError (one line) for an unknown study or the study itself."""
-    from autofl.tuning.store.study import open_study
-
     if source == new_name:
         raise AutoFLError(
             f"--warm-start {source}: is the study being created; allowed: another study in {home} "
@@ -149,11 +152,6 @@ def plan(home: Path, source: str, new_name: str, space: SearchSpace) -> WarmStar
 def _take(trial: Any, space: SearchSpace, old_space: SearchSpace, other: Any, source: str) -> Any:
     """The FrozenTrial to add for `trial` of the other study, or why it is skipped."""
     import optuna
-
-    from autofl.tuning.store.study import CONFIG_ATTR, resolved_config
-    from autofl.tuning.strategy.constraints import FEASIBLE_ATTR, constraint_values
-    from autofl.tuning.strategy.objectives import REPORTED_KEYS, TEST_METRICS
-    from autofl.tuning.strategy.repeats import is_repeat
 
     if is_repeat(trial):
         return f"a repeat of #{trial.user_attrs['repeat_of']} (trained once, taken once)"
@@ -238,9 +236,6 @@ def apply(study: Any, warm: WarmStart) -> None:
     """Add the taken trials to the new study's Optuna study (created here with the space's
     directions) and record the line in its study.json. Adding twice adds nothing: a study that
     holds warm-started trials already (a start retried on a shared storage) is left as it is."""
-    from autofl.tuning.store.ledger import Ledger
-    from autofl.tuning.strategy.objectives import direction
-
     space = study.space()
     modes = space.modes if space.multi_objective else [space.mode]
     optuna_study = Ledger(study.root).study(create_directions=[direction(m) for m in modes or []])
@@ -253,6 +248,4 @@ def apply(study: Any, warm: WarmStart) -> None:
 
 def warm_configs(trials: list[Any]) -> set[tuple]:
     """The configs (as `repeats.config_key`) of a study's warm-started trials."""
-    from autofl.tuning.strategy.repeats import config_key
-
     return {config_key(t.params) for t in trials if WARM_ATTR in t.user_attrs}

@@ -17,9 +17,13 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from typing import Any
 
 import torch
+
+from autofl.engine.simulation import Simulation
+from autofl.methods.registry import get_method_class
 
 MARGIN = 0.2  # of the card kept free
 GIB = 1024**3
@@ -94,8 +98,6 @@ def oom_line(needed_bytes: int | None, card_bytes: int, share: float, measured_p
 
 def needed_bytes(err: BaseException) -> int | None:
     """The allocation torch's out-of-memory message names ("Tried to allocate 2.00 GiB"), in bytes."""
-    import re
-
     found = re.search(r"Tried to allocate ([\d.]+) (B|KiB|MiB|GiB|TiB)", str(err))
     if not found:
         return None
@@ -105,9 +107,6 @@ def needed_bytes(err: BaseException) -> int | None:
 
 def measure_peak_bytes(exp: Any) -> int:
     """Peak GPU memory of one dry round of `exp` on the current CUDA device."""
-    from autofl.engine.simulation import Simulation
-    from autofl.methods.registry import get_method_class
-
     device = torch.device("cuda")
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)

@@ -54,19 +54,17 @@ def worker_log_hook(path: str) -> Callable[[], None]:
     `logs/workers.log`. A node where the study folder cannot be written keeps Ray's own handling."""
 
     def autofl_worker_logs() -> None:
-        import logging as log
-
         try:
-            handler = log.FileHandler(path, mode="a")
+            handler = logging.FileHandler(path, mode="a")
         except OSError:
             return
-        handler.setFormatter(log.Formatter("%(asctime)s %(levelname)s %(name)s [pid %(process)d]: %(message)s"))
-        root = log.getLogger()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s [pid %(process)d]: %(message)s"))
+        root = logging.getLogger()
         root.addHandler(handler)
-        if root.level > log.INFO or root.level == log.NOTSET:
-            root.setLevel(log.INFO)
-        log.captureWarnings(True)
-        ray_logger = log.getLogger("ray")  # Ray's records do not propagate to the root logger
+        if root.level > logging.INFO or root.level == logging.NOTSET:
+            root.setLevel(logging.INFO)
+        logging.captureWarnings(True)
+        ray_logger = logging.getLogger("ray")  # Ray's records do not propagate to the root logger
         if not ray_logger.propagate:
             ray_logger.addHandler(handler)
 

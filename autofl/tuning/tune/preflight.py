@@ -9,8 +9,10 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -220,8 +222,6 @@ def sigterm_ends_the_process() -> None:
 def _set_sigterm(handler: Any) -> None:
     """SIGTERM's handler set to `handler`, from the main thread only: Python sets signal handlers there
     alone (elsewhere, as in a Python caller's worker thread, the handler stays as it is)."""
-    import threading
-
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, handler)
 
@@ -290,8 +290,6 @@ class rollback_if_unstarted:  # noqa: N801 - used as a context manager
             pass
         self.lock.release()
         if self.created:
-            import shutil
-
             root = Path(self.study.root)
             for name in _MADE_AT_START:
                 target = root / name

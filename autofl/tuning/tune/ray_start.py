@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from autofl.tuning.strategy.space import SearchSpace
+from autofl.tuning.tune.logs import route_driver_logs, worker_log_hook
+from autofl.tuning.tune.preflight import memory_slots
 
 # Tune writes its experiment state (trials, searcher) at most this often; a killed driver loses
 # at most this much bookkeeping, and Optuna's storage is written at every trial event anyway.
@@ -43,8 +45,6 @@ def init_ray(address: str | None, worker_log: Path | None = None, verbose: bool 
         include_dashboard=False, configure_logging=False, log_to_driver=verbose or worker_log is None
     )
     if worker_log is not None:
-        from autofl.tuning.tune.logs import worker_log_hook
-
         common["runtime_env"] = {"worker_process_setup_hook": worker_log_hook(str(worker_log))}
     if address is not None:
         ray.init(address=address, **common)
@@ -59,7 +59,6 @@ def start_ray(
     """Start (or connect to) Ray with its output routed into `<study>/logs/` (returned); `meanwhile`
     runs in a thread while Ray's processes start."""
     tune_environment()
-    from autofl.tuning.tune.logs import route_driver_logs
 
     folder = route_driver_logs(study_root, verbose)
     side = threading.Thread(target=meanwhile, daemon=True) if meanwhile is not None else None
@@ -76,9 +75,8 @@ def concurrent_slots(resources: dict[str, float], space: SearchSpace) -> int:
     slots = resources.get("CPU", 0.0) // space.resources.cpu
     if space.resources.gpu_share > 0:
         slots = min(slots, resources.get("GPU", 0.0) // space.resources.gpu_share)
-    from autofl.tuning.tune.preflight import memory_slots  # issue 18: a tiny cpu share is bounded by memory too
 
-    slots = min(slots, memory_slots(resources) or slots)
+    slots = min(slots, memory_slots(resources) or slots)  # issue 18: a tiny cpu share is bounded by memory too
     return max(1, int(slots))
 
 

@@ -19,15 +19,17 @@ from typing import Any
 
 from ray.tune.search import Searcher
 
+from autofl.files import write_atomic
+from autofl.tuning.store import write_failure
 from autofl.tuning.store.ledger import Ledger
+from autofl.tuning.store.study import resolved_config
+from autofl.tuning.strategy.objectives import direction
 
 
 @contextmanager
 def noting_failed_writes() -> Iterator[None]:
     """Tune logs what a searcher raises and goes on: a failed write (disk full, read-only) is noted
     first, so that the driver ends with it in one line (autofl/tuning/store/write_failure.py)."""
-    from autofl.tuning.store import write_failure
-
     try:
         yield
     except Exception as err:
@@ -64,7 +66,6 @@ class StudySearcher(Searcher):
         self._trials: dict[str, int] = {}  # Tune trial id -> Optuna trial number
         self._finished: set[str] = set()  # Tune trial ids this searcher saw finish
         self._max_concurrent = 0  # no limit until Tune sets one
-        from autofl.tuning.strategy.objectives import direction
 
         modes = list(mode) if isinstance(mode, list) else [mode]
         ledger.study(sampler=sampler, create_directions=[direction(m) for m in modes])
@@ -109,8 +110,6 @@ class StudySearcher(Searcher):
         self._trials[trial_id] = number
         space = getattr(self._define, "space", None)
         if space is not None:  # `best-config export` reads it back without torch or the registries
-            from autofl.tuning.store.study import resolved_config
-
             self._ledger.record_config(number, resolved_config(space, params))
         return params
 
@@ -144,8 +143,7 @@ class StudySearcher(Searcher):
         self._run_name, self._budget = state["run"], int(state["budget"])
 
     def save(self, checkpoint_path: str) -> None:
-        from autofl.files import write_atomic  # never through a link planted in the experiment folder
-
+        # never through a link planted in the experiment folder
         write_atomic(Path(checkpoint_path), json.dumps(self.get_state()))
 
     def restore(self, checkpoint_path: str) -> None:

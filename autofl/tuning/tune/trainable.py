@@ -22,14 +22,17 @@ import ray
 import torch
 from ray import tune
 
+from autofl.config import FLConfig
 from autofl.data.datasets import RawDataset
 from autofl.device import resolve_device
 from autofl.engine.simulation import Simulation
 from autofl.experiment import build_experiment
 from autofl.features import ClassStats
+from autofl.harm_references import harm_reference
 from autofl.methods.registry import get_method_class
 from autofl.registry import load_plugins
 from autofl.tuning.strategy.space import experiment_dict
+from autofl.tuning.tune.gpu_packing import needed_bytes, oom_line
 
 STATE_FILE = "simulation.pt"
 
@@ -45,8 +48,6 @@ class TrialOutOfGPUMemory(RuntimeError):
     """A trial ran out of GPU memory: one line naming what it needed and its share of the card."""
 
     def __init__(self, device: torch.device, err: BaseException):
-        from autofl.tuning.tune.gpu_packing import needed_bytes, oom_line
-
         card = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else 0
         context = ray.get_runtime_context() if ray.is_initialized() else None
         # a trial's share of its card; outside a Ray worker (a driver, a plain process) the whole card
@@ -92,9 +93,6 @@ class FLTrainable(tune.Trainable):
         )
         # the study's references for this partition and seed, with the base's training (re-evaluation only)
         if exp.eval.harmed_clients and not self._seal_test:
-            from autofl.config import FLConfig
-            from autofl.harm_references import harm_reference
-
             folder = Path(self._reference_dir) if self._reference_dir else None
             sim.harm_reference = harm_reference(exp, FLConfig(**self._base.get("fl", {})), folder, raw, sim.device)
         return sim
