@@ -12,10 +12,19 @@ import copy
 import math
 import os
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, TypeVar, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from autofl.errors import ConfigError, format_validation_error
 from autofl.registry import DATASETS, MODELS, REGISTRIES
@@ -238,14 +247,33 @@ class EvalConfig(Strict):
     )
 
 
+ParamsT = TypeVar("ParamsT", bound=BaseModel)
+
+
 class MethodConfig(BaseModel):
-    """`name` plus the method's own parameters, validated by that method's pydantic model."""
+    """`name` plus the method's own parameters, validated by that method's pydantic model
+    (`Method.resolve_experiment`), which it then carries typed (`typed`)."""
 
     model_config = ConfigDict(extra="allow")
     name: str = "fedavg"
+    # the method's validated Params, as resolve_experiment made them (kept through copies and pickles;
+    # a config read back from YAML or a dict is validated again, once, by `typed`)
+    _typed: BaseModel | None = PrivateAttr(None)
 
     def params(self) -> dict[str, Any]:
         return dict(self.model_extra or {})
+
+    def carry(self, typed: BaseModel) -> MethodConfig:
+        """Keep `typed`, the method's validated Params of exactly these values."""
+        self._typed = typed
+        return self
+
+    def typed(self, params_cls: type[ParamsT]) -> ParamsT:
+        """The method's parameters as its `Params` model: the one validated when the experiment was
+        resolved while its values are these (an override written after it is validated, once)."""
+        if not (isinstance(self._typed, params_cls) and self._typed.model_dump() == self.params()):
+            self._typed = params_cls(**self.params())
+        return self._typed
 
 
 class RuntimeConfig(Strict):

@@ -69,3 +69,24 @@ def test_clients_per_round_is_what_a_round_samples_half_up():
                                 "fl": {"participation": p, "rounds": 1}})
         assert exp.clients_per_round() == expected
         assert len(Simulation(exp, get_method_class(exp.method.name)).sample_clients(0)) == expected  # what the progress bar and report count
+
+
+def test_a_methods_params_are_validated_once_and_carried_typed():
+    """Issue 38: a method's params were validated, carried as an untyped dict, and validated again where
+    the method was built. Resolving the experiment validates them once; the typed Params travel with the
+    experiment (copies and pickles to Ray workers) and are what the simulation hands the method. A value
+    written after resolution is validated then, once."""
+    import pickle
+
+    from autofl.engine.simulation import Simulation
+    from autofl.experiment import load_experiment
+    from autofl.registry import METHODS
+
+    params_cls = METHODS.get("fdcl").Params
+    exp = load_experiment(overrides=["method.name=fdcl", "data.dataset=digits", "fl.rounds=1"])
+    typed = exp.method.typed(params_cls)
+    assert isinstance(typed, params_cls) and typed is exp.method.typed(params_cls)  # no second validation
+    assert pickle.loads(pickle.dumps(exp)).method.typed(params_cls) == typed
+    assert Simulation(exp, METHODS.get("fdcl")).method.params is typed
+    exp.method.mu = 0.7
+    assert exp.method.typed(params_cls).mu == 0.7 and exp.method.typed(params_cls) is exp.method.typed(params_cls)

@@ -93,7 +93,7 @@ def make_executor(
 def describe_executor(exp: Any, method_cls: MethodClass, device: torch.device | None = None) -> str:
     """The executor line `exp` will run with, without loading its data (for the search's banner);
     `method_cls` is `exp.method.name`'s class, resolved by the caller."""
-    method = method_cls(method_cls.Params(**exp.method.params()), exp, exp.input_shape, exp.num_classes)
+    method = method_cls(exp.method.typed(method_cls.Params), exp, exp.input_shape, exp.num_classes)
     if device is None:
         device = resolve_device(exp.runtime.device)
     workspace = Workspace(method.build_model(), method_cls.copies)

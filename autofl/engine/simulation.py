@@ -52,7 +52,7 @@ class Simulation:
         # sealed_test (a search trial): every test split empty, so no round reads a test sample
         self.data: FederatedData = (data.without_test() if sealed_test else data).to(self.device, self.dtype)
         self.method: MethodHooks = method_cls(
-            method_cls.Params(**exp.method.params()), exp, self.data.input_shape, self.data.num_classes
+            exp.method.typed(method_cls.Params), exp, self.data.input_shape, self.data.num_classes
         )
         torch.manual_seed(exp.seed)
         self.model = self.method.build_model().to(self.device, self.dtype)

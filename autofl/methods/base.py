@@ -206,7 +206,7 @@ class Method:
             raise ValueError(
                 format_validation_error(err, cls.Params, prefix="method.", context=f" for method {cls.name}")
             ) from None
-        exp.method = MethodConfig(name=cls.name, **params.model_dump())
+        exp.method = MethodConfig(name=cls.name, **params.model_dump()).carry(params)
         model = exp.model
 
         arch = MODELS.get(model.arch)
