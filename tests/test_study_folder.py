@@ -85,7 +85,8 @@ def test_a_copied_interrupted_study_resumes_into_its_own_folder(tmp_path):
     from autofl.tuning.tune.runner import interrupted_run
 
     assert interrupted_run(StudyFolder(home / "k2")) == str(home / "k2" / "tune" / "run-1")
-    from autofl.tuning.store.ledger import RECORD_ATTR, Ledger
+    from autofl.tuning.store.ledger import Ledger
+    from autofl.tuning.store.study import RECORD_ATTR
 
     ledger = Ledger(home / "k2")
     record = ledger.record()

@@ -47,23 +47,6 @@ from autofl.tuning.strategy.repeats import ask_unseen, is_repeat
 FINISHED_STATES = ("COMPLETE", "PRUNED", "FAIL")
 OPEN_STATES = ("RUNNING", "WAITING")
 INTERRUPTED = "INTERRUPTED"  # shown for FAIL + interrupted, and for trials no live driver runs
-# the study's record (Ledger.record): one attribute of the Optuna study, so that one write changes it
-# whole (a driver killed mid-write leaves the record before or after, never half of each)
-RECORD_ATTR = "autofl_record"
-
-
-def record_of(optuna_study: Any, meta: dict[str, Any]) -> dict[str, Any]:
-    """`Ledger.record` of a loaded Optuna study (None: not made yet) whose folder's study.json is
-    `meta`: the record kept in the study's attribute, else what a study made before 2026-11-28 kept
-    in study.json until its next run."""
-    kept = optuna_study.user_attrs.get(RECORD_ATTR) if optuna_study is not None else None
-    if kept is None:
-        kept = meta
-    return {
-        "runs": list(kept.get("runs", [])),
-        "trials_requested": int(kept.get("trials_requested", 0)),
-        "root": kept.get("root"),
-    }
 
 
 def outcome(
@@ -275,6 +258,8 @@ class Ledger:
         `trials_requested` (the study's total so far) and `root` (the folder its last run ran in).
         Kept in the Optuna storage's study attributes; a study made before 2026-11-28 keeps them in
         study.json until its next run moves them here."""
+        from autofl.tuning.store.study import record_of
+
         return record_of(self.study(), self.folder().meta())
 
     def add_run(self, name: str, trials: int, layout: int, join: bool) -> dict[str, Any]:
@@ -308,6 +293,8 @@ class Ledger:
             self._write_record(record)
 
     def _write_record(self, record: dict[str, Any]) -> None:
+        from autofl.tuning.store.study import RECORD_ATTR
+
         self.study().set_user_attr(RECORD_ATTR, record)  # one write: the record changes whole
 
     # ---- writing: the only place trial states change ------------------------------------------

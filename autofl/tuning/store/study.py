@@ -31,8 +31,26 @@ TRIALS_SNAPSHOT = "trials-snapshot.json"
 FINISHED = ("COMPLETE", "PRUNED", "FAIL")
 # what study.json held of a study made before 2026-11-28 that now is the ledger's (Ledger.record)
 LEGACY_RECORD_KEYS = ("runs", "trials_requested", "root")
+# the study's record (Ledger.record): one attribute of the Optuna study, so that one write changes it
+# whole (a driver killed mid-write leaves the record before or after, never half of each)
+RECORD_ATTR = "autofl_record"
+
 DEFAULT_SAMPLER_KEY = "default_sampler"  # study.json: the default sampler when the space names none
 LEGACY_DEFAULT_SAMPLER = {"kind": "tpe", "skip_repeats": False}  # autofl's default until 2026-11-24
+
+
+def record_of(optuna_study: Any, meta: dict[str, Any]) -> dict[str, Any]:
+    """`Ledger.record` of a loaded Optuna study (None: not made yet) whose folder's study.json is
+    `meta`: the record kept in the study's attribute, else what a study made before 2026-11-28 kept
+    in study.json until its next run."""
+    kept = optuna_study.user_attrs.get(RECORD_ATTR) if optuna_study is not None else None
+    if kept is None:
+        kept = meta
+    return {
+        "runs": list(kept.get("runs", [])),
+        "trials_requested": int(kept.get("trials_requested", 0)),
+        "root": kept.get("root"),
+    }
 
 
 def with_created_default_sampler(tree: Any, meta: dict[str, Any], where: str | Path = META_FILE) -> Any:
@@ -460,8 +478,6 @@ def _read_trial_rows(study: StudyFolder) -> list[dict[str, Any]]:
 
 def _read_storage(study: StudyFolder) -> dict[str, Any]:
     """The study's trial rows and record (`Ledger.record`), read from its storage."""
-    from autofl.tuning.store.ledger import record_of
-
     ot = study.load_optuna()
     return {"rows": rows_of(ot) if ot is not None else [], "record": record_of(ot, study.meta())}
 
