@@ -37,9 +37,6 @@ NOT_YET_CLEANED = {
     "autofl/api.py",
     "autofl/cli.py",
     "autofl/listing.py",
-    "autofl/tuning/tune/experiment.py",
-    "autofl/tuning/tune/runner.py",
-    "autofl/tuning/tune/live_view.py",
 }
 
 
