@@ -36,7 +36,6 @@ LAZY_MARK = "# lazy:"
 NOT_YET_CLEANED = {
     "autofl/api.py",
     "autofl/cli.py",
-    "autofl/listing.py",
 }
 
 
