@@ -23,8 +23,8 @@ from autofl.tuning.strategy.objectives import direction
 from autofl.tuning.strategy.repeats import config_key
 from autofl.tuning.strategy.space import DefineByRun, SearchSpace
 from autofl.tuning.strategy.warm_start import warm_configs
+from autofl.tuning.tune import ray_start  # by module: a test stands in for Ray by replacing init_ray
 from autofl.tuning.tune.checkpoints import checkpoints_to_keep
-from autofl.tuning.tune.ray_start import init_ray, max_concurrent
 
 
 class StudyIncomplete(AutoFLError):
@@ -144,7 +144,7 @@ def _run_experiment(study: StudyFolder, trials: int, address: str | None, restor
 
     space = study.space()
     ledger = Ledger(study.root)
-    init_ray(address)
+    ray_start.init_ray(address)
     trainable = study_trainable(space, seal_test=True)  # no test split is read before the study ends
     if restore is not None:
         tuner = tune.Tuner.restore(
@@ -164,7 +164,7 @@ def _run_experiment(study: StudyFolder, trials: int, address: str | None, restor
                 num_samples=trials,
                 time_budget_s=space.time_budget_s,
                 reuse_actors=True,
-                max_concurrent_trials=max_concurrent(space),
+                max_concurrent_trials=ray_start.max_concurrent(space),
             ),
             run_config=tune.RunConfig(
                 name=run_name,
