@@ -23,6 +23,8 @@ so that the study's owner can change without the API changing.
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,14 +34,32 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from autofl import api_args as args_
-from autofl.errors import AutoFLError, ConfigError
+from autofl import slurm as jobs
+from autofl.config import Experiment, apply_overrides, experiment_to_dict, read_yaml
+from autofl.errors import AutoFLError, ConfigError, StorageError
+from autofl.experiment import build_experiment
+from autofl.files import write_atomic
+from autofl.limits import check_reeval_size
+from autofl.listing import cached_listing, keep_listing
+from autofl.methods.registry import get_method_class
+from autofl.report import build_report
+from autofl.safe_yaml import load_text
+from autofl.text import mask_url
+from autofl.tuning.reeval import Run, load_summary, reevaluate
+from autofl.tuning.store import study as store
+from autofl.tuning.store.driver_lock import DriverLock
+from autofl.tuning.store.ledger import shown_state
+from autofl.tuning.store.storage import STORAGE_ENV, is_sqlite, open_storage, probe_storage
+from autofl.tuning.strategy.constraints import feasibility_line
+from autofl.tuning.strategy.space import SearchSpace, parse_space
+from autofl.tuning.strategy.warm_start import apply as warm_apply
+from autofl.tuning.strategy.warm_start import plan as warm_plan
+from autofl.tuning.tune import preflight, ray_start  # by module: a test stands in for Ray by replacing their functions
+from autofl.tuning.tune.experiment import StudyInterrupted
+from autofl.tuning.tune.runner import run_study
 
 if TYPE_CHECKING:
     import pandas
-
-    from autofl.config import Experiment
-    from autofl.tuning.reeval import Run
-    from autofl.tuning.strategy.space import SearchSpace
 
 # ----- one run -----------------------------------------------------------------------------------
 
@@ -49,9 +69,6 @@ def load_config(
 ) -> Experiment:
     """The validated experiment of `config` (a dict, an `Experiment`, a YAML path, or None for the
     built-in default), with `key=value` overrides applied and its method's defaults filled in."""
-    from autofl.config import Experiment, apply_overrides, experiment_to_dict, read_yaml
-    from autofl.experiment import build_experiment
-
     args_.check_args(args_.LoadConfigArgs, "load_config", overrides=overrides)
     if config is None:
         raw: dict[str, Any] = {}
@@ -103,7 +120,7 @@ def train(
     and final_state.pt to `out` (default autofl_runs/<method>-<time>; a folder holding files needs
     `overwrite`). `on_round(metrics, seconds)` sees each evaluated round, `announce` the executor
     line, `on_clients(n)` each batch of a round's clients finishing."""
-    from autofl.training import run_training
+    from autofl.training import run_training  # lazy: pulls torch
 
     args_.check_args(
         args_.TrainArgs,
@@ -120,7 +137,6 @@ def train(
     exp = load_config(config, overrides)
     folder = Path(out) if out is not None else default_run_dir(exp)
     history = run_training(exp, folder, on_round, overwrite, announce, on_clients)
-    from autofl.listing import keep_listing
 
     keep_listing()  # the registries are loaded: the first `autofl list` after it imports no torch
     return RunResult(rounds=history, out=folder, experiment=exp)
@@ -132,11 +148,8 @@ def train(
 def search_space(space: dict[str, Any] | SearchSpace | str | Path) -> tuple[SearchSpace, str]:
     """The validated space and the text a new study keeps as its space.yaml (a file's own text,
     comments included; a dict's or a SearchSpace's YAML)."""
-    from autofl.tuning.store.study import ensure_space_file
-    from autofl.tuning.strategy.space import SearchSpace, parse_space
-
     if isinstance(space, (str, Path)):
-        path, parsed = ensure_space_file(str(space))
+        path, parsed = store.ensure_space_file(str(space))
         return parsed, path.read_text()
     if isinstance(space, SearchSpace):
         raw = space.model_dump(mode="json", exclude_unset=True)
@@ -192,9 +205,7 @@ class Study:
     def record(self) -> dict[str, Any]:
         """The study's record: what was fixed when it was made (study.json: storage, default sampler,
         warm start) and what its runs changed (the ledger's: runs, trials_requested, root)."""
-        from autofl.tuning.store.study import study_record
-
-        return {**self._folder.meta(), **study_record(self._folder, snapshot=not self.driver_running())}
+        return {**self._folder.meta(), **store.study_record(self._folder, snapshot=not self.driver_running())}
 
     @property
     def runs(self) -> list[dict[str, Any]]:
@@ -203,77 +214,60 @@ class Study:
 
     def driver_running(self) -> bool:
         """Whether a main driver (`autofl search` or a re-evaluation) holds the study now."""
-        from autofl.tuning.store.driver_lock import DriverLock
-
         return DriverLock(self.root).is_held()
 
     def trials(self) -> list[dict[str, Any]]:
         """One dict per trial: number, state (as `autofl status` shows it: INTERRUPTED for what a
         stopped driver left), optuna_state, params, round (last reported), objective, values
         (multi-objective), user_attrs."""
-        from autofl.tuning.store.ledger import shown_state
-        from autofl.tuning.store.study import trial_rows
-
         live = self.driver_running()
+        rows = store.trial_rows(self._folder, snapshot=not live)  # an idle study's rows may come from its snapshot
         return [
-            {**r, "optuna_state": r["state"], "state": shown_state(r["state"], r["user_attrs"], live)}
-            for r in trial_rows(self._folder, snapshot=not live)  # an idle study's rows may come from its snapshot
+            {**r, "optuna_state": r["state"], "state": shown_state(r["state"], r["user_attrs"], live)} for r in rows
         ]
 
     def best_row(self) -> dict[str, Any]:
         """The best COMPLETE trial (first objective) that meets the space's constraints, as a row of
         `trials()` (state as Optuna has it); AutoFLError if none. Read as `trials()` reads (an idle
         study's snapshot: no Optuna import)."""
-        from autofl.tuning.store.study import best_row
-
-        return best_row(self._folder, self._optuna_rows())
+        return store.best_row(self._folder, self._optuna_rows())
 
     def _optuna_rows(self) -> list[dict[str, Any]]:
-        from autofl.tuning.store.study import with_optuna_states
-
-        return with_optuna_states(self.trials())
+        return store.with_optuna_states(self.trials())
 
     @property
     def storage_shown(self) -> str:
         """The storage URL as it may be printed: a password in it is `***`."""
-        from autofl.text import mask_url
-
         return mask_url(self.storage_url)
 
     def best_objective(self, rows: list[dict[str, Any]] | None = None) -> float | None:
         """The best feasible COMPLETE trial's (first) objective among `rows` (`trials()`' rows,
         default read now), or None where there is none."""
-        from autofl.tuning.store.study import best_row_value, with_optuna_states
-
         args_.check_args(args_.RowsArgs, "best_objective", rows=rows)
-        return best_row_value(with_optuna_states(self.trials() if rows is None else rows), self.stored_space.mode)
+        return store.best_row_value(
+            store.with_optuna_states(self.trials() if rows is None else rows), self.stored_space.mode
+        )
 
     def feasibility_line(self, rows: list[dict[str, Any]] | None = None) -> str | None:
         """A constrained study's constraints and how many completed trials meet them (None for a study
         without constraints), from `trials()`' rows (default read now)."""
-        from autofl.tuning.store.study import with_optuna_states
-        from autofl.tuning.strategy.constraints import feasibility_line
-
         args_.check_args(args_.RowsArgs, "feasibility_line", rows=rows)
         constraints = self.stored_space.constraints
         if not constraints:
             return None
-        return feasibility_line(constraints, with_optuna_states(self.trials() if rows is None else rows))
+        return feasibility_line(constraints, store.with_optuna_states(self.trials() if rows is None else rows))
 
     def pareto_rows(self, rows: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
         """A multi-objective study's Pareto front as rows of `trials()` (default read now), best first
         objective first: `pareto_trials()` without an Optuna import."""
-        from autofl.tuning.store.study import pareto_rows
-
         args_.check_args(args_.RowsArgs, "pareto_rows", rows=rows)
-        return pareto_rows(self.trials() if rows is None else rows, self.stored_space.mode)
+        return store.pareto_rows(self.trials() if rows is None else rows, self.stored_space.mode)
 
     def trials_line(self) -> str:
         """Where and how the study's trials train (the executor, its device, the resources chosen
         by `gpu: auto`), as `autofl search` prints it when Ray is up; reads the resolved space."""
-        from autofl.accel.choice import describe_executor
-        from autofl.device import resolve_device
-        from autofl.methods.registry import get_method_class
+        from autofl.accel.choice import describe_executor  # lazy: pulls torch
+        from autofl.device import resolve_device  # lazy: pulls torch
 
         space = self.space
         base = space.base_experiment()
@@ -293,11 +287,9 @@ class Study:
                 "dashboard: optuna-dashboard is not installed; install the extra with "
                 'pip install -e ".[dashboard]" (or pip install optuna-dashboard)'
             ) from None
-        from autofl.tuning.store.storage import open_storage
-        from autofl.tuning.tune.preflight import check_port
 
         storage = open_storage(self.storage_url)
-        check_port(port)  # a taken or impossible port is one line, before the server starts
+        preflight.check_port(port)  # a taken or impossible port is one line, before the server starts
         if on_ready is not None:
             on_ready(
                 f"optuna-dashboard for study {self.name} ({self.storage_shown}) on "
@@ -312,9 +304,7 @@ class Study:
 
     def counts(self) -> dict[str, int]:
         """Trials per state, as `autofl status` counts them."""
-        from autofl.tuning.store.study import state_counts
-
-        return state_counts(self.trials())
+        return store.state_counts(self.trials())
 
     def trials_dataframe(self) -> pandas.DataFrame:
         """Optuna's `trials_dataframe()` (number, value(s), params_*, user_attrs_*, state ...) plus
@@ -337,43 +327,31 @@ class Study:
     def best_trial(self):
         """Optuna's FrozenTrial of the best COMPLETE trial (first objective) that meets the space's
         constraints; AutoFLError if none (saying so where trials completed but none is feasible)."""
-        from autofl.tuning.store.study import best_trial
-
-        return best_trial(self._folder)
+        return store.best_trial(self._folder)
 
     def best_value(self) -> float | None:
-        from autofl.tuning.store.study import first_value
-
-        return first_value(self.best_trial())
+        return store.first_value(self.best_trial())
 
     def pareto_trials(self) -> list:
         """A multi-objective study's Pareto front (FrozenTrials), best first objective first."""
-        from autofl.tuning.store.study import pareto_trials
-
-        return pareto_trials(self._folder)
+        return store.pareto_trials(self._folder)
 
     def reeval_summary(self) -> dict[str, Any] | None:
         """The stored re-evaluation summary (`reevaluate`'s result), or None."""
-        from autofl.tuning.reeval import load_summary
-
         return load_summary(self._folder)
 
     def best_config(self, reeval: dict[str, Any] | None = None) -> dict[str, Any]:
         """A complete config of the best trial, runnable by `autofl.train` (what `autofl best-config
         export` writes). With a re-evaluation (`reeval`, default the stored one) the best candidate
         by mean over its seeds, with the verdict in its metadata."""
-        from autofl.tuning.store.study import best_row, export_best_config
-
         args_.check_args(args_.BestConfigArgs, "best_config", reeval=reeval)
         rows = self._optuna_rows()
-        best_row(self._folder, rows)  # a study without a completed trial fails here
-        return export_best_config(self._folder, rows, reeval if reeval is not None else self.reeval_summary())
+        store.best_row(self._folder, rows)  # a study without a completed trial fails here
+        return store.export_best_config(self._folder, rows, reeval if reeval is not None else self.reeval_summary())
 
     def pareto_front(self) -> dict[str, Any]:
         """A multi-objective study's Pareto front: per trial its values and its runnable config."""
-        from autofl.tuning.store.study import export_pareto
-
-        return export_pareto(self._folder)
+        return store.export_pareto(self._folder)
 
     def reevaluate(
         self,
@@ -390,13 +368,6 @@ class Study:
         trials (runs already done are reused), as `autofl reeval` does; returns the summary (per
         candidate mean, std and 95% CI, the paired difference to the default, `best`, `verdict`).
         `on_plan(missing, total)` is called before Ray starts, `on_done(run, metrics)` per run."""
-        from autofl.limits import check_reeval_size
-        from autofl.tuning.reeval import reevaluate
-        from autofl.tuning.store.driver_lock import DriverLock
-        from autofl.tuning.store.storage import is_sqlite
-        from autofl.tuning.store.study import check_owned
-        from autofl.tuning.tune.preflight import check_cluster_fits, probe_address, sigterm_as_ctrl_c
-
         args_.check_args(
             args_.ReevaluateArgs,
             "reevaluate",
@@ -411,8 +382,8 @@ class Study:
         check_reeval_size(seeds, top)
         folder = self._folder
         folder.space()  # validate before Ray starts
-        check_owned(folder.root)  # the lock file and run records are written into it
-        probe_address(address)  # an unreachable cluster: one line in seconds
+        store.check_owned(folder.root)  # the lock file and run records are written into it
+        preflight.probe_address(address)  # an unreachable cluster: one line in seconds
         lock = DriverLock(folder.root)
         lock.acquire(sqlite=is_sqlite(folder.storage_url()))
 
@@ -420,12 +391,10 @@ class Study:
             if on_plan is not None:
                 on_plan(missing, total)
             if missing:  # Ray starts only when there is something to run
-                from autofl.tuning.tune.ray_start import start_ray
-
-                start_ray(folder.root, address, verbose)
-                sigterm_as_ctrl_c()  # after Ray's own driver handler
+                ray_start.start_ray(folder.root, address, verbose)
+                preflight.sigterm_as_ctrl_c()  # after Ray's own driver handler
                 resources = folder.space().resolve_resources().resources  # none of its runs could start
-                check_cluster_fits(resources.cpu, resources.gpu_share, address)  # on a cluster without them
+                preflight.check_cluster_fits(resources.cpu, resources.gpu_share, address)  # on a cluster without them
 
         try:
             summary = reevaluate(
@@ -439,15 +408,12 @@ class Study:
     def report(self, out: str | Path | None = None) -> Path:
         """Write the study's HTML report (self-contained) and its figures as PNG into `out`
         (default <study>/report); returns the HTML file's path."""
-        from autofl.report import build_report
-        from autofl.tuning.store.study import check_owned
-
         args_.check_args(args_.ReportArgs, "report", out=out)
         folder = Path(out) if out is not None else self.root / "report"
         if folder.exists() and not folder.is_dir():
             raise AutoFLError(f"-o {folder}: is a file; give a folder for report.html and its PNG figures")
         if out is None:  # written into the study folder: only one this user owns, never through a planted link
-            check_owned(self.root)
+            store.check_owned(self.root)
             if folder.is_symlink():
                 raise AutoFLError(f"{folder}: is a symbolic link; remove it, or give -o FOLDER for the report")
         try:
@@ -460,50 +426,38 @@ class Study:
 
 def studies_dir(dir: str | Path | None = None) -> Path:
     """The studies folder: `dir`, else $AUTOFL_HOME, else ./autofl_studies."""
-    from autofl.tuning.store.study import studies_dir as resolve
-
     args_.check_args(args_.DirArgs, "studies_dir", dir=dir)
-    return resolve(str(dir) if dir is not None else None)
+    return store.studies_dir(str(dir) if dir is not None else None)
 
 
 def list_studies(dir: str | Path | None = None) -> list[str]:
     """The names of the studies in the studies folder."""
-    from autofl.tuning.store.study import existing_studies
-
     args_.check_args(args_.DirArgs, "list_studies", dir=dir)
-    return existing_studies(studies_dir(dir))
+    return store.existing_studies(studies_dir(dir))
 
 
 def skipped_study_folders(dir: str | Path | None = None) -> list[str]:
     """Folders in the studies folder that hold a study's files under a name no study may have
     (a copy made as `cp -r qs1 "qs1 backup"`): `list_studies` leaves them out."""
-    from autofl.tuning.store.study import study_folders
-
     args_.check_args(args_.DirArgs, "skipped_study_folders", dir=dir)
-    return study_folders(studies_dir(dir))[1]
+    return store.study_folders(studies_dir(dir))[1]
 
 
 def study_name_rule() -> str:
     """What a study's name may be (the rule every name is checked against)."""
-    from autofl.tuning.store.study import STUDY_NAME_RULE
-
-    return STUDY_NAME_RULE
+    return store.STUDY_NAME_RULE
 
 
 def config_text(config: dict[str, Any], fmt: str = "yaml") -> str:
     """An exported config (`Study.best_config()`, `Study.pareto_front()`) as the text `autofl
     best-config export` writes: `fmt` yaml or json."""
-    from autofl.tuning.store.study import dump_config
-
     args_.check_args(args_.ConfigTextArgs, "config_text", config=config, fmt=fmt)
-    return dump_config(config, fmt)
+    return store.dump_config(config, fmt)
 
 
 def list_entries(kinds: list[str]) -> list[Any]:
     """What `autofl list` shows of `kinds` (methods, models, datasets): one `autofl.listing.Listed`
     per registered entry (name, source, facts, parameters), kept between calls (autofl/listing.py)."""
-    from autofl.listing import cached_listing
-
     args_.check_args(args_.ListEntriesArgs, "list_entries", kinds=kinds)
     return cached_listing(kinds)
 
@@ -511,33 +465,27 @@ def list_entries(kinds: list[str]) -> list[Any]:
 def slurm_options(given: dict[str, Any], flags: bool = False) -> Any:
     """`given` (SlurmOptions' fields) checked into an `autofl.slurm.SlurmOptions`; with `flags`, a bad
     value's line names the CLI flag (--cpus-per-node) rather than the field."""
-    from autofl.slurm import parse_options
-
     args_.check_args(args_.SlurmOptionsArgs, "slurm_options", given=given, flags=flags)
-    return parse_options(given, flags=flags)
+    return jobs.parse_options(given, flags=flags)
 
 
 def release_sigterm() -> None:
     """For a program that owns its process (the CLI), once its command is done: SIGTERM ends the
     process at once again, instead of stopping a study as Ctrl-C does (autofl/tuning/tune/preflight.py)."""
-    from autofl.tuning.tune.preflight import sigterm_ends_the_process
-
-    sigterm_ends_the_process()
+    preflight.sigterm_ends_the_process()
 
 
 def load_study(name: str, dir: str | Path | None = None) -> Study:
     """An existing study by name; AutoFLError listing the existing ones if there is none."""
-    from autofl.tuning.store.study import open_study
-
     args_.check_args(args_.LoadStudyArgs, "load_study", name=name, dir=dir)
-    return Study(open_study(studies_dir(dir), name))
+    return Study(store.open_study(studies_dir(dir), name))
 
 
 def _import_trial_stack() -> None:
     import optuna  # noqa: F401
 
-    import autofl.tuning.tune.searcher
-    import autofl.tuning.tune.trainable  # noqa: F401  (torch, ray.tune, the engine)
+    import autofl.tuning.tune.searcher  # lazy: pulls ray (imported while Ray starts)
+    import autofl.tuning.tune.trainable  # noqa: F401  # lazy: pulls torch, ray.tune, the engine
 
 
 def search(
@@ -566,11 +514,6 @@ def search(
     (autofl/tuning/strategy/warm_start.py; the line saying what was taken is `study.record["warm_start"]`).
     `on_start(study, logs_folder)` is called once Ray is up, before the first trial. Ctrl-C raises
     StudyInterrupted (the study resumes with `resume=True`)."""
-    from autofl.tuning.store import study as store
-    from autofl.tuning.store.driver_lock import DriverLock
-    from autofl.tuning.store.storage import is_sqlite, probe_storage
-    from autofl.tuning.tune.preflight import check_home, check_new_study, probe_address
-
     args_.check_args(
         args_.SearchArgs,
         "search",
@@ -604,7 +547,7 @@ def search(
     if name is not None and not name.strip():
         raise AutoFLError("--name: empty; give a study name, or leave --name out for the space's `study`")
     home = studies_dir(dir)
-    probe_address(address)  # an unreachable cluster: one line in seconds, before any folder exists
+    preflight.probe_address(address)  # an unreachable cluster: one line in seconds, before any folder exists
     if existing:
         if name is None:
             raise AutoFLError("search: resume=True or join=True needs the study's name")
@@ -618,15 +561,13 @@ def search(
         base = parsed.base_experiment()
         # a missing or corrupt dataset, or a split that gives no client a validation sample, fails
         # before the study exists (loaded once: the trials share this load)
-        from autofl.data.datasets import load_raw_dataset
-        from autofl.data.federated import build_federated
+        from autofl.data.datasets import load_raw_dataset  # lazy: pulls torch
+        from autofl.data.federated import build_federated  # lazy: pulls torch
 
         build_federated(load_raw_dataset(base.data), base.data, base.data_seed())
-        storage_path = check_new_study(parsed, storage_path)
-        check_home(home)
+        storage_path = preflight.check_new_study(parsed, storage_path)
+        preflight.check_home(home)
         if warm_start is not None:  # read only: an unknown study or the study itself is refused here
-            from autofl.tuning.strategy.warm_start import plan as warm_plan
-
             warm = warm_plan(
                 home, warm_start, store.check_study_name(name or parsed.study, "--name" if name else "study"), parsed
             )
@@ -637,8 +578,6 @@ def search(
     lock = DriverLock(folder.root)
     if join:
         if sqlite:
-            from autofl.errors import StorageError
-
             raise StorageError(
                 f"--join {folder.name}: the study is on SQLite, which takes one driver; create it "
                 f"with PostgreSQL or journal storage (space `storage:` or AUTOFL_STORAGE) to run several"
@@ -659,11 +598,8 @@ def _leave_for_readers(folder: Any) -> None:
     registries loaded (issue 42): the study's trial rows (`autofl status` and `studies` then import
     no Optuna) and `autofl list`'s rows (no torch). Both are caches: a failure leaves them unwritten
     and the readers read the storage and the registries themselves."""
-    from autofl.listing import keep_listing
-    from autofl.tuning.store.study import keep_trial_rows
-
     with contextlib.suppress(Exception):  # a cache: the study is whole in its storage either way
-        keep_trial_rows(folder)
+        store.keep_trial_rows(folder)
     keep_listing()
 
 
@@ -680,22 +616,16 @@ def _run_study(
     warm: Any = None,
 ) -> None:
     """Start Ray and run the study's trials: the one place the API drives the tuning package."""
-    from autofl.tuning.tune.experiment import StudyInterrupted
-    from autofl.tuning.tune.preflight import check_cluster_fits, rollback_if_unstarted, sigterm_as_ctrl_c
-    from autofl.tuning.tune.ray_start import start_ray
-    from autofl.tuning.tune.runner import run_study
-
-    with rollback_if_unstarted(folder, created=created, lock=lock):  # a failed start leaves no half-made study
+    # a failed start leaves no half-made study
+    with preflight.rollback_if_unstarted(folder, created=created, lock=lock):
         if warm is not None:  # the other study's trials, added before the first proposal
-            from autofl.tuning.strategy.warm_start import apply
-
-            apply(folder, warm)
+            warm_apply(folder, warm)
         # Ray's processes start while this thread waits on them: import the trial stack meanwhile
         # (measured on 2 cores: the quickstart's start-up overlaps by about 1.5 s)
-        logs = start_ray(folder.root, address, verbose, meanwhile=_import_trial_stack)
+        logs = ray_start.start_ray(folder.root, address, verbose, meanwhile=_import_trial_stack)
         space = folder.space().resolve_resources()  # once: the space object every later step reads
-        check_cluster_fits(space.resources.cpu, space.resources.gpu_share, address)
-    sigterm_as_ctrl_c()  # after Ray's own driver handler: SIGTERM stops the run as Ctrl-C does
+        preflight.check_cluster_fits(space.resources.cpu, space.resources.gpu_share, address)
+    preflight.sigterm_as_ctrl_c()  # after Ray's own driver handler: SIGTERM stops the run as Ctrl-C does
     try:
         if on_start is not None:
             on_start(Study(folder), logs)
@@ -731,17 +661,6 @@ def submit_slurm(
     `autofl.slurm.SlurmOptions` or its dict (nodes, cpus_per_node, gpus_per_node, time, ...).
     `dry_run=True` creates and submits nothing. Returns an `autofl.slurm.Submission` (the script,
     where it is written, the job id)."""
-    import os
-    import shutil
-
-    from autofl import slurm as jobs
-    from autofl.files import write_atomic
-    from autofl.safe_yaml import load_text
-    from autofl.tuning.store import study as store
-    from autofl.tuning.store.storage import STORAGE_ENV
-    from autofl.tuning.strategy.space import parse_space
-    from autofl.tuning.tune.preflight import check_home, check_new_study
-
     args_.check_args(args_.SlurmArgs, "submit_slurm", name=name, resume=resume, trials=trials, dir=dir, dry_run=dry_run)
     opts = jobs.parse_options(options)
     home = studies_dir(dir)
@@ -773,13 +692,13 @@ def submit_slurm(
             )
         # a missing or corrupt dataset, or a split that gives no client a sample, fails now, not on
         # the cluster (as `search` checks it)
-        from autofl.data.datasets import load_raw_dataset
-        from autofl.data.federated import build_federated
+        from autofl.data.datasets import load_raw_dataset  # lazy: pulls torch
+        from autofl.data.federated import build_federated  # lazy: pulls torch
 
         base = parsed.base_experiment()
         build_federated(load_raw_dataset(base.data), base.data, base.data_seed())
-        check_new_study(parsed, None)
-        check_home(home)
+        preflight.check_new_study(parsed, None)
+        preflight.check_home(home)
     # `gpu: auto` is resolved by the job's driver on its node (a share of one card, or 0 without one)
     gpu = parsed.resources.gpu
     jobs.check_fits(opts, float(parsed.resources.cpu), 0.0 if gpu == "auto" else float(gpu))

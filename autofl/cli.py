@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
+import os
 import sys
 from collections import Counter
 from collections.abc import Callable
@@ -16,9 +18,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from autofl.errors import AutoFLError
+from autofl.files import check_output_file, write_atomic, write_failed
 from autofl.limits import MAX_SEEDS, MAX_TOP
 from autofl.text import clean, mask_url, terminal_console
 from autofl.units import format_bytes, format_flops
+from autofl.views import reeval_table, report_card_table
 
 # no rich markup in printed user text; 200 columns in a pipe or CI log (autofl/text.py)
 console = terminal_console()
@@ -46,7 +50,7 @@ def _fmt(value: object) -> str:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from autofl import api
+    from autofl import api  # lazy: --help and argument errors start without the API's imports (0.1-0.2 s)
 
     if args.out is not None and not args.out.strip():
         raise AutoFLError("--out: empty; give a folder, or leave --out out for autofl_runs/<method>-<time>")
@@ -128,7 +132,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    from autofl import api
+    from autofl import api  # lazy: --help and argument errors start without the API's imports (0.1-0.2 s)
 
     existing = args.resume or args.join
     # the API raises the other flag errors; in the order they were checked (resume with join, --storage-path,
@@ -271,15 +275,13 @@ def _print_status(study) -> None:
     console.print("trials: " + (", ".join(f"{v} {k.lower()}" for k, v in sorted(counts.items())) or "none"))
     summary = study.reeval_summary()
     if summary is not None:
-        from autofl.views import reeval_table, report_card_table
-
         console.print(reeval_table(summary))
         console.print(f"verdict: {summary['verdict']}", soft_wrap=True)
         console.print(report_card_table(summary))
 
 
 def cmd_studies(args: argparse.Namespace) -> int:
-    from autofl import api
+    from autofl import api  # lazy: --help and argument errors start without the API's imports (0.1-0.2 s)
 
     home = api.studies_dir(args.dir)
     names = api.list_studies(home)
@@ -317,7 +319,7 @@ def cmd_studies(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from autofl import api
+    from autofl import api  # lazy: --help and argument errors start without the API's imports (0.1-0.2 s)
 
     _print_status(api.load_study(args.name, args.dir))
     return 0
@@ -353,7 +355,6 @@ def _reevaluate(
     summary = study.reevaluate(
         seeds, top, vary_partition=vary_partition, address=address, verbose=verbose, on_plan=on_plan, on_done=on_done
     )
-    from autofl.views import reeval_table, report_card_table
 
     show.print(reeval_table(summary))
     show.print(f"verdict: {summary['verdict']}", soft_wrap=True)
@@ -362,7 +363,7 @@ def _reevaluate(
 
 
 def cmd_reeval(args: argparse.Namespace) -> int:
-    from autofl import api
+    from autofl import api  # lazy: --help and argument errors start without the API's imports (0.1-0.2 s)
 
     study = api.load_study(args.name, args.dir)
     _reevaluate(study, args.seeds, args.top, args.vary_partition, args.address, verbose=args.verbose)
@@ -370,7 +371,7 @@ def cmd_reeval(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from autofl import api
+    from autofl import api  # lazy: --help and argument errors start without the API's imports (0.1-0.2 s)
 
     study = api.load_study(args.name, args.dir)
     page = study.report(args.output)
@@ -380,7 +381,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
-    from autofl import api
+    from autofl import api  # lazy: --help and argument errors start without the API's imports (0.1-0.2 s)
 
     study = api.load_study(args.name, args.dir)
     study.serve_dashboard(args.port, on_ready=lambda line: console.print(line, soft_wrap=True))
@@ -388,13 +389,10 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from autofl import api
-    from autofl.files import write_atomic
+    from autofl import api  # lazy: --help and argument errors start without the API's imports (0.1-0.2 s)
 
     out = Path(args.output) if args.output else None
     if out is not None:  # checked before any work
-        from autofl.files import check_output_file
-
         if out.is_dir() and not out.is_symlink():
             raise AutoFLError(f"-o {out}: is a folder; give a file name, e.g. {out / 'best.yaml'}")
         check_output_file(out, "-o")  # never over a link, FIFO or device, --overwrite or not
@@ -499,7 +497,7 @@ _SLURM_FLAGS = (
 
 
 def cmd_slurm(args: argparse.Namespace) -> int:
-    from autofl import api
+    from autofl import api  # lazy: --help and argument errors start without the API's imports (0.1-0.2 s)
 
     if args.resume and args.name is not None:
         raise AutoFLError(
@@ -528,7 +526,7 @@ def cmd_slurm(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from autofl import api
+    from autofl import api  # lazy: --help and argument errors start without the API's imports (0.1-0.2 s)
 
     kinds = [args.kind] if args.kind else ["methods", "models", "datasets"]
     rows = api.list_entries(kinds)
@@ -714,8 +712,6 @@ def build_parser() -> argparse.ArgumentParser:
 def _stdout_lost(err: OSError) -> int:
     """stdout full (ENOSPC) or closed by the reader (EPIPE): one line on stderr, exit 2, and no
     second error when Python flushes stdout at exit."""
-    import os
-
     with contextlib.suppress(OSError, ValueError, AttributeError):
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     err_console.print(
@@ -728,8 +724,6 @@ def _stdout_lost(err: OSError) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import os
-
     if sys.stdout is None:  # started with stdout closed (>&-): what would be shown is dropped
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - stdout for the rest of the process
     parser = build_parser()
@@ -737,21 +731,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _dispatch(args)
     finally:
-        from autofl import api
+        from autofl import api  # lazy: --help and argument errors start without the API's imports (0.1-0.2 s)
 
         api.release_sigterm()  # the work is done: Ray's atexit shutdown is all that is left
 
 
 def _dispatch(args: argparse.Namespace) -> int:
     """Run the parsed command; the errors a user can act on become one line and an exit code."""
-    import errno
-
     try:
         return int(args.func(args) or 0)
     except OSError as err:
         if err.filename is not None and err.errno in (errno.ENOSPC, errno.EROFS, errno.EDQUOT):  # a named file
-            from autofl.files import write_failed
-
             err_console.print(
                 f"autofl: error: {clean(str(write_failed(err.filename, err)))}", highlight=False, soft_wrap=True
             )

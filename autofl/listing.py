@@ -24,13 +24,16 @@ import os
 import sys
 import typing
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
+import pydantic
 from annotated_types import Ge, Gt, Le, Lt
 from pydantic import BaseModel
 
-from autofl.registry import REGISTRIES
+import autofl
+from autofl.registry import BUILT_IN, REGISTRIES, plugin_problems
 
 
 @dataclass(frozen=True)
@@ -86,8 +89,6 @@ def _first_paragraph(text: str | None) -> str:
 
 
 def _method_facts(cls: Any) -> str:
-    import sys
-
     return _first_paragraph(cls.__doc__) or _first_paragraph(getattr(sys.modules.get(cls.__module__), "__doc__", ""))
 
 
@@ -169,13 +170,6 @@ def _source_of(module: str) -> list[tuple[str, int, int]] | str:
 
 def fingerprint() -> str:
     """What the rows depend on, hashed (see the module's docstring)."""
-    from importlib.metadata import entry_points
-
-    import pydantic
-
-    import autofl
-    from autofl.registry import REGISTRIES
-
     # pydantic shapes the rows' text (types, defaults); annotated_types comes with it
     parts: list[Any] = [CACHE_FORMAT, sys.version, autofl.__version__, pydantic.VERSION]
     parts.append(_stamps(Path(autofl.__file__).parent))
@@ -195,8 +189,6 @@ BUILTIN_SOURCES = ("methods", "models", "data", "config.py", "listing.py", "regi
 def builtin_sources_hash() -> str:
     """A hash of the contents of BUILTIN_SOURCES' .py files, with the Python and pydantic versions
     that shape the rows' text (type names, defaults)."""
-    import pydantic
-
     root = Path(__file__).parent
     digest = hashlib.sha256(f"{CACHE_FORMAT} {sys.version_info[:2]} {pydantic.VERSION}".encode())
     for name in BUILTIN_SOURCES:
@@ -209,8 +201,6 @@ def builtin_sources_hash() -> str:
 
 def builtin_rows() -> list[Listed]:
     """The built-ins' rows, read from their classes (imports every built-in entry, and torch)."""
-    from autofl.registry import BUILT_IN
-
     return [row for row in listing(list(REGISTRIES)) if row.source == BUILT_IN]
 
 
@@ -236,8 +226,6 @@ def write_builtin_rows() -> Path:
 def plugins_installed() -> bool:
     """Whether any distribution declares an entry in autofl's plugin groups (read from the installed
     metadata; no plugin is imported)."""
-    from importlib.metadata import entry_points
-
     return any(entry_points(group=registry.group) for registry in REGISTRIES.values())
 
 
@@ -255,8 +243,6 @@ def cached_listing(kinds: list[str]) -> list[Listed]:
     """`listing(kinds)`, from the cache when its fingerprint matches; else read (from the shipped
     built-in rows, or importing every entry) and kept for the next call, unless a plugin was skipped
     or the cache cannot be written."""
-    from autofl.registry import plugin_problems
-
     path = _cache_file()
     if path is None:
         rows = _read_rows()
@@ -273,8 +259,6 @@ def cached_listing(kinds: list[str]) -> list[Listed]:
 def keep_listing() -> None:
     """Keep the listing's rows unless they are kept already (a search's driver, which has imported
     the registries' entries, leaves them for the first `autofl list` after an install)."""
-    from autofl.registry import REGISTRIES, plugin_problems
-
     path = _cache_file()
     if path is None or path.exists() or plugin_problems():  # kept already: no plugin is loaded for it
         return

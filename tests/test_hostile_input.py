@@ -106,7 +106,7 @@ def test_a_password_in_autofl_storage_is_masked_and_never_recorded(tmp_path, cap
     recorded = st.new_study_storage(load_space(space))
     assert SECRET not in recorded and "sslmode=prefer" in recorded
     assert SECRET not in mask_url(f"failed: {url} and host=h password={SECRET} user=u")
-    monkeypatch.setattr("autofl.tuning.store.storage.probe_storage", lambda url: None)
+    monkeypatch.setattr("autofl.tuning.store.study.probe_storage", lambda url: None)
     study = st.create_study(home, space, load_space(space), None)
     assert all(SECRET not in p.read_text() for p in files_under(study.root) if p.is_file())
 

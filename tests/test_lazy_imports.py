@@ -30,20 +30,6 @@ HEAVY = ("torch", "torchvision", "ray", "optuna", "sqlalchemy", "psycopg", "matp
 OPTIONAL = ("optuna_dashboard", "psycopg")
 LAZY_MARK = "# lazy:"
 
-# Files whose function-level imports are not yet sorted (they were being edited at the same time as
-# this test was written). Shrink this set as each is cleaned; an entry naming a file that no longer
-# holds an unmarked function-level import fails `test_the_exemptions_are_still_needed`.
-NOT_YET_CLEANED = {
-    "autofl/api.py",
-    "autofl/cli.py",
-    "autofl/listing.py",
-    "autofl/tuning/store/study.py",
-    "autofl/tuning/store/ledger.py",
-    "autofl/tuning/tune/experiment.py",
-    "autofl/tuning/tune/runner.py",
-    "autofl/tuning/tune/live_view.py",
-}
-
 
 def _is_type_checking(test: ast.expr) -> bool:
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
@@ -139,17 +125,8 @@ def test_function_level_imports_are_heavy_optional_or_say_why():
     every other one belongs at the top of its module."""
     found = {}
     for path, text in sources().items():
-        if path not in NOT_YET_CLEANED and (hits := unexplained(text)):
+        if hits := unexplained(text):
             found[path] = hits
     assert not found, "move these to the module's top, or mark them `# lazy: <why>`:\n" + "\n".join(
         f"{path}:{hit}" for path, hits in found.items() for hit in hits)
 
-
-def test_the_exemptions_are_still_needed():
-    """NOT_YET_CLEANED names files that exist and still hold an unexplained function-level import: a
-    cleaned file leaves the set, so the check above then covers it."""
-    texts = sources()
-    missing = sorted(NOT_YET_CLEANED - set(texts))
-    assert not missing, f"no such file: {missing}"
-    cleaned = sorted(path for path in NOT_YET_CLEANED if not unexplained(texts[path]))
-    assert not cleaned, f"no longer need the exemption: {cleaned}"

@@ -41,8 +41,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
+from autofl.tuning.store.storage import is_journal, is_shared, journal_lock, open_storage
+from autofl.tuning.store.study import CONFIG_ATTR, LEGACY_RECORD_KEYS, RECORD_ATTR, StudyFolder, record_of
+from autofl.tuning.strategy.constraints import FEASIBLE_ATTR, constraint_values
 from autofl.tuning.strategy.objectives import REPORTED_KEYS
-from autofl.tuning.strategy.repeats import ask_unseen, is_repeat
+from autofl.tuning.strategy.repeats import ask_unseen, config_key, is_repeat, tell_as_twin, trained_configs
+from autofl.tuning.strategy.space import grid_size
 
 FINISHED_STATES = ("COMPLETE", "PRUNED", "FAIL")
 OPEN_STATES = ("RUNNING", "WAITING")
@@ -147,8 +151,6 @@ class Ledger:
 
     # ---- opening --------------------------------------------------------------------------------
     def folder(self):
-        from autofl.tuning.store.study import StudyFolder
-
         return StudyFolder(Path(self.root))
 
     def study(self, sampler: Any = None, create_directions: list[Literal["maximize", "minimize"]] | None = None):
@@ -158,7 +160,6 @@ class Ledger:
 
         if self._study is not None and (sampler is None or sampler is self._sampler):
             return self._study
-        from autofl.tuning.store.storage import open_storage
 
         folder = self.folder()
         if self._storage is None:
@@ -232,7 +233,7 @@ class Ledger:
         """ASHA's rungs as the study's trials left them, by Tune trial id (objective units): each
         tagged, not interrupted trial's per-round values replayed through autofl.tuning.strategy.asha
         (only the trials `member`, given the FrozenTrial, accepts: one bracket's)."""
-        from autofl.tuning.strategy.asha import recorded_values
+        from autofl.tuning.strategy.asha import recorded_values  # lazy: pulls numpy
 
         history: dict[float, dict[str, float]] = {m: {} for m in rungs}
         for t in self.trials():
@@ -258,15 +259,11 @@ class Ledger:
         `trials_requested` (the study's total so far) and `root` (the folder its last run ran in).
         Kept in the Optuna storage's study attributes; a study made before 2026-11-28 keeps them in
         study.json until its next run moves them here."""
-        from autofl.tuning.store.study import record_of
-
         return record_of(self.study(), self.folder().meta())
 
     def add_run(self, name: str, trials: int, layout: int, join: bool) -> dict[str, Any]:
         """Record a new driver run of `trials` started in this study's folder: a main run adds them
         to the requested total, a --join driver's shares it. Returns the record after it."""
-        from autofl.tuning.store.study import LEGACY_RECORD_KEYS
-
         with self.suggest_lock():  # several drivers of a shared study: one read-modify-write at a time
             record = self.record()
             record["runs"] = [*record["runs"], {"name": name, "trials": trials, "layout": layout}]
@@ -293,8 +290,6 @@ class Ledger:
             self._write_record(record)
 
     def _write_record(self, record: dict[str, Any]) -> None:
-        from autofl.tuning.store.study import RECORD_ATTR
-
         self.study().set_user_attr(RECORD_ATTR, record)  # one write: the record changes whole
 
     # ---- writing: the only place trial states change ------------------------------------------
@@ -328,7 +323,6 @@ class Ledger:
         if not self.shared():
             yield
             return
-        from autofl.tuning.store.storage import is_journal, journal_lock
 
         if is_journal(self._url):
             with journal_lock(self._url):
@@ -349,8 +343,6 @@ class Ledger:
 
     def shared(self) -> bool:
         """Whether several drivers may share this storage (PostgreSQL, a journal)."""
-        from autofl.tuning.store.storage import is_shared
-
         self.study()
         return is_shared(self._storage)
 
@@ -382,8 +374,6 @@ class Ledger:
             if self._study_budget_reached(trials):
                 return None
             if skip_repeats:  # a config a finished trial trained is told its outcome, not trained again
-                from autofl.tuning.strategy.space import grid_size
-
                 space = getattr(define, "space", None)  # DefineByRun: its space's size, 0 if continuous
                 trial, returned = ask_unseen(study, define, space_size=grid_size(space) if space else None)
             else:
@@ -413,8 +403,6 @@ class Ledger:
             trial = optuna.trial.Trial(study, self._trial_id(orphan.number))
             returned = define(trial)  # stored params come back as they are
             if skip_repeats and orphan.user_attrs.get("tune_trial_id") is None:
-                from autofl.tuning.strategy.repeats import config_key, tell_as_twin, trained_configs
-
                 twin = trained_configs(study).get(config_key(trial.params))
                 if twin is not None:
                     tell_as_twin(study, trial, twin)
@@ -497,8 +485,6 @@ class Ledger:
     def _record_constraints(self, trial: Any, result: dict[str, Any]) -> None:
         """A COMPLETE trial's constraint values (Optuna's `Trial.set_constraint`, what the samplers
         and `best_trial` read) and whether it meets them all (user attr `feasible`)."""
-        from autofl.tuning.strategy.constraints import FEASIBLE_ATTR, constraint_values
-
         constraints = self.constraints()
         if not constraints:
             return
@@ -509,8 +495,6 @@ class Ledger:
 
     def record_config(self, number: int, config: dict[str, Any]) -> None:
         """Keep trial `number`'s runnable config (`autofl.tuning.store.study.CONFIG_ATTR`) with it."""
-        from autofl.tuning.store.study import CONFIG_ATTR
-
         self._trial(number).set_user_attr(CONFIG_ATTR, config)
 
     def interrupt(self, number: int) -> None:

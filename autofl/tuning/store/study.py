@@ -5,18 +5,38 @@ Ray Tune experiment(s). Create, resume, extend, list, inspect, and export the be
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import re
+import time
 from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from autofl.config import read_yaml
+import autofl
+from autofl.config import experiment_to_dict, file_problem, read_yaml
 from autofl.errors import AutoFLError, ConfigError, StorageError
-from autofl.files import write_atomic
+from autofl.experiment import build_experiment
+from autofl.files import check_output_file, write_atomic
+from autofl.tuning.store.storage import (
+    STORAGE_ENV,
+    bind_to_folder,
+    check_storage_url,
+    close_sqlite,
+    in_study_folder,
+    is_journal,
+    is_sqlite,
+    journal_path,
+    open_storage,
+    probe_storage,
+    without_password,
+)
+from autofl.tuning.strategy.constraints import is_feasible
+from autofl.tuning.strategy.objectives import TEST_METRICS, best, best_first
 from autofl.tuning.strategy.space import SearchSpace, load_space, parse_space, parse_stored_space
 from autofl.tuning.strategy.spec import SAMPLER_OPTIONS, SamplerSpec
 
@@ -34,7 +54,6 @@ LEGACY_RECORD_KEYS = ("runs", "trials_requested", "root")
 # the study's record (Ledger.record): one attribute of the Optuna study, so that one write changes it
 # whole (a driver killed mid-write leaves the record before or after, never half of each)
 RECORD_ATTR = "autofl_record"
-
 DEFAULT_SAMPLER_KEY = "default_sampler"  # study.json: the default sampler when the space names none
 LEGACY_DEFAULT_SAMPLER = {"kind": "tpe", "skip_repeats": False}  # autofl's default until 2026-11-24
 
@@ -163,8 +182,6 @@ class StudyFolder:
         """The study's storage, without password: the space's `storage`, else the `AUTOFL_STORAGE`
         URL recorded when the study was created, else a SQLite file in the study folder (a relative
         journal file lies in the study folder too)."""
-        from autofl.tuning.store.storage import bind_to_folder
-
         url = self.stored_space().storage or self.meta().get("storage")
         if url is None:
             return sqlite_url(self.root)  # from the folder it is in now: a copied study uses its own file
@@ -183,8 +200,6 @@ class StudyFolder:
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         try:
-            from autofl.tuning.store.storage import open_storage
-
             url = self.storage_url()
             if self._opened is not None and self._opened[:2] == (os.getpid(), url):
                 storage = self._opened[2]
@@ -199,14 +214,10 @@ class StudyFolder:
         """The study's name inside its storage: the folder's name, except in a study folder copied
         under a new name (as docs/guide/search.md advises to take ownership), whose own SQLite file still holds
         the one study under its old name (issue 18), as a journal in the folder does."""
-        from autofl.tuning.store.storage import in_study_folder
-
         chosen = self.stored_space().storage or self.meta().get("storage")
         if chosen and not in_study_folder(chosen):
             return self.name
         import optuna
-
-        from autofl.tuning.store.storage import open_storage
 
         names = optuna.get_all_study_names(storage or open_storage(self.storage_url()))
         return names[0] if self.name not in names and len(names) == 1 else self.name
@@ -267,8 +278,6 @@ def check_not_anothers(url: str, root: Path) -> None:
     """A SQLite file or journal inside another study's folder (a study.json or space copied with its
     absolute URL, `cp -a` of a study created with AUTOFL_STORAGE=sqlite:////...) is that study's:
     writing trials into it would change the other study. One line, exit 2."""
-    from autofl.tuning.store.storage import is_journal, is_sqlite, journal_path
-
     if is_sqlite(url):
         database = url.split(":///", 1)[-1].split("?", 1)[0]
     elif is_journal(url):
@@ -296,8 +305,6 @@ def sqlite_url(root: Path) -> str:
 def new_study_storage(space: SearchSpace) -> str | None:
     """The storage a new study will use when it is not the default SQLite file: the space's
     `storage`, else `AUTOFL_STORAGE` (checked; recorded without its password)."""
-    from autofl.tuning.store.storage import STORAGE_ENV, check_storage_url, without_password
-
     if space.storage:
         return space.storage
     env = os.environ.get(STORAGE_ENV)
@@ -319,8 +326,6 @@ def create_study(
 ) -> StudyFolder:
     """A new study folder, after every check that can fail (name, storage reachable): a failed
     start leaves nothing behind. Its space.yaml is `space_text`, else the file at `space_path`."""
-    from autofl.tuning.store.storage import probe_storage
-
     name = check_study_name(name or space.study, "--name" if name else "study")  # issue 18: the same rules
     root = home / name
     if (root / SPACE_FILE).exists():
@@ -328,7 +333,6 @@ def create_study(
             f"study {name!r} already exists in {home}; continue it with --resume {name}, "
             f"add trials with --resume {name} --trials N, or pick another --name"
         )
-    from autofl.files import check_output_file
 
     for own in (SPACE_FILE, META_FILE):  # a link, FIFO or device planted there: refused before anything is written
         check_output_file(root / own)
@@ -354,8 +358,6 @@ def storage_stamp(url: str) -> list[Any] | None:
     of an SQLite database and its -wal / -journal files, or of a journal file; None for a server
     (PostgreSQL), whose writes no file shows. An empty file counts as none: a reader's connection
     makes an empty -wal file while it is open."""
-    from autofl.tuning.store.storage import is_journal, journal_path
-
     if is_journal(url):
         files = [journal_path(url)]
     elif url.startswith("sqlite:///"):
@@ -384,8 +386,6 @@ def _written_lately(stamp: list[Any]) -> bool:
     """Whether a file of the stamp changed within SETTLED_S: a later write of the same size within a
     filesystem's timestamp granularity (a jiffy on ext4, a second on some network filesystems) would
     leave its stamp as it is, so rows are kept only from a storage that has been still for a while."""
-    import time
-
     newest = max((entry[3] for entry in stamp if entry[1] is not None), default=0)
     return time.time_ns() - newest < SETTLED_S * 1e9
 
@@ -436,8 +436,6 @@ def keep_trial_rows(study: StudyFolder) -> None:
     first (their last close writes the database file); the rows are kept only if nothing wrote
     while they were read. No SETTLED_S wait: no write can follow unseen, since the next writer is
     a later driver; a reader still takes the rows only once the files have been still that long."""
-    from autofl.tuning.store.storage import close_sqlite
-
     close_sqlite()
     stamp = storage_stamp(study.storage_url())
     if stamp is None:  # a server's storage: always read
@@ -457,8 +455,6 @@ def best_row_value(rows: list[dict[str, Any]], mode: str) -> float | None:
 def best_of_rows(rows: list[dict[str, Any]], mode: str) -> dict[str, Any] | None:
     """The COMPLETE row (of `trial_rows`) with the best (first) objective that meets the study's
     constraints (an infeasible trial is never the best; the first of equals), or None."""
-    from autofl.tuning.strategy.objectives import best
-
     complete = [r for r in rows if r["state"] == "COMPLETE" and r["values"] and r.get("feasible", True)]
     return best(complete, key=lambda r: r["values"][0], mode=mode)
 
@@ -466,8 +462,6 @@ def best_of_rows(rows: list[dict[str, Any]], mode: str) -> dict[str, Any] | None
 def pareto_rows(rows: list[dict[str, Any]], mode: str) -> list[dict[str, Any]]:
     """A multi-objective study's Pareto front (Optuna's `best_trials`, as read into the rows' "pareto"),
     best first objective first: `pareto_trials` on rows, no Optuna import."""
-    from autofl.tuning.strategy.objectives import best_first
-
     return best_first([r for r in rows if r.get("pareto")], key=lambda r: r["values"][0], mode=mode)
 
 
@@ -484,8 +478,6 @@ def _read_storage(study: StudyFolder) -> dict[str, Any]:
 
 def rows_of(ot: Any) -> list[dict[str, Any]]:
     """`trial_rows`' rows of an Optuna study already loaded (read from its storage, no snapshot)."""
-    from autofl.tuning.strategy.constraints import is_feasible
-
     front = {t.number for t in ot.best_trials} if len(ot.directions) > 1 else set()
     rows = []
     for t in ot.get_trials(deepcopy=False):
@@ -532,7 +524,6 @@ def pareto_trials(study: StudyFolder) -> list:
     ot = study.load_optuna()
     front = list(ot.best_trials) if ot is not None else []
     space = study.stored_space()
-    from autofl.tuning.strategy.objectives import best_first
 
     return best_first(front, key=lambda t: t.values[0], mode=space.mode)
 
@@ -634,9 +625,6 @@ def resolved_config(space: SearchSpace, params: dict[str, Any]) -> dict[str, Any
     """The runnable config of one set of searched values: the base with the values set, every
     default filled in by the method (this loads the registries, and with them torch), and the
     trial's own runtime, so that a re-run reproduces its round-by-round metrics exactly."""
-    from autofl.config import experiment_to_dict
-    from autofl.experiment import build_experiment
-
     config = experiment_to_dict(build_experiment(space.config(params)))
     config["runtime"]["threads"] = max(1, int(space.resources.cpu))
     if space.resources.gpu == 0:  # resolved `auto` included; an unresolved `auto` keeps the base's device
@@ -650,11 +638,6 @@ def trial_config(
     """The runnable config of one set of searched values, with where it came from as metadata. A
     trial's config stored when it was asked for (`CONFIG_ATTR`) is used as it is, so exporting needs
     neither torch nor the registries; a study made before configs were stored resolves it now."""
-    import copy
-
-    import autofl
-    from autofl.tuning.strategy.objectives import TEST_METRICS
-
     stored = attrs.get(CONFIG_ATTR)
     if isinstance(stored, dict):
         space, config = study.stored_space(), copy.deepcopy(stored)
@@ -684,8 +667,6 @@ def trial_config(
 
 def _installed_version(name: str) -> str:
     """A package's installed version from its metadata (importing torch or Ray to ask took seconds)."""
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version(name)
     except PackageNotFoundError:
@@ -701,7 +682,5 @@ def dump_config(config: dict[str, Any], fmt: str) -> str:
 def ensure_space_file(path: str) -> tuple[Path, SearchSpace]:
     space_path = Path(path)
     if not space_path.is_file():
-        from autofl.config import file_problem
-
         raise ConfigError(f"--space {path}: {file_problem(space_path).replace(' config', '')}")
     return space_path, load_space(space_path)

@@ -8,13 +8,23 @@ decides which (new, restored, added, joined).
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 from typing import Any
 
 from autofl.errors import AutoFLError
+from autofl.tuning.store import write_failure
 from autofl.tuning.store.ledger import Ledger, bound_to
 from autofl.tuning.store.study import StudyFolder
+from autofl.tuning.strategy.build import make_sampler, study_start_points
+from autofl.tuning.strategy.build import make_scheduler as from_space
+from autofl.tuning.strategy.objectives import direction
+from autofl.tuning.strategy.repeats import config_key
 from autofl.tuning.strategy.space import DefineByRun, SearchSpace
+from autofl.tuning.strategy.warm_start import warm_configs
+from autofl.tuning.tune import ray_start  # by module: a test stands in for Ray by replacing init_ray
+from autofl.tuning.tune.checkpoints import checkpoints_to_keep
 
 
 class StudyIncomplete(AutoFLError):
@@ -37,14 +47,10 @@ class StudyInterrupted(AutoFLError):
 def make_searcher(
     space: SearchSpace, ledger: Ledger, run_name: str, trials: int, with_start_point: bool, sampler: Any = None
 ):
-    from autofl.tuning.strategy.build import make_sampler, study_start_points
-    from autofl.tuning.tune.searcher import StudySearcher
+    from autofl.tuning.tune.searcher import StudySearcher  # lazy: pulls ray
 
     points = study_start_points(space)
     if with_start_point and points:  # a start point a warm-started trial trained is not trained again
-        from autofl.tuning.strategy.repeats import config_key
-        from autofl.tuning.strategy.warm_start import warm_configs
-
         warm = warm_configs(ledger.trials())
         points = [p for p in points if config_key(p) not in warm]
     return StudySearcher(
@@ -65,15 +71,13 @@ def make_searcher(
 
 def make_scheduler(space: SearchSpace, ledger: Ledger):
     """The space's scheduler (autofl/tuning/strategy/build.py), ASHA's rungs read from the ledger."""
-    from autofl.tuning.strategy.build import make_scheduler as from_space
-
     return from_space(space, ledger)
 
 
 def make_stopper(space: SearchSpace, ledger: Ledger, run_name: str):
     from ray.tune.stopper import CombinedStopper
 
-    from autofl.tuning.tune.stopper import AlreadyRecordedStopper, RoundBudgetStopper
+    from autofl.tuning.tune.stopper import AlreadyRecordedStopper, RoundBudgetStopper  # lazy: pulls ray
 
     recorded = AlreadyRecordedStopper(ledger, run_name)
     if space.budget_rounds is None:
@@ -88,8 +92,8 @@ def study_trainable(
     resources; `extra` goes to its setup too (e.g. a re-evaluation's run list)."""
     from ray import tune
 
-    from autofl.data.datasets import load_raw_dataset
-    from autofl.tuning.tune.trainable import FLTrainable
+    from autofl.data.datasets import load_raw_dataset  # lazy: pulls torch
+    from autofl.tuning.tune.trainable import FLTrainable  # lazy: pulls torch and ray
 
     raw = load_raw_dataset(space.base_experiment().data)  # once; tune.with_parameters shares it via the object store
     wrapped = tune.with_parameters(
@@ -113,11 +117,6 @@ RUN_LAYOUT = 2
 def new_run(study: StudyFolder, ledger: Ledger, trials: int, join: bool) -> tuple[str, bool]:
     """Record a new run of `trials` in the study's record (the ledger's): its name, and whether it
     starts with the space's start points (the study's first main run)."""
-    import os
-    import socket
-
-    from autofl.tuning.strategy.objectives import direction
-
     space = study.space()
     modes = space.modes if space.multi_objective else [space.mode]
     ledger.study(create_directions=[direction(m) for m in modes or []])  # the record is kept in it
@@ -140,14 +139,12 @@ def run_experiment(
 def _run_experiment(study: StudyFolder, trials: int, address: str | None, restore: str | None, join: bool) -> None:
     from ray import tune
 
-    from autofl.tuning.tune import interrupt
-    from autofl.tuning.tune.checkpoints import checkpoints_to_keep
-    from autofl.tuning.tune.live_view import LiveView, close_all
-    from autofl.tuning.tune.ray_start import init_ray, max_concurrent
+    from autofl.tuning.tune import interrupt  # lazy: pulls ray
+    from autofl.tuning.tune.live_view import LiveView, close_all  # lazy: pulls ray
 
     space = study.space()
     ledger = Ledger(study.root)
-    init_ray(address)
+    ray_start.init_ray(address)
     trainable = study_trainable(space, seal_test=True)  # no test split is read before the study ends
     if restore is not None:
         tuner = tune.Tuner.restore(
@@ -167,7 +164,7 @@ def _run_experiment(study: StudyFolder, trials: int, address: str | None, restor
                 num_samples=trials,
                 time_budget_s=space.time_budget_s,
                 reuse_actors=True,
-                max_concurrent_trials=max_concurrent(space),
+                max_concurrent_trials=ray_start.max_concurrent(space),
             ),
             run_config=tune.RunConfig(
                 name=run_name,
@@ -184,7 +181,6 @@ def _run_experiment(study: StudyFolder, trials: int, address: str | None, restor
                 verbose=0,
             ),
         )
-    from autofl.tuning.store import write_failure
 
     write_failure.forget()
     started = time.time()

@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from autofl.tuning.store.ledger import FINISHED_STATES, Ledger, counted, outcome
+from autofl.tuning.strategy.constraints import is_feasible
 from autofl.tuning.strategy.objectives import better
 from autofl.views import format_params
 
@@ -74,8 +75,6 @@ class LiveView(Callback):
         self, stop: Any = None, num_samples: int | None = None, total_num_samples: int | None = None, **info: Any
     ) -> None:  # Tune's Callback.setup signature
         self.began = time.time()
-        from autofl.tuning.strategy.constraints import is_feasible
-
         for t in self._ledger.trials():
             if t.state.is_finished() and counted(t):
                 self.finished_before += 1

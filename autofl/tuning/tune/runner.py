@@ -17,7 +17,8 @@ import contextlib
 
 from autofl.tuning.store.ledger import FINISHED_STATES, Ledger, counted
 from autofl.tuning.store.study import StudyFolder
-from autofl.tuning.tune.experiment import StudyIncomplete, run_experiment
+from autofl.tuning.store.write_failure import WriteFailed, failed_write
+from autofl.tuning.tune.experiment import RUN_LAYOUT, StudyIncomplete, budget_spent, run_experiment
 
 FINISHED_FLAG = ".autofl_finished"  # written in a Tune experiment's folder once all its trials ran
 
@@ -60,8 +61,6 @@ def interrupted_run(study: StudyFolder) -> str | None:
     RUN_LAYOUT) is not restored: as a moved study's, its missing trials then run as a new experiment
     (what its killed driver left is adopted and trained again, same numbers and params)."""
     from ray import tune
-
-    from autofl.tuning.tune.experiment import RUN_LAYOUT
 
     run = _last_run(study)
     if run is None or run.get("layout") != RUN_LAYOUT:
@@ -128,8 +127,6 @@ def top_up(study: StudyFolder, address: str | None) -> None:
     """Run what no experiment finished, unless a budget ended the study: the trials a killed
     driver left (released, then adopted by the new run's first asks: same numbers and params) and
     those never started (placeholders are replaced, not counted)."""
-    from autofl.tuning.tune.experiment import budget_spent
-
     ledger = Ledger(study.root)
     ledger.release_orphans()
     record = ledger.record()
@@ -161,11 +158,7 @@ def run_study(
         else:
             run_or_resume(study, trials, address, resume=resume)
     except Exception as err:
-        from autofl.tuning.store.write_failure import failed_write
-
         reason = failed_write(err)
         if reason is None:
             raise
-        from autofl.tuning.store.write_failure import WriteFailed
-
         raise WriteFailed.of(study.name, reason) from None
