@@ -196,8 +196,12 @@ class StudyFolder:
         return f"{base.rstrip('/')}/{self.name}" if base else str(self.root / TUNE_DIR)
 
     def load_optuna(self):
+        """The Optuna study (None before it is made), loaded without Optuna's info lines; the
+        verbosity is set back after, so a driver that reads its study before making it (the record
+        its on_start shows) still logs what Optuna says then ("A new study created ...")."""
         import optuna
 
+        verbosity = optuna.logging.get_verbosity()
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         try:
             url = self.storage_url()
@@ -209,6 +213,8 @@ class StudyFolder:
             return optuna.load_study(study_name=self.optuna_name(storage), storage=storage)
         except KeyError:
             return None
+        finally:
+            optuna.logging.set_verbosity(verbosity)
 
     def optuna_name(self, storage: Any = None) -> str:
         """The study's name inside its storage: the folder's name, except in a study folder copied
