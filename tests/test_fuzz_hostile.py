@@ -110,7 +110,7 @@ def stand_in_for_ray():
 
     from autofl.tuning.tune import runner
 
-    def run_experiment(study, trials, address, restore=None, join=False):
+    def run_experiment(study, trials, address, restore=None, join=False, top_up=False):
         ot = optuna.create_study(study_name=study.name, storage=study.storage_url(), load_if_exists=True,
                                  direction="maximize")
         ot.tell(ot.ask(), 0.5)

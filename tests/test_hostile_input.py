@@ -60,7 +60,7 @@ def no_ray(monkeypatch):
 
     runs: list[tuple] = []
 
-    def run_experiment(study, trials, address, restore=None, join=False):
+    def run_experiment(study, trials, address, restore=None, join=False, top_up=False):
         runs.append((study.name, trials, restore))
         ot = optuna.create_study(study_name=study.name, storage=study.storage_url(), load_if_exists=True,
                                  direction="maximize")

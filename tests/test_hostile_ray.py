@@ -109,7 +109,7 @@ def test_a_postgres_study_runs_its_paper_default_within_its_budget(pg, tmp_path,
     study = st.create_study(tmp_path / "home", path, load_space(path), None)
     ledger = Ledger(study.root)
     searcher = make_searcher(study.space(), ledger, "run-1", trials, with_start_point=True)
-    ledger.set_requested(trials)  # as run_experiment does
+    ledger.add_run("run-1", trials, 2, join=False)  # as run_experiment does
     suggested = [searcher.suggest(f"t{i}") for i in range(trials)]
     assert all(isinstance(s, dict) for s in suggested), suggested
     if trials == 3:

@@ -124,11 +124,15 @@ def test_resume_without_a_tune_snapshot_runs_the_missing_trials_and_adopts_the_o
     ot.tell(ot.ask(), 0.9)  # finished before the kill
     ot.ask()  # left RUNNING by the killed driver
     started = []
-    monkeypatch.setattr(runner, "run_experiment", lambda st, trials, address, restore=None: started.append(trials))
+    monkeypatch.setattr(runner, "run_experiment",
+                        lambda st, trials, address, restore=None, top_up=False: started.append((trials, top_up)))
 
     runner.run_or_resume(study, None, None, resume=True)
 
-    assert started == [3]
+    assert started == [(3, True)]  # a top-up: the study's total stays 4 (it never dips, for a kill now)
+    from autofl.tuning.store.ledger import Ledger
+
+    assert Ledger(study.root).requested() == 4
     states = [(t.state, t.user_attrs.get("interrupted"), t.user_attrs.get("orphaned")) for t in optuna.load_study(
         study_name="s", storage=study.storage_url()).get_trials()]
     assert states == [(TrialState.COMPLETE, None, None), (TrialState.RUNNING, None, True)]

@@ -249,9 +249,8 @@ class Ledger:
         return history
 
     def requested(self) -> int | None:
-        """The study's requested total (None before its first run)."""
-        record = self.record()
-        return record["trials_requested"] if record["runs"] else None
+        """The study's requested total (None before any was recorded: 0 is never one)."""
+        return self.record()["trials_requested"] or None
 
     def record(self) -> dict[str, Any]:
         """What changes about the study as it runs (study.json keeps only what is fixed at creation):
@@ -261,15 +260,18 @@ class Ledger:
         study.json until its next run moves them here."""
         return record_of(self.study(), self.folder().meta())
 
-    def add_run(self, name: str, trials: int, layout: int, join: bool) -> dict[str, Any]:
-        """Record a new driver run of `trials` started in this study's folder: a main run adds them
-        to the requested total, a --join driver's shares it. Returns the record after it."""
+    def add_run(self, name: str, trials: int, layout: int, join: bool, top_up: bool = False) -> dict[str, Any]:
+        """Record a new driver run of `trials`: a main run adds them to the requested total and
+        records the folder it runs in; a --join driver's run shares the total, and so does a
+        `top_up` (trials the study requested before, which a killed run left unfinished: the total
+        never dips, for a driver killed now or a --join driver counting against it). Returns the
+        record after it."""
         with self.suggest_lock():  # several drivers of a shared study: one read-modify-write at a time
             record = self.record()
             record["runs"] = [*record["runs"], {"name": name, "trials": trials, "layout": layout}]
             if not join:
-                record["trials_requested"] += trials
-            record["root"] = str(Path(self.root).resolve())
+                record["trials_requested"] += 0 if top_up else trials
+                record["root"] = str(Path(self.root).resolve())  # a joiner may mount the folder elsewhere
             self._write_record(record)
         folder = self.folder()
         meta = folder.meta()

@@ -15,7 +15,7 @@ from typing import Any
 
 from autofl.errors import AutoFLError
 from autofl.tuning.store import write_failure
-from autofl.tuning.store.ledger import Ledger, bound_to
+from autofl.tuning.store.ledger import Ledger, bound_to, is_warm_started
 from autofl.tuning.store.study import StudyFolder
 from autofl.tuning.strategy.build import make_sampler, study_start_points
 from autofl.tuning.strategy.build import make_scheduler as from_space
@@ -114,29 +114,39 @@ def study_trainable(
 RUN_LAYOUT = 2
 
 
-def new_run(study: StudyFolder, ledger: Ledger, trials: int, join: bool) -> tuple[str, bool]:
-    """Record a new run of `trials` in the study's record (the ledger's): its name, and whether it
-    starts with the space's start points (the study's first main run)."""
+def new_run(study: StudyFolder, ledger: Ledger, trials: int, join: bool, top_up: bool = False) -> tuple[str, bool]:
+    """Record a new run of `trials` in the study's record (the ledger's; see Ledger.add_run): its
+    name, and whether it starts with the space's start points: a main run of a study that holds no
+    trial of its own yet (warm-started ones are another study's), so a first run killed before it
+    enqueued them is followed by one that does."""
     space = study.space()
     modes = space.modes if space.multi_objective else [space.mode]
     ledger.study(create_directions=[direction(m) for m in modes or []])  # the record is kept in it
     number = len(ledger.record()["runs"]) + 1
     # a --join driver runs its own Tune experiment; the study's requested total is unchanged
     run_name = f"join-{socket.gethostname()}-{os.getpid()}-{number}" if join else f"run-{number}"
-    runs = ledger.add_run(run_name, trials, RUN_LAYOUT, join)["runs"]
-    return run_name, len(runs) == 1 and not join
+    ledger.add_run(run_name, trials, RUN_LAYOUT, join, top_up)
+    return run_name, not join and all(is_warm_started(t) for t in ledger.trials())
 
 
 def run_experiment(
-    study: StudyFolder, trials: int, address: str | None, restore: str | None = None, join: bool = False
+    study: StudyFolder,
+    trials: int,
+    address: str | None,
+    restore: str | None = None,
+    join: bool = False,
+    top_up: bool = False,
 ) -> None:
     """Run `trials` new trials (or restore the interrupted experiment at `restore`). A joined
-    driver (`join`) runs its own experiment and takes trials from the study's shared budget."""
+    driver (`join`) runs its own experiment and takes trials from the study's shared budget; a
+    `top_up` runs trials the study requested before (its total is unchanged)."""
     with bound_to(study.root):  # a Tune experiment copied with its study folder is the copy's
-        _run_experiment(study, trials, address, restore, join)
+        _run_experiment(study, trials, address, restore, join, top_up)
 
 
-def _run_experiment(study: StudyFolder, trials: int, address: str | None, restore: str | None, join: bool) -> None:
+def _run_experiment(
+    study: StudyFolder, trials: int, address: str | None, restore: str | None, join: bool, top_up: bool
+) -> None:
     from ray import tune
 
     from autofl.tuning.tune import interrupt  # lazy: pulls ray
@@ -152,7 +162,7 @@ def _run_experiment(study: StudyFolder, trials: int, address: str | None, restor
         )
         run_name = restore.rstrip("/").rsplit("/", 1)[-1]
     else:
-        run_name, with_start = new_run(study, ledger, trials, join)
+        run_name, with_start = new_run(study, ledger, trials, join, top_up)
         searcher = make_searcher(space, ledger, run_name, trials, with_start_point=with_start)
         tuner = tune.Tuner(
             trainable,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 
 from autofl.tuning.store.ledger import FINISHED_STATES, Ledger, counted
-from autofl.tuning.store.study import StudyFolder
+from autofl.tuning.store.study import StudyFolder, read_record
 from autofl.tuning.store.write_failure import WriteFailed, failed_write
 from autofl.tuning.tune.experiment import RUN_LAYOUT, StudyIncomplete, budget_spent, run_experiment
 
@@ -25,7 +25,7 @@ FINISHED_FLAG = ".autofl_finished"  # written in a Tune experiment's folder once
 
 def _last_run(study: StudyFolder) -> dict | None:
     """The record of the study's last main run (not a --join driver's)."""
-    runs = [r for r in Ledger(study.root).record()["runs"] if not r["name"].startswith("join-")]
+    runs = [r for r in read_record(study)["runs"] if not r["name"].startswith("join-")]
     return runs[-1] if runs else None
 
 
@@ -89,13 +89,13 @@ def fail_orphans(study: StudyFolder) -> int:
 def join(study: StudyFolder, address: str | None) -> None:
     """Another driver on a study whose storage is shared (PostgreSQL): trials until the study's
     requested total is reached, counting every driver's."""
-    run_experiment(study, Ledger(study.root).record()["trials_requested"] or study.space().trials, address, join=True)
+    run_experiment(study, read_record(study)["trials_requested"] or study.space().trials, address, join=True)
 
 
 def run_or_resume(study: StudyFolder, trials: int | None, address: str | None, resume: bool) -> None:
     """New study: run its trials. Resume: finish the interrupted experiment, then any trials
     that never started; with `trials` on a finished study: add that many."""
-    if resume and not Ledger(study.root).record()["runs"]:  # issue 18: a start that failed before its first run
+    if resume and not read_record(study)["runs"]:  # issue 18: a start that failed before its first run
         resume, trials = False, trials or study.space().trials  # (e.g. Ray did not start) runs the study now
     if not resume:
         run_experiment(study, trials or study.space().trials, address)
@@ -119,7 +119,7 @@ def moved(study: StudyFolder) -> bool:
     (tuner.pkl, its trials' folders) names the old folder, and a restore wrote new trials' checkpoints
     there (issue 42). Such a study is not restored: its missing trials run as a new experiment in
     its own folder (what a killed driver left is adopted and trained again, same numbers and params)."""
-    recorded = Ledger(study.root).record()["root"]
+    recorded = read_record(study)["root"]
     return recorded is not None and recorded != str(study.root.resolve())
 
 
@@ -136,9 +136,8 @@ def top_up(study: StudyFolder, address: str | None) -> None:
         return
     done = sum(1 for t in ledger.trials(FINISHED_STATES) if counted(t))
     missing = record["trials_requested"] - done
-    if missing > 0:  # the new run asks for them again
-        ledger.set_requested(record["trials_requested"] - missing)
-        run_experiment(study, missing, address)
+    if missing > 0:  # the new run trains them; the study's total stays what it was
+        run_experiment(study, missing, address, top_up=True)
         mark_finished(study)
 
 
