@@ -406,24 +406,44 @@ def trial_rows(study: StudyFolder, snapshot: bool = False) -> list[dict[str, Any
 
 
 def study_record(study: StudyFolder, snapshot: bool = False) -> dict[str, Any]:
-    """The study's record (`Ledger.record`: runs, trials_requested, root), kept and read back with
-    the trial rows (`trial_rows`, whose `snapshot` it takes)."""
-    return _read_or_kept(study, snapshot)["record"]
+    """The study's record (`Ledger.record`: runs, trials_requested, root): from the rows kept with
+    it when `snapshot` allows (see `trial_rows`), else read from the storage without its trials."""
+    if snapshot:
+        stamp = _settled_stamp(study)
+        kept = _kept(study, stamp) if stamp is not None else None
+        if kept is not None:
+            return dict(kept["record"])
+    return read_record(study)
+
+
+def read_record(study: StudyFolder) -> dict[str, Any]:
+    """The study's record read from its storage (through the folder's own handle), not its trials."""
+    return record_of(study.load_optuna(), study.meta())
+
+
+def _settled_stamp(study: StudyFolder) -> list[Any] | None:
+    """The storage's stamp, or None for a server's storage or one written within SETTLED_S."""
+    stamp = storage_stamp(study.storage_url())
+    return None if stamp is None or _written_lately(stamp) else stamp  # a write that recent may not show
+
+
+def _kept(study: StudyFolder, stamp: list[Any]) -> dict[str, Any] | None:
+    """The rows and record kept in the study folder if they were read at `stamp`, else None."""
+    try:
+        saved = json.loads((study.root / TRIALS_SNAPSHOT).read_text())
+        if saved["stamp"] == stamp and saved.get("format") == SNAPSHOT_FORMAT:
+            return {"rows": list(saved["rows"]), "record": dict(saved["record"])}
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None
 
 
 def _read_or_kept(study: StudyFolder, snapshot: bool) -> dict[str, Any]:
     """{"rows": trial_rows' rows, "record": the ledger's record}: kept or read (see trial_rows)."""
-    stamp = storage_stamp(study.storage_url()) if snapshot else None
-    if stamp is not None and _written_lately(stamp):  # a write within the clock's granularity may not show
-        stamp = None
-    kept = study.root / TRIALS_SNAPSHOT
-    if stamp is not None:
-        try:
-            saved = json.loads(kept.read_text())
-            if saved["stamp"] == stamp and saved.get("format") == SNAPSHOT_FORMAT:
-                return {"rows": list(saved["rows"]), "record": dict(saved["record"])}
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
+    stamp = _settled_stamp(study) if snapshot else None
+    kept = _kept(study, stamp) if stamp is not None else None
+    if kept is not None:
+        return kept
     read = _read_storage(study)
     if stamp is not None and storage_stamp(study.storage_url()) == stamp:  # nothing wrote while it was read
         _keep_rows(study, stamp, read)
