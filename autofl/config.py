@@ -263,6 +263,13 @@ class MethodConfig(BaseModel):
     def params(self) -> dict[str, Any]:
         return dict(self.model_extra or {})
 
+    def __eq__(self, other: object) -> bool:
+        """Equal when the name and the parameters are: the carried typed Params are a cache, so a
+        resolved experiment equals the same values read back from YAML."""
+        if not isinstance(other, MethodConfig):
+            return NotImplemented
+        return self.name == other.name and self.params() == other.params()
+
     def carry(self, typed: BaseModel) -> MethodConfig:
         """Keep `typed`, the method's validated Params of exactly these values."""
         self._typed = typed

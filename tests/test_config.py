@@ -88,5 +88,6 @@ def test_a_methods_params_are_validated_once_and_carried_typed():
     assert isinstance(typed, params_cls) and typed is exp.method.typed(params_cls)  # no second validation
     assert pickle.loads(pickle.dumps(exp)).method.typed(params_cls) == typed
     assert Simulation(exp, METHODS.get("fdcl")).method.params is typed
+    assert exp == type(exp).model_validate(exp.model_dump())  # the carried Params are a cache, not a value
     exp.method.mu = 0.7
     assert exp.method.typed(params_cls).mu == 0.7 and exp.method.typed(params_cls) is exp.method.typed(params_cls)
