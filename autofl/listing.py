@@ -180,23 +180,27 @@ def fingerprint() -> str:
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:24]
 
 
-BUILTIN_ROWS = Path(__file__).with_name("builtin_listing.json")
+BUILTIN_ROWS = Path(__file__).with_name("builtin_listing.json")  # the file the built-ins' rows ship in
 # what the built-ins' rows are read from: their declaring packages, and the modules that turn a
 # declaration into a row (a change elsewhere that alters a row fails tests/test_startup_imports.py)
 BUILTIN_SOURCES = ("methods", "models", "data", "config.py", "listing.py", "registry.py")
 
 
 def builtin_sources_hash() -> str:
-    """A hash of the contents of BUILTIN_SOURCES' .py files, with the Python and pydantic versions
-    that shape the rows' text (type names, defaults)."""
+    """A hash of the contents of BUILTIN_SOURCES' .py files."""
     root = Path(__file__).parent
-    digest = hashlib.sha256(f"{CACHE_FORMAT} {sys.version_info[:2]} {pydantic.VERSION}".encode())
+    digest = hashlib.sha256(f"{CACHE_FORMAT}".encode())
     for name in BUILTIN_SOURCES:
         path = root / name
         for source in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
             digest.update(f"\0{source.relative_to(root).as_posix()}\0".encode())
             digest.update(source.read_bytes())
     return digest.hexdigest()[:24]
+
+
+def toolchain() -> dict[str, str]:
+    """The versions that shape the rows' text besides the sources (type names, defaults)."""
+    return {"python": "{}.{}".format(*sys.version_info[:2]), "pydantic": pydantic.VERSION}
 
 
 def builtin_rows() -> list[Listed]:
@@ -209,7 +213,7 @@ def shipped_builtin_rows() -> list[Listed] | None:
     sources here (an edited built-in, another Python or pydantic) or cannot be read."""
     try:
         shipped = json.loads(BUILTIN_ROWS.read_text())
-        if shipped["sources"] != builtin_sources_hash():
+        if shipped["sources"] != builtin_sources_hash() or shipped["toolchain"] != toolchain():
             return None
         return [Listed(**row) for row in shipped["rows"]]
     except (OSError, ValueError, TypeError, KeyError):
@@ -219,7 +223,8 @@ def shipped_builtin_rows() -> list[Listed] | None:
 def write_builtin_rows() -> Path:
     """Write BUILTIN_ROWS from the built-ins as they are now (scripts/write_builtin_listing.py)."""
     rows = [dataclasses.asdict(row) for row in builtin_rows()]
-    BUILTIN_ROWS.write_text(json.dumps({"sources": builtin_sources_hash(), "rows": rows}, indent=1) + "\n")
+    shipped = {"sources": builtin_sources_hash(), "toolchain": toolchain(), "rows": rows}
+    BUILTIN_ROWS.write_text(json.dumps(shipped, indent=1) + "\n")
     return BUILTIN_ROWS
 
 
