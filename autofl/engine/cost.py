@@ -4,7 +4,7 @@ Bytes are counted from the values that travel in the simulation, each tensor as 
 element_size (a float32 entry is 4 bytes, an int64 buffer 8, a bool mask 1):
 
 - download, per sampled client per round: the global state's entries the client receives
-  (`Method.received_keys`, by default the shared keys) plus the method's `server_payload`
+  (`Method.received_keys`: the shared keys and those its `sharing` says the server trains) plus the method's `server_payload`
   (global prototypes, GFRs ...);
 - upload, per sampled client per round: its `Upload.state` (the shared keys after training) plus
   the tensors of the method's `upload_payload` (prototypes, class statistics);

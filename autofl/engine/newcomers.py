@@ -19,7 +19,7 @@ from autofl.seeding import SeedPurpose, derived_seed
 @dataclasses.dataclass
 class Newcomer:
     """A held-out client after its newcomer training: the weights it left (`trained`) and what the
-    method's `keep_private` kept of them (`state`, its client state)."""
+    method kept of them (`state`, its client state: what its `sharing` keeps and its `remember` stores)."""
 
     trained: StateDict
     state: dict[str, Any]
