@@ -40,9 +40,17 @@ def space(tmp_path: Path, study: str, trials: int, rounds: int, storage: str | N
     return path
 
 
+_READERS: dict[str, object] = {}  # one storage per server for the test's own reads
+
+
 def trials_of(pg: PgServer, name: str):
-    # through autofl's open_storage: a read that starts while the driver creates the tables retries as it does
-    return optuna.load_study(study_name=name, storage=open_storage(pg.url_with_password)).get_trials()
+    # through autofl's open_storage: a read that starts while the driver creates the tables retries as it
+    # does. Opened once per server: a storage per 1 s poll held a pooled connection each until the garbage
+    # collector ran, and under CI's load a slow first trial let them reach max_connections (100), so the
+    # drivers under test were refused ("too many clients already")
+    if pg.url_with_password not in _READERS:
+        _READERS[pg.url_with_password] = open_storage(pg.url_with_password)
+    return optuna.load_study(study_name=name, storage=_READERS[pg.url_with_password]).get_trials()
 
 
 def wait_for(predicate, seconds: float = 600) -> None:
