@@ -151,21 +151,53 @@ def test_overriding_a_declared_policy_hook_is_a_one_line_error(hook):
         type("Twice", (Method,), {"name": "twice", hook: lambda self, *args: []})
 
 
-def test_a_methods_sharing_decides_what_the_engine_uploads_downloads_and_keeps():
-    """FedPer's head stays on its client (kept, never uploaded); FedGH's head is the server's (downloaded,
-    never uploaded nor kept)."""
+# per method on mlp (digits): the model parts a client uploads, downloads and keeps under
+# client_state["private"], and what else it remembers; read from the code before `sharing` (86d787c)
+SHARING_TABLE = {
+    "ditto": (["encoder", "head"], ["encoder", "head"], ["personal"], []),
+    "dualfed": (["encoder", "global_head"], ["encoder", "global_head"], ["head", "projector"], []),
+    "fdcl": (["encoder", "head"], ["encoder", "head"], [], ["prev"]),
+    "fedavg": (["encoder", "head"], ["encoder", "head"], [], []),
+    "fedeccr": (["encoder", "head"], ["encoder", "head"], [], []),
+    "fedfcd": ([], ["global_head"], ["encoder", "head"], []),
+    "fedgh": ([], ["head"], ["encoder"], []),
+    "fedper": (["encoder"], ["encoder"], ["head"], []),
+    "fedproto": ([], [], ["encoder", "head"], []),
+    "fedprox": (["encoder", "head"], ["encoder", "head"], [], []),
+    "fedrep": (["encoder"], ["encoder"], ["head"], []),
+    "fedsiam_da": (["encoder", "head", "predictor", "projector"], ["encoder", "head", "predictor", "projector"], [],
+                   ["personal"]),
+    "local": ([], [], ["encoder", "head"], []),
+    "moon": (["encoder", "head"], ["encoder", "head"], [], ["prev"]),
+}
+
+
+def _placed(name: str, arch: str = "mlp", dataset: str = "digits"):
     from autofl.registry import METHODS
 
-    for name, uploaded, received, kept in (("fedper", ["encoder."], ["encoder."], ["head."]),
-                                           ("fedgh", [], ["head."], ["encoder."]),
-                                           ("fedavg", ["encoder.", "head."], ["encoder.", "head."], [])):
-        cls = METHODS.get(name)
-        exp = load_experiment(overrides=[f"method.name={name}", "data.dataset=digits"])
-        method = cls(cls.Params(**exp.method.params()), exp, (1, 8, 8), 10)
-        model = method.build_model()
-        state = model.state_dict()
-        assert {k.split(".")[0] + "." for k in method.shared_keys(model)} == set(uploaded)
-        assert {k.split(".")[0] + "." for k in method.received_keys(model)} == set(received)
-        client: dict = {}
-        method.keep_private(dict(state), client)
-        assert {k.split(".")[0] + "." for k in client.get("private", {})} == set(kept)
+    cls = METHODS.get(name)
+    exp = load_experiment(overrides=[f"method.name={name}", f"data.dataset={dataset}", f"model.arch={arch}"])
+    shape = (1, 8, 8) if dataset == "digits" else (3, 32, 32)
+    method = cls(exp.method.typed(cls.Params), exp, shape, 10)
+    model = method.build_model()
+    client: dict = {}
+    method.keep_private(dict(model.state_dict()), client)
+    return method.shared_keys(model), method.received_keys(model), client
+
+
+@pytest.mark.parametrize("name", sorted(SHARING_TABLE))
+def test_every_built_in_uploads_downloads_and_keeps_what_it_did_before_sharing_was_declared(name):
+    """Each built-in's `sharing` places its weights where its overridden hooks did (issue 38)."""
+    shared, received, client = _placed(name)
+    parts = lambda keys: sorted({k.split(".")[0] for k in keys})  # noqa: E731
+    assert (parts(shared), parts(received), parts(client.get("private", {})),
+            sorted(k for k in client if k != "private")) == SHARING_TABLE[name]
+
+
+def test_dualfeds_encoder_bn_statistics_are_uploaded_and_each_clients_own():
+    """DualFed averages its encoder's BN statistics for the global model and keeps each client's own
+    for its personal model (`also_kept`), on an arch that has them."""
+    shared, _, client = _placed("dualfed", arch="resnet18", dataset="cifar10")
+    stats = [k for k in shared if k.startswith("encoder.") and k.endswith(("running_mean", "running_var"))]
+    assert stats and set(stats) <= set(client["private"])
+    assert not any(k.startswith("encoder.") and k.endswith("weight") for k in client["private"])
