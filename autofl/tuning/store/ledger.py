@@ -44,9 +44,9 @@ from typing import Any, Literal
 from autofl.tuning.store.storage import is_journal, is_shared, journal_lock, open_storage
 from autofl.tuning.store.study import CONFIG_ATTR, LEGACY_RECORD_KEYS, RECORD_ATTR, StudyFolder, record_of
 from autofl.tuning.strategy.constraints import FEASIBLE_ATTR, constraint_values
-from autofl.tuning.strategy.objectives import REPORTED_KEYS
+from autofl.tuning.strategy.objectives import REPORTED_KEYS, direction
 from autofl.tuning.strategy.repeats import ask_unseen, config_key, is_repeat, tell_as_twin, trained_configs
-from autofl.tuning.strategy.space import grid_size
+from autofl.tuning.strategy.space import SearchSpace, grid_size
 
 FINISHED_STATES = ("COMPLETE", "PRUNED", "FAIL")
 OPEN_STATES = ("RUNNING", "WAITING")
@@ -152,6 +152,11 @@ class Ledger:
     # ---- opening --------------------------------------------------------------------------------
     def folder(self):
         return StudyFolder(Path(self.root))
+
+    def create(self, space: SearchSpace):
+        """The Optuna study, made with `space`'s objective directions if it does not exist yet."""
+        modes = space.modes if space.multi_objective else [space.mode]
+        return self.study(create_directions=[direction(m) for m in modes or []])
 
     def study(self, sampler: Any = None, create_directions: list[Literal["maximize", "minimize"]] | None = None):
         """The Optuna study (None if it does not exist yet and no `create_directions` are given).

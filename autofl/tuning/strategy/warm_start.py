@@ -31,7 +31,7 @@ from autofl.errors import AutoFLError
 from autofl.tuning.store.ledger import Ledger
 from autofl.tuning.store.study import CONFIG_ATTR, open_study, resolved_config
 from autofl.tuning.strategy.constraints import FEASIBLE_ATTR, constraint_values
-from autofl.tuning.strategy.objectives import REPORTED_KEYS, TEST_METRICS, direction
+from autofl.tuning.strategy.objectives import REPORTED_KEYS, TEST_METRICS
 from autofl.tuning.strategy.repeats import config_key, is_repeat
 from autofl.tuning.strategy.space import CONDITIONAL_SEP, ParamSpec, SearchSpace, all_params
 
@@ -236,9 +236,7 @@ def apply(study: Any, warm: WarmStart) -> None:
     """Add the taken trials to the new study's Optuna study (created here with the space's
     directions) and record the line in its study.json. Adding twice adds nothing: a study that
     holds warm-started trials already (a start retried on a shared storage) is left as it is."""
-    space = study.space()
-    modes = space.modes if space.multi_objective else [space.mode]
-    optuna_study = Ledger(study.root).study(create_directions=[direction(m) for m in modes or []])
+    optuna_study = Ledger(study.root).create(study.space())
     if not any(WARM_ATTR in t.user_attrs for t in optuna_study.get_trials(deepcopy=False)):
         optuna_study.add_trials(warm.taken)
     meta = study.meta()

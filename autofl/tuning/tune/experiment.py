@@ -19,7 +19,6 @@ from autofl.tuning.store.ledger import Ledger, bound_to, is_warm_started
 from autofl.tuning.store.study import StudyFolder
 from autofl.tuning.strategy.build import make_sampler, study_start_points
 from autofl.tuning.strategy.build import make_scheduler as from_space
-from autofl.tuning.strategy.objectives import direction
 from autofl.tuning.strategy.repeats import config_key
 from autofl.tuning.strategy.space import DefineByRun, SearchSpace
 from autofl.tuning.strategy.warm_start import warm_configs
@@ -119,9 +118,7 @@ def new_run(study: StudyFolder, ledger: Ledger, trials: int, join: bool, top_up:
     name, and whether it starts with the space's start points: a main run of a study that holds no
     trial of its own yet (warm-started ones are another study's), so a first run killed before it
     enqueued them is followed by one that does."""
-    space = study.space()
-    modes = space.modes if space.multi_objective else [space.mode]
-    ledger.study(create_directions=[direction(m) for m in modes or []])  # the record is kept in it
+    ledger.create(study.space())  # the record is kept in it
     number = len(ledger.record()["runs"]) + 1
     # a --join driver runs its own Tune experiment; the study's requested total is unchanged
     run_name = f"join-{socket.gethostname()}-{os.getpid()}-{number}" if join else f"run-{number}"
