@@ -149,6 +149,10 @@ def test_overriding_a_declared_policy_hook_is_a_one_line_error(hook):
     is refused when its class is made, naming what to declare instead."""
     with pytest.raises(MethodDefinitionError, match=f"overrides {hook}: declare `sharing = Sharing"):
         type("Twice", (Method,), {"name": "twice", hook: lambda self, *args: []})
+    mixin = type("KeysMixin", (), {hook: lambda self, *args: []})  # not a Method: its hook would still run
+    with pytest.raises(MethodDefinitionError, match=f"overrides {hook} \\(through KeysMixin\\): declare"):
+        type("Mixed", (mixin, Method), {"name": "mixed"})
+    type("Shadowed", (Method, mixin), {"name": "shadowed"})  # Method's own comes first in the MRO: allowed
 
 
 # per method on mlp (digits): the model parts a client uploads, downloads and keeps under
@@ -201,3 +205,37 @@ def test_dualfeds_encoder_bn_statistics_are_uploaded_and_each_clients_own():
     stats = [k for k in shared if k.startswith("encoder.") and k.endswith(("running_mean", "running_var"))]
     assert stats and set(stats) <= set(client["private"])
     assert not any(k.startswith("encoder.") and k.endswith("weight") for k in client["private"])
+
+
+@pytest.mark.parametrize("name", sorted(SHARING_TABLE))
+def test_a_methods_layout_is_its_models_and_costs_no_draw_and_no_build_first(name):
+    """`Method.layout` (what hooks read of the model: FedRep's and FedFCD's encoder, FedSiam-DA's parameter
+    keys) is the built model's, read before any `build_model` call, and draws nothing from the seeded
+    global stream (issue 38: it was instance state that `build_model` set for other hooks to read)."""
+    from autofl.registry import METHODS
+
+    cls = METHODS.get(name)
+    exp = load_experiment(overrides=[f"method.name={name}", "data.dataset=digits", "model.arch=mlp"])
+    method = cls(exp.method.typed(cls.Params), exp, (1, 8, 8), 10)
+    torch.manual_seed(3)
+    layout = method.layout
+    after = torch.rand(1)
+    torch.manual_seed(3)
+    assert torch.equal(after, torch.rand(1))
+    assert layout.parameter_keys == tuple(key for key, _ in method.build_model().named_parameters())
+    assert layout.trains("encoder.") and layout.trains("head.") and not layout.trains("nowhere.")
+
+
+def test_a_head_that_takes_every_layer_leaves_no_encoder_stage_before_the_model_is_built():
+    """With model.head_layers covering the whole mlp the encoder has no parameters: FedRep then trains
+    the head alone, decided from the layout on a method that has built nothing. (FedFCD reads the same
+    layout; its config refuses such a head, its feature loss being a constant then.)"""
+    from autofl.engine.server import ServerState
+    from autofl.registry import METHODS
+
+    cls = METHODS.get("fedrep")
+    exp = load_experiment(overrides=["method.name=fedrep", "data.dataset=digits", "model.arch=mlp", "model.head_layers=2"])
+    method = cls(exp.method.typed(cls.Params), exp, (1, 8, 8), 10)
+    assert not method.layout.trains("encoder.")
+    stages = method.local_stages(0, ServerState())
+    assert [[u.trains for u in stage.updates] for stage in stages] == [[("model.head.",)]]

@@ -60,6 +60,7 @@ client's own dict (what `sharing` kept, under "private", and what `remember` sto
 from __future__ import annotations
 
 import copy
+import functools
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
@@ -84,6 +85,7 @@ __all__ = [
     "LossFn",
     "Method",
     "MethodParams",
+    "ModelLayout",
     "ServerContext",
     "ServerState",
     "ServerUpdate",
@@ -137,6 +139,19 @@ class Sharing:
         return self._any(self.local, key) or self._any(self.also_kept, key)
 
 
+@dataclass(frozen=True)
+class ModelLayout:
+    """What a hook may read of the method's model without holding one: the state-dict keys of its
+    trainable parameters (buffers such as BN statistics are not among them)."""
+
+    parameter_keys: tuple[str, ...]
+
+    def trains(self, prefix: str) -> bool:
+        """Whether the model has a trainable parameter under `prefix` ("encoder.": none when the head
+        takes every layer)."""
+        return any(key.startswith(prefix) for key in self.parameter_keys)
+
+
 # hooks a method no longer overrides: what they decided is declared (`sharing`) or hooked (`remember`)
 _DECLARED_NOT_OVERRIDDEN = {
     "shared_keys": "declare `sharing = Sharing(local=...)` instead",
@@ -183,8 +198,11 @@ class Method:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         for hook, instead in _DECLARED_NOT_OVERRIDDEN.items():
-            if hook in cls.__dict__:  # the policy stated twice could disagree
-                raise MethodDefinitionError(f"method {cls.__qualname__} overrides {hook}: {instead}")
+            # the definition the class would run (its own, a base's or a mixin's): the policy stated twice could disagree
+            owner = next(klass for klass in cls.__mro__ if hook in klass.__dict__)
+            if owner is not Method:
+                where = "" if owner is cls else f" (through {owner.__qualname__})"
+                raise MethodDefinitionError(f"method {cls.__qualname__} overrides {hook}{where}: {instead}")
         if cls.private_models:  # a client's own model: its personal predictions are not the global model's
             cls.personal_is_global = False
 
@@ -242,6 +260,15 @@ class Method:
             for name in self.private_models:
                 model.add_module(name, copy.deepcopy(template))
         return model
+
+    @functools.cached_property
+    def layout(self) -> ModelLayout:
+        """The layout of `build_model()`'s model, for hooks that depend on it (which parts have
+        parameters, which keys are parameters): built once on the meta device, so it allocates no
+        weights and draws nothing from the seeded random streams, whenever a hook first asks."""
+        with torch.random.fork_rng(devices=[]), torch.device("meta"):
+            model = self.build_model()
+        return ModelLayout(tuple(name for name, _ in model.named_parameters()))
 
     def private_prefixes(self) -> tuple[str, ...]:
         """State-dict key prefixes of the private models (`personal.` for Ditto's v)."""

@@ -79,7 +79,6 @@ class FedFCD(Method):
     def build_model(self) -> SplitModel:
         model = super().build_model()
         model.global_head = build_head(self.exp.model, self.input_shape, self.num_classes)
-        self.has_extractor = any(True for _ in model.encoder.parameters())  # none when the head takes every layer
         return model
 
     def server_payload(self, server: ServerState) -> dict[str, Any]:
@@ -140,8 +139,9 @@ class FedFCD(Method):
                 z = ws.model.encoder(x)
             return F.cross_entropy(ws.model.global_head(z) + ws.model.head(z), y)
 
-        head = Update(("model.head.",), head_loss, report=None if self.has_extractor else "loss")
-        if not self.has_extractor:
+        has_extractor = self.layout.trains("encoder.")  # none when the head takes every layer
+        head = Update(("model.head.",), head_loss, report=None if has_extractor else "loss")
+        if not has_extractor:
             return [Stage((head,))]
         return [Stage((Update(("model.encoder.",), extractor_loss), head))]
 

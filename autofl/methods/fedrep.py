@@ -12,7 +12,6 @@ from pydantic import Field
 
 from autofl.methods.base import Method, MethodParams, ModelCopies, ServerState, Sharing, Stage, Update
 from autofl.methods.registry import register
-from autofl.models.parts import SplitModel
 
 _BODY = ("model.encoder.", "model.projector.")
 
@@ -37,16 +36,11 @@ class FedRep(Method):
     personal_is_global = False
     population_ready = True
 
-    def build_model(self) -> SplitModel:
-        model = super().build_model()
-        self.has_body = any(True for _ in model.encoder.parameters())  # none when the head takes every layer
-        return model
-
     def local_stages(self, rnd: int, server: ServerState) -> list[Stage]:
         """Head alone (encoder frozen) for head_epochs, then the encoder alone (head frozen) for
         fl.local_epochs; both on CE, each stage with a fresh optimizer. The head stage's loss is
         reported as `head_loss`, the encoder stage's as the round's `loss`."""
-        if not self.has_body:
+        if not self.layout.trains("encoder."):  # the head takes every layer
             return [Stage((Update(("model.head.",), self.loss),), epochs=self.params.head_epochs)]
         # the head's epochs read the frozen encoder's outputs (the stage's inputs): computed once a round
         head = Stage(

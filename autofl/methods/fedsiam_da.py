@@ -66,12 +66,11 @@ class FedSiamDA(Method):
     def build_model(self) -> SplitModel:
         model = super().build_model()
         model.predictor = build_predictor(model.embed_dim)
-        self.param_keys = [name for name, _ in model.named_parameters()]
         return model
 
     def aggregate(self, uploads: list[Upload]) -> StateDict:
         states = [u.state for u in uploads]
-        return weighted_average(states, dual_weights(states, self.param_keys))
+        return weighted_average(states, dual_weights(states, list(self.layout.parameter_keys)))
 
     def client_start(self, global_state: StateDict, client_state: dict, server: ServerState) -> ClientStart:
         """f' starts from the received global model; the history is the client's last upload (none
