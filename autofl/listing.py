@@ -234,10 +234,10 @@ def plugins_installed() -> bool:
     return any(entry_points(group=registry.group) for registry in REGISTRIES.values())
 
 
-def _read_rows() -> list[Listed]:
-    """Every row: the shipped built-in rows when no plugin is installed and they match the sources,
-    else read from the registries (importing every entry)."""
-    if not plugins_installed():
+def _read_rows(plugins: bool) -> list[Listed]:
+    """Every row: the shipped built-in rows when no plugin is installed (`plugins`: whether one is)
+    and they match the sources, else read from the registries (importing every entry)."""
+    if not plugins:
         shipped = shipped_builtin_rows()
         if shipped is not None:
             return shipped
@@ -250,13 +250,14 @@ def cached_listing(kinds: list[str]) -> list[Listed]:
     or the cache cannot be written."""
     path = _cache_file()
     if path is None:
-        rows = _read_rows()
+        rows = _read_rows(plugins_installed())
     else:
         try:
             rows = [Listed(**row) for row in json.loads(path.read_text())]
         except (OSError, ValueError, TypeError):
-            rows = _read_rows()
-            if not plugins_installed() or not plugin_problems():
+            plugins = plugins_installed()
+            rows = _read_rows(plugins)
+            if not plugins or not plugin_problems():
                 _keep(path, rows)
     return [row for kind in kinds for row in rows if row.kind == kind]
 

@@ -197,8 +197,8 @@ def test_the_studys_record_is_the_ledgers_and_study_json_keeps_what_was_fixed_at
                                {"name": "join-h-1-2", "trials": 4, "layout": 2}],
                       "trials_requested": 4, "root": str((tmp_path / "s").resolve())}
     assert ledger.requested() == 4  # what every driver counts against
-    ledger.set_requested(3)
-    assert Ledger(tmp_path / "s").record()["trials_requested"] == 3
+    ledger.add_run("run-2", 3, 2, join=False, top_up=True)  # a resume's top-up: the total never dips
+    assert Ledger(tmp_path / "s").record()["trials_requested"] == 4
     assert json.loads(meta.read_text()) == {"default_sampler": {"kind": "random", "skip_repeats": True}}
 
 

@@ -98,7 +98,7 @@ def test_drivers_sharing_a_journal_never_create_more_trials_than_the_study_reque
     from conftest import new_ledger
 
     ledger = new_ledger(tmp_path, "journal")
-    ledger.set_requested(12)
+    ledger.add_run("run-1", 12, 1, join=False)  # what a driver records: the total they count against
     go = tmp_path / "go"
     procs = [subprocess.Popen([sys.executable, "-c", ASKER, ledger.root, str(go), str(i)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for i in range(4)]

@@ -313,11 +313,6 @@ class Ledger:
             self._storage.get_study_id_from_name(study.study_name), number
         )
 
-    def set_requested(self, total: int) -> None:
-        """The study's requested total, what every driver counts against (PostgreSQL: several)."""
-        with self.suggest_lock():
-            self._write_record({**self.record(), "trials_requested": total})
-
     def enqueue(self, points: Iterable[dict[str, Any]]) -> None:
         for point in points:
             self.study().enqueue_trial(point)
