@@ -88,3 +88,66 @@ def new_ledger(tmp_path: Path, storage: str = "sqlite"):
     ledger = Ledger(root)
     ledger.study(create_directions=["maximize"])
     return ledger
+
+
+def _processes() -> dict[int, tuple[int, bytes]]:
+    """Every process of this machine: pid -> (parent pid, command line)."""
+    table = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            stat = (entry / "stat").read_text()
+        except OSError:  # ended meanwhile
+            continue
+        table[int(entry.name)] = (int(stat.rsplit(")", 1)[1].split()[1]), cmdline)
+    return table
+
+
+def _with_descendants(roots: set[int], table: dict[int, tuple[int, bytes]]) -> set[int]:
+    found, grew = set(roots), True
+    while grew:
+        more = {pid for pid, (ppid, _) in table.items() if ppid in found} - found
+        found |= more
+        grew = bool(more)
+    return found
+
+
+def _kill_and_wait(pids: set[int], timeout: float = 60.0) -> None:
+    import signal
+    import time
+
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and pids & set(_processes()):
+        time.sleep(0.1)
+
+
+def kill_driver_and_its_ray(proc) -> None:
+    """SIGKILL a driver started with `start_new_session=True`, its process group, and every process
+    under it: the local Ray it started (gcs_server, raylet, agents, and trial workers, which run in
+    process groups of their own). Only this driver's: `ray stop --force` would stop every Ray on the
+    machine, a developer's other runs included."""
+    import signal
+
+    tree = _with_descendants({proc.pid}, _processes())
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+    _kill_and_wait(tree - {proc.pid})
+
+
+def stop_ray_under(temp_dir: str) -> None:
+    """Stop the Ray whose temp dir is `temp_dir` (`ray start --temp-dir`): the processes whose command
+    line names it (gcs_server, raylet, Ray's daemons) and every process under them (agents and workers,
+    retitled `ray::...`); no other Ray."""
+    table = _processes()
+    marker = temp_dir.encode()
+    _kill_and_wait(_with_descendants({pid for pid, (_, cmd) in table.items() if marker in cmd}, table))

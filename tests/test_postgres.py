@@ -5,7 +5,6 @@ password never written or printed."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ import pytest
 import yaml
 
 from autofl.tuning.store.storage import open_storage
+from conftest import kill_driver_and_its_ray
 from pg_server import PgServer, serve_pg
 from test_storage_race import open_at_once
 from test_search_e2e import space_file
@@ -69,10 +69,6 @@ def finished_count(pg: PgServer, name: str) -> int:
         return 0
 
 
-def stop_ray() -> None:
-    subprocess.run([str(Path(sys.executable).parent / "ray"), "stop", "--force"], capture_output=True, timeout=120)
-
-
 def test_postgres_study_survives_a_killed_driver_and_never_writes_the_password(pg, tmp_path):
     home = tmp_path / "home"
     env = {**os.environ, "AUTOFL_STORAGE": pg.url_with_password}  # the password comes from the environment only
@@ -92,10 +88,8 @@ def test_postgres_study_survives_a_killed_driver_and_never_writes_the_password(p
                                    str(home)], stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         wait_for(lambda: finished_count(pg, "pgkill") >= 2 or driver.poll() is not None)
         assert driver.poll() is None, "the study finished before it could be killed; make it longer"
-        os.killpg(driver.pid, signal.SIGKILL)
-        driver.wait()
+        kill_driver_and_its_ray(driver)
     outputs.append(log.read_text())
-    stop_ray()
     finished_before = {t.number: (t.state.name, t.value) for t in trials_of(pg, "pgkill") if t.state.is_finished()}
     assert len(finished_before) < 6, finished_before  # killed mid-study
 

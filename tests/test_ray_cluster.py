@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -18,6 +19,8 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
+
+from conftest import stop_ray_under
 
 pytestmark = pytest.mark.slow
 AUTOFL = [sys.executable, "-m", "autofl.cli"]
@@ -43,7 +46,8 @@ def cluster():
                        env=env, timeout=300)
         yield f"127.0.0.1:{port}", env
     finally:
-        subprocess.run([RAY, "stop", "--force"], capture_output=True, env=env, timeout=300)
+        stop_ray_under(temp)  # this cluster's two nodes; `ray stop --force` would stop every Ray on the machine
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def test_study_runs_on_both_nodes_and_resumes_after_its_driver_is_killed(cluster, tmp_path):

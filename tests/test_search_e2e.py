@@ -14,7 +14,7 @@ import yaml
 
 from autofl.tuning.strategy.objectives import TEST_METRICS
 from autofl.tuning.store.storage import open_storage
-from conftest import STORAGE_KINDS, read_metrics
+from conftest import STORAGE_KINDS, kill_driver_and_its_ray, read_metrics
 
 pytestmark = pytest.mark.slow
 AUTOFL = [sys.executable, "-m", "autofl.cli"]
@@ -121,9 +121,7 @@ def test_killed_driver_resumes_without_losing_or_rerunning_trials(tmp_path, stor
                 break
     assert driver.poll() is None, (f"the driver exited ({driver.returncode}) before it could be killed: "
                                    f"{stderr.read_text()[-3000:]}")
-    os.killpg(driver.pid, signal.SIGKILL)
-    driver.wait()
-    subprocess.run([str(Path(sys.executable).parent / "ray"), "stop", "--force"], capture_output=True, timeout=120)
+    kill_driver_and_its_ray(driver)
     finished_before = {t.number: (t.state.name, t.value, t.params) for t in trials_of(home, "killme")
                        if t.state.is_finished()}
     assert finished_before and len(finished_before) < 6, finished_before  # killed mid-study
@@ -176,7 +174,7 @@ def test_a_study_killed_mid_trial_and_resumed_equals_an_uninterrupted_one(tmp_pa
             continue
         running = [t for t in trials if t.state.name == "RUNNING" and t.intermediate_values]
         if sum(t.state.is_finished() for t in trials) >= 2 and running:
-            os.killpg(driver.pid, signal.SIGKILL)
+            kill_driver_and_its_ray(driver)
             killed_in = (running[0].number, sorted(running[0].intermediate_values))
             break
     assert killed_in is not None, "the study ended before a poll found a trial mid-way; make it longer"
