@@ -60,7 +60,7 @@ client's own dict (what `sharing` kept, under "private", and what `remember` sto
 from __future__ import annotations
 
 import copy
-import functools
+import weakref
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
@@ -151,6 +151,9 @@ class ModelLayout:
         takes every layer)."""
         return any(key.startswith(prefix) for key in self.parameter_keys)
 
+
+# each method instance's layout (`Method.layout`), read once
+_LAYOUTS: weakref.WeakKeyDictionary[Method, ModelLayout] = weakref.WeakKeyDictionary()
 
 # hooks a method no longer overrides: what they decided is declared (`sharing`) or hooked (`remember`)
 _DECLARED_NOT_OVERRIDDEN = {
@@ -261,14 +264,19 @@ class Method:
                 model.add_module(name, copy.deepcopy(template))
         return model
 
-    @functools.cached_property
+    @property
     def layout(self) -> ModelLayout:
         """The layout of `build_model()`'s model, for hooks that depend on it (which parts have
         parameters, which keys are parameters): built once on the meta device, so it allocates no
-        weights and draws nothing from the seeded random streams, whenever a hook first asks."""
-        with torch.random.fork_rng(devices=[]), torch.device("meta"):
-            model = self.build_model()
-        return ModelLayout(tuple(name for name, _ in model.named_parameters()))
+        weights and draws nothing from the seeded random streams, whenever a hook first asks. Kept
+        beside the method, not in its attributes: a fast executor keys a loss's graphs on the attributes
+        of the method it is bound to, and one that appeared mid-run would make them capture anew."""
+        layout = _LAYOUTS.get(self)
+        if layout is None:
+            with torch.random.fork_rng(devices=[]), torch.device("meta"):
+                model = self.build_model()
+            layout = _LAYOUTS[self] = ModelLayout(tuple(name for name, _ in model.named_parameters()))
+        return layout
 
     def private_prefixes(self) -> tuple[str, ...]:
         """State-dict key prefixes of the private models (`personal.` for Ditto's v)."""
