@@ -607,7 +607,9 @@ class _ChunkRun:
     def _metered(self) -> dict[str, tuple[list[float], list[int]]]:
         """Per report key, each client's summed sample losses and its sample count: the steps recorded
         alike (the same clients, batch size and layout; in a lockstep epoch nearly all of them) are
-        summed as one stack."""
+        added up together, step after step. Not `torch.stack(...).sum(0)`: how that reduction orders
+        its additions depends on the number of rows and the CPU's vector width (on an AVX-512 CPU a
+        population's C x K rows and a run alone's K rows differed in a client's last bit)."""
         metered = {}
         for key, steps in self.meters.items():
             alike: dict[tuple[int, int, int, int, int], list[torch.Tensor]] = {}
@@ -616,7 +618,10 @@ class _ChunkRun:
             totals = torch.zeros(self.k, dtype=self.x.dtype, device=self.device)
             counts = [0] * self.k
             for (lo, hi, size, start, _), same in alike.items():
-                totals[lo:hi] += torch.stack(same).sum(0)[lo - start : hi - start] * size
+                summed = torch.zeros_like(same[0])
+                for losses in same:  # each row's own additions, in step order, whatever the rows
+                    summed += losses
+                totals[lo:hi] += summed[lo - start : hi - start] * size
                 for i in range(lo, hi):
                     counts[i] += size * len(same)
             metered[key] = (totals.tolist(), counts)
