@@ -90,7 +90,7 @@ def new_ledger(tmp_path: Path, storage: str = "sqlite"):
     return ledger
 
 
-def _processes() -> dict[int, tuple[int, bytes]]:
+def processes() -> dict[int, tuple[int, bytes]]:
     """Every process of this machine: pid -> (parent pid, command line)."""
     table = {}
     for entry in Path("/proc").iterdir():
@@ -105,7 +105,8 @@ def _processes() -> dict[int, tuple[int, bytes]]:
     return table
 
 
-def _with_descendants(roots: set[int], table: dict[int, tuple[int, bytes]]) -> set[int]:
+def with_descendants(roots: set[int], table: dict[int, tuple[int, bytes]]) -> set[int]:
+    """`roots` and every process under them in `table` (`processes()`)."""
     found, grew = set(roots), True
     while grew:
         more = {pid for pid, (ppid, _) in table.items() if ppid in found} - found
@@ -124,7 +125,7 @@ def _kill_and_wait(pids: set[int], timeout: float = 60.0) -> None:
         except ProcessLookupError:
             pass
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and pids & set(_processes()):
+    while time.monotonic() < deadline and pids & set(processes()):
         time.sleep(0.1)
 
 
@@ -135,7 +136,7 @@ def kill_driver_and_its_ray(proc) -> None:
     machine, a developer's other runs included."""
     import signal
 
-    tree = _with_descendants({proc.pid}, _processes())
+    tree = with_descendants({proc.pid}, processes())
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
@@ -148,6 +149,6 @@ def stop_ray_under(temp_dir: str) -> None:
     """Stop the Ray whose temp dir is `temp_dir` (`ray start --temp-dir`): the processes whose command
     line names it (gcs_server, raylet, Ray's daemons) and every process under them (agents and workers,
     retitled `ray::...`); no other Ray."""
-    table = _processes()
+    table = processes()
     marker = temp_dir.encode()
-    _kill_and_wait(_with_descendants({pid for pid, (_, cmd) in table.items() if marker in cmd}, table))
+    _kill_and_wait(with_descendants({pid for pid, (_, cmd) in table.items() if marker in cmd}, table))

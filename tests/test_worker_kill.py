@@ -14,6 +14,7 @@ import optuna
 import pytest
 import yaml
 
+from conftest import processes, with_descendants
 from test_search_e2e import AUTOFL, run
 
 pytestmark = pytest.mark.slow
@@ -22,29 +23,11 @@ pytestmark = pytest.mark.slow
 def _worker_pids(driver_pid: int) -> list[int]:
     """This driver's trial workers (its descendants titled ray::<...>Trainable, e.g.
     ray::ResourceTrainable.train while training), never another Ray's."""
-    parent: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = open(f"/proc/{entry}/stat").read()
-            except OSError:  # exited meanwhile
-                continue
-            parent[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
-
-    def descends(pid: int) -> bool:
-        while pid > 1:
-            pid = parent.get(pid, 0)
-            if pid == driver_pid:
-                return True
-        return False
-
+    table = processes()
     found = []
-    for pid in parent:
-        try:
-            cmdline = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if cmdline.startswith("ray::") and "Trainable" in cmdline and descends(pid):
+    for pid in with_descendants({driver_pid}, table) - {driver_pid}:
+        cmdline = table[pid][1].replace(b"\0", b" ").decode(errors="replace")
+        if cmdline.startswith("ray::") and "Trainable" in cmdline:
             found.append(pid)
     return found
 
