@@ -393,7 +393,7 @@ class Study:
             if missing:  # Ray starts only when there is something to run
                 ray_start.start_ray(folder.root, address, verbose)
                 preflight.sigterm_as_ctrl_c()  # after Ray's own driver handler
-                resources = folder.space().resolve_resources().resources  # none of its runs could start
+                resources = folder.space().resolve_resources(population=False).resources  # none of its runs could start
                 preflight.check_cluster_fits(resources.cpu, resources.gpu_share, address)  # on a cluster without them
 
         try:
@@ -623,7 +623,8 @@ def _run_study(
         # Ray's processes start while this thread waits on them: import the trial stack meanwhile
         # (measured on 2 cores: the quickstart's start-up overlaps by about 1.5 s)
         logs = ray_start.start_ray(folder.root, address, verbose, meanwhile=_import_trial_stack)
-        space = folder.space().resolve_resources()  # once: the space object every later step reads
+        # once: the space object every later step reads
+        space = folder.space().resolve_resources(recorded_population=store.recorded_width(folder))
         preflight.check_cluster_fits(space.resources.cpu, space.resources.gpu_share, address)
     preflight.sigterm_as_ctrl_c()  # after Ray's own driver handler: SIGTERM stops the run as Ctrl-C does
     try:

@@ -85,22 +85,40 @@ class Population:
     `population_ready` or C is 1."""
 
     def __init__(
-        self, experiments: list[Experiment], raw: RawDataset | None = None, device: torch.device | None = None
+        self,
+        experiments: list[Experiment],
+        raw: RawDataset | None = None,
+        device: torch.device | None = None,
+        sealed_test: bool = False,
     ):
-        method_cls = check_population(experiments)
+        self.method_cls = check_population(experiments)
         raw = raw if raw is not None else load_raw_dataset(experiments[0].data)
-        self.sims = [Simulation(exp, method_cls, raw=raw, device=device) for exp in experiments]
+        # sealed_test: a search's members, whose data hold no test split (as a search trial's)
+        self.sims = [
+            Simulation(exp, self.method_cls, raw=raw, device=device, sealed_test=sealed_test) for exp in experiments
+        ]
         for sim in self.sims[1:]:  # one data set: the members' data configs and seeds are the same
             sim.data = self.sims[0].data
+        names = fusible_fields(self.method_cls.Params)
+        self.flags = [{f"method.{n}": float(exp.method.params()[n]) for n in names} for exp in experiments]
+        self._build_executor()
+
+    def _build_executor(self) -> None:
         # a model the vectorized executor cannot batch (`vectorizable`) trains each config alone too
         self.fused = (
-            bool(getattr(method_cls, "population_ready", False))
+            bool(getattr(self.method_cls, "population_ready", False))
             and len(self.sims) > 1
             and vectorizable(self.sims[0].workspace) is None
         )
         self.executor = PopulationExecutor(self.sims[0].workspace) if self.fused else None
-        names = fusible_fields(method_cls.Params)
-        self.flags = [{f"method.{n}": float(exp.method.params()[n]) for n in names} for exp in experiments]
+
+    def keep(self, members: list[int]) -> None:
+        """Go on with only `members` (indices, in order): the others (pruned, failed) stop costing
+        compute. The kept members' simulations keep their state, so their rounds stay those of their
+        runs alone."""
+        self.sims = [self.sims[i] for i in members]
+        self.flags = [self.flags[i] for i in members]
+        self._build_executor()
 
     def run_round(self) -> list[dict[str, float] | None]:
         """One round of every member: each one's metrics when the round is evaluated, else None."""
@@ -120,7 +138,7 @@ class Population:
         return results
 
     def done(self) -> bool:
-        return self.sims[0].done()
+        return not self.sims or self.sims[0].done()
 
     def run(self) -> list[list[dict[str, float]]]:
         """Every member's evaluated rounds, to the end of `fl.rounds`."""

@@ -146,17 +146,19 @@ def study_record(trials) -> list[tuple]:
             for t in trials if not t.user_attrs.get("interrupted")]
 
 
-def test_a_study_killed_mid_trial_and_resumed_equals_an_uninterrupted_one(tmp_path):
+@pytest.mark.parametrize("population", [1, 3])
+def test_a_study_killed_mid_trial_and_resumed_equals_an_uninterrupted_one(tmp_path, population):
     """Issue 42: after a SIGKILL of the driver's process group mid-trial, --resume ends with the
     study an uninterrupted run of the same space and seed makes: the same configs in the same
-    order, the same per-round values, the same ASHA decisions, no placeholder trial."""
+    order, the same per-round values, the same ASHA decisions, no placeholder trial. Issue 37: the
+    same with population trials (cohorts of 3 configs per Tune trial, each member its own trial)."""
     home = tmp_path / "home"
     space = space_file(tmp_path, "kc", trials=5, rounds=12)
     tree = yaml.safe_load(space.read_text())
     # one trial at a time (ASHA judges each against all earlier ones, whatever the timing); each trains
     # at least 4 rounds, so that a poll finds one mid-trial
-    tree.update(resources={"cpu": 1, "max_concurrent": 1}, scheduler={"kind": "asha", "grace_period": 4,
-                                                                        "reduction_factor": 2})
+    tree.update(resources={"cpu": 1, "max_concurrent": 1, "population": population},
+                scheduler={"kind": "asha", "grace_period": 4, "reduction_factor": 2})
     space.write_text(yaml.safe_dump(tree))
     clean = run(["search", "--space", space, "--dir", home, "--name", "clean"])
     assert clean.returncode == 0, clean.stderr[-3000:]

@@ -45,7 +45,14 @@ from autofl.tuning.store.storage import is_journal, is_shared, journal_lock, ope
 from autofl.tuning.store.study import CONFIG_ATTR, LEGACY_RECORD_KEYS, RECORD_ATTR, StudyFolder, record_of
 from autofl.tuning.strategy.constraints import FEASIBLE_ATTR, constraint_values
 from autofl.tuning.strategy.objectives import REPORTED_KEYS, direction
-from autofl.tuning.strategy.repeats import ask_unseen, config_key, is_repeat, tell_as_twin, trained_configs
+from autofl.tuning.strategy.repeats import (
+    REPEAT_TRIES,
+    ask_unseen,
+    config_key,
+    is_repeat,
+    tell_as_twin,
+    trained_configs,
+)
 from autofl.tuning.strategy.space import SearchSpace, grid_size
 
 FINISHED_STATES = ("COMPLETE", "PRUNED", "FAIL")
@@ -265,7 +272,9 @@ class Ledger:
         study.json until its next run moves them here."""
         return record_of(self.study(), self.folder().meta())
 
-    def add_run(self, name: str, trials: int, layout: int, join: bool, top_up: bool = False) -> dict[str, Any]:
+    def add_run(
+        self, name: str, trials: int, layout: int, join: bool, top_up: bool = False, population: int = 1
+    ) -> dict[str, Any]:
         """Record a new driver run of `trials`: a main run adds them to the requested total and
         records the folder it runs in; a --join driver's run shares the total, and so does a
         `top_up` (trials the study requested before, which a killed run left unfinished: the total
@@ -273,7 +282,10 @@ class Ledger:
         record after it."""
         with self.suggest_lock():  # several drivers of a shared study: one read-modify-write at a time
             record = self.record()
-            record["runs"] = [*record["runs"], {"name": name, "trials": trials, "layout": layout}]
+            run = {"name": name, "trials": trials, "layout": layout}
+            if population > 1:  # its configs per trial (`resources.population`; read back by recorded_width)
+                run["population"] = population
+            record["runs"] = [*record["runs"], run]
             if not join:
                 record["trials_requested"] += 0 if top_up else trials
                 record["root"] = str(Path(self.root).resolve())  # a joiner may mount the folder elsewhere
@@ -384,6 +396,55 @@ class Ledger:
             trial.set_user_attr("tune_trial_id", tune_trial_id)  # inside the lock: untagged RUNNING = orphan
             trial.set_user_attr("tune_run", run_name)
         return trial.number, {**trial.params, **(returned if isinstance(returned, dict) else {})}
+
+    def ask_member(
+        self,
+        run_name: str,
+        member_id: str,
+        known: set[str],
+        budget: int,
+        sampler: Any,
+        define: Callable[[Any], dict[str, Any] | None],
+        fixed: dict[str, Any],
+        skip_repeats: bool = False,
+    ) -> tuple[int, dict[str, Any]] | None:
+        """Another member of a cohort (a population trial, autofl/tuning/strategy/cohorts.py) whose
+        first member `ask` gave: a trial whose params include `fixed` (the first member's non-fusible
+        values), tagged with `member_id`; None when the budget is reached, or when the study holds a
+        trial an ask must take first that does not fit the cohort (an enqueued start point, an
+        orphan of other values), so that the trials' numbers and params are those the asks of an
+        uninterrupted run give. An orphan that fits (a member of the cohort a killed driver ran) is
+        adopted: a killed cohort comes back whole. With `skip_repeats`, a proposal a finished trial
+        trained is told as that twin and the sampler asked again, as `ask` does."""
+        study = self.study(sampler=sampler)
+        with self.suggest_lock():
+            trials = study.get_trials(deepcopy=False)
+            if self._run_budget_used(trials, run_name, known) >= budget:
+                return None
+            orphans = sorted((t for t in trials if is_orphan(t)), key=lambda t: t.number)
+            if orphans:
+                if any(orphans[0].params.get(k) != v for k, v in fixed.items()):
+                    return None
+                return self._adopt_orphan(study, orphans[:1], run_name, member_id, define, skip_repeats=False)
+            if any(t.state.name == "WAITING" for t in trials) or self._study_budget_reached(trials):
+                return None
+            trained = trained_configs(study) if skip_repeats else {}
+            for attempt in range(REPEAT_TRIES + 1 if skip_repeats else 1):
+                study.enqueue_trial(fixed, skip_if_exists=False)  # Optuna's way to fix some params of the next ask
+                trial = study.ask()
+                returned = define(trial)
+                twin = None if attempt == REPEAT_TRIES else trained.get(config_key(trial.params))
+                if twin is None:
+                    break
+                tell_as_twin(study, trial, twin)  # a config a finished trial trained: as ask_unseen does
+            trial.set_user_attr("tune_trial_id", member_id)  # inside the lock: untagged RUNNING = orphan
+            trial.set_user_attr("tune_run", run_name)
+        return trial.number, {**trial.params, **(returned if isinstance(returned, dict) else {})}
+
+    def finished_numbers(self, numbers: Iterable[int]) -> set[int]:
+        """Which of trials `numbers` the study has finished (a cohort's worker drops them: a member
+        ASHA pruned, autofl/tuning/tune/scheduler.py)."""
+        return {n for n in numbers if self._frozen(n).state.is_finished()}
 
     def _adopt_orphan(
         self,

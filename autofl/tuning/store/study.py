@@ -421,6 +421,13 @@ def read_record(study: StudyFolder) -> dict[str, Any]:
     return record_of(study.load_optuna(), study.meta())
 
 
+def recorded_width(study: StudyFolder) -> int | None:
+    """The population width the study's first run of population trials trained with (what
+    `resources.population: auto` measured then), or None: a resumed study keeps its cohorts' width."""
+    widths = [r["population"] for r in read_record(study)["runs"] if r.get("population")]
+    return int(widths[0]) if widths else None
+
+
 def _settled_stamp(study: StudyFolder) -> list[Any] | None:
     """The storage's stamp, or None for a server's storage or one written within SETTLED_S."""
     stamp = storage_stamp(study.storage_url())

@@ -114,7 +114,9 @@ class ResourcesSpec(Strict):
 
     @property
     def auto_line(self) -> str | None:
-        return self._auto_line
+        """What `gpu: auto` and `population: auto` resolved to and why (None when neither was auto)."""
+        lines = [line for line in (self._auto_line, self._population_line) if line]
+        return "; ".join(lines) or None
 
     @property
     def gpu_share(self) -> float:
@@ -129,6 +131,32 @@ class ResourcesSpec(Strict):
         description="trials in flight at once; default: as many as the cluster holds when the run "
         "starts (set it higher on an autoscaling cluster)",
     )
+    population: int | Literal["auto"] = Field(
+        1,
+        description="configs one trial trains together as one batched model (population trials, "
+        "autofl/tuning/strategy/cohorts.py): they share every value that is not fusible; each is its "
+        "own Optuna trial, judged by ASHA on its own; 1: one config per trial; auto: the width with "
+        "the most config-rounds per second on a dry round (autofl/tuning/tune/population_width.py)",
+    )
+    _population_line: str | None = PrivateAttr(None)  # what `population: auto` resolved to and why
+
+    @field_validator("population", mode="before")
+    @classmethod
+    def _width_or_auto(cls, value: Any) -> Any:
+        if value == "auto":
+            return value
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError("allowed: auto, or a whole number of configs per trial >= 1 (1: one config per trial)")
+        return value
+
+    @property
+    def population_width(self) -> int:
+        """`population` as a number, once `SearchSpace.resolve_resources` has resolved `auto`."""
+        if self.population == "auto":
+            raise RuntimeError(
+                "resources.population: auto is not resolved yet (call SearchSpace.resolve_resources first)"
+            )
+        return self.population
 
 
 class SearchSpace(Strict):
@@ -265,15 +293,34 @@ class SearchSpace(Strict):
     def multi_objective(self) -> bool:
         return self.objectives is not None
 
-    def resolve_resources(self) -> SearchSpace:
+    def resolve_resources(self, recorded_population: int | None = None, population: bool = True) -> SearchSpace:
         """The explicit step a driver takes once before it runs trials (parsing measures nothing):
         `resources.gpu: auto` becomes the share of a card one trial needs, measured on a dry round
-        of the base experiment (0 without a GPU; autofl/tuning/tune/gpu_packing.py). Idempotent."""
+        of the base experiment (0 without a GPU; autofl/tuning/tune/gpu_packing.py), and
+        `resources.population: auto` the width measured the fastest (autofl/tuning/tune/population_width.py),
+        or `recorded_population`, the width the study's first run measured (not with `population`
+        False: a re-evaluation trains no cohorts). Idempotent."""
         if self.resources.gpu == "auto":
             from autofl.tuning.tune.gpu_packing import resolve_auto_gpu  # lazy: pulls torch
 
             self.resources.gpu, self.resources._auto_line = resolve_auto_gpu(
                 self.base_experiment(), self.resources.cpu, self.resources.max_concurrent
+            )
+        if self.resources.population == "auto" and recorded_population:
+            self.resources.population = recorded_population
+            self.resources._population_line = (
+                f"resources.population: auto = {recorded_population}: as this study's first run measured "
+                "(kept, so that a resumed or extended study forms the cohorts it did)"
+            )
+        if self.resources.population == "auto" and population:
+            from autofl.device import resolve_device  # lazy: pulls torch
+            from autofl.tuning.tune.gpu_packing import concurrent_trials, machine_cpus  # lazy: pulls torch
+            from autofl.tuning.tune.population_width import resolve_auto_population  # lazy: pulls torch
+
+            slots = concurrent_trials(machine_cpus(), self.resources.cpu, self.resources.max_concurrent) or 1
+            device = resolve_device("auto" if self.resources.gpu_share > 0 else "cpu")
+            self.resources.population, self.resources._population_line = resolve_auto_population(
+                self.base_experiment(), self.trials, slots, max(1, int(self.resources.cpu)), device
             )
         return self
 
@@ -604,6 +651,11 @@ def check_strategy(space: SearchSpace) -> None:
         raise ValueError(
             f"constraints: sampler kind {kind} ignores constraints; allowed: sampler kind "
             f"{' or '.join(CONSTRAINED_SAMPLERS)} (Optuna's samplers that model them), or no constraints"
+        )
+    if space.resources.population != 1 and space.scheduler.kind == "median":
+        raise ValueError(
+            "scheduler.kind: median stops whole trials, and a trial of resources.population > 1 (or auto) "
+            "trains several configs; allowed with a population: asha, hyperband or none"
         )
     if space.multi_objective and space.scheduler.kind != "none":
         raise ValueError(

@@ -19,6 +19,7 @@ from autofl.tuning.store.ledger import Ledger, bound_to, is_warm_started
 from autofl.tuning.store.study import StudyFolder
 from autofl.tuning.strategy.build import make_sampler, study_start_points
 from autofl.tuning.strategy.build import make_scheduler as from_space
+from autofl.tuning.strategy.cohorts import member_results
 from autofl.tuning.strategy.repeats import config_key
 from autofl.tuning.strategy.space import DefineByRun, SearchSpace
 from autofl.tuning.strategy.warm_start import warm_configs
@@ -65,6 +66,8 @@ def make_searcher(
         # trials than methods left the rest WAITING forever)
         points_to_evaluate=points[:trials] if with_start_point else None,
         skip_repeats=space.sampler.skip_repeats,
+        population=space.resources.population_width,
+        base=space.base,
     )
 
 
@@ -85,9 +88,14 @@ def make_stopper(space: SearchSpace, ledger: Ledger, run_name: str):
 
 
 def study_trainable(
-    space: SearchSpace, trainable: type | None = None, checkpoint_every_s: float | None = None, **extra: Any
+    space: SearchSpace,
+    trainable: type | None = None,
+    checkpoint_every_s: float | None = None,
+    study_root: str | None = None,
+    **extra: Any,
 ):
-    """`trainable` (default FLTrainable) with the study's base config, dataset, threads and
+    """`trainable` (default FLTrainable; a search's with `resources.population` > 1 and its study
+    folder `study_root`: CohortTrainable) with the study's base config, dataset, threads and
     resources; `extra` goes to its setup too (e.g. a re-evaluation's run list)."""
     from ray import tune
 
@@ -95,6 +103,11 @@ def study_trainable(
     from autofl.tuning.tune.trainable import FLTrainable  # lazy: pulls torch and ray
 
     raw = load_raw_dataset(space.base_experiment().data)  # once; tune.with_parameters shares it via the object store
+    if trainable is None and space.resources.population_width > 1 and study_root is not None:
+        from autofl.tuning.tune.cohort_trainable import CohortTrainable  # lazy: pulls torch and ray
+
+        trainable = CohortTrainable  # population trials: a cohort of configs per trial
+        extra = {**extra, "study_root": study_root, "objective": space.objective, "mode": space.mode}
     wrapped = tune.with_parameters(
         trainable or FLTrainable,
         base=space.base,
@@ -113,7 +126,9 @@ def study_trainable(
 RUN_LAYOUT = 2
 
 
-def new_run(study: StudyFolder, ledger: Ledger, trials: int, join: bool, top_up: bool = False) -> tuple[str, bool]:
+def new_run(
+    study: StudyFolder, ledger: Ledger, trials: int, join: bool, top_up: bool = False, population: int = 1
+) -> tuple[str, bool]:
     """Record a new run of `trials` in the study's record (the ledger's; see Ledger.add_run): its
     name, and whether it starts with the space's start points: a main run of a study that holds no
     trial of its own yet (warm-started ones are another study's), so a first run killed before it
@@ -122,7 +137,7 @@ def new_run(study: StudyFolder, ledger: Ledger, trials: int, join: bool, top_up:
     number = len(ledger.record()["runs"]) + 1
     # a --join driver runs its own Tune experiment; the study's requested total is unchanged
     run_name = f"join-{socket.gethostname()}-{os.getpid()}-{number}" if join else f"run-{number}"
-    ledger.add_run(run_name, trials, RUN_LAYOUT, join, top_up)
+    ledger.add_run(run_name, trials, RUN_LAYOUT, join, top_up, population=population)
     return run_name, not join and all(is_warm_started(t) for t in ledger.trials())
 
 
@@ -152,14 +167,15 @@ def _run_experiment(
     space = study.space()
     ledger = Ledger(study.root)
     ray_start.init_ray(address)
-    trainable = study_trainable(space, seal_test=True)  # no test split is read before the study ends
+    # no test split is read before the study ends
+    trainable = study_trainable(space, seal_test=True, study_root=str(study.root))
     if restore is not None:
         tuner = tune.Tuner.restore(
             restore, trainable=trainable, resume_unfinished=True, resume_errored=False, restart_errored=False
         )
         run_name = restore.rstrip("/").rsplit("/", 1)[-1]
     else:
-        run_name, with_start = new_run(study, ledger, trials, join, top_up)
+        run_name, with_start = new_run(study, ledger, trials, join, top_up, space.resources.population_width)
         searcher = make_searcher(space, ledger, run_name, trials, with_start_point=with_start)
         tuner = tune.Tuner(
             trainable,
@@ -204,12 +220,15 @@ def _run_experiment(
 
 
 def last_results(grid: Any) -> dict[str, dict[str, Any]]:
-    """Each trial's last result as Tune kept it (ResultGrid), by Tune trial id."""
+    """Each trial's last result as Tune kept it (ResultGrid), by Tune trial id (a population trial's:
+    each member's, by member id)."""
     last = {}
     for result in grid:
         metrics = result.metrics or {}
         if "trial_id" in metrics:
-            last[str(metrics["trial_id"])] = metrics
+            # a population trial's members: each its own result, by the member id the ledger tags
+            for key, entry in member_results(str(metrics["trial_id"]), metrics):
+                last[key] = entry
     return last
 
 

@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from autofl.tuning.store.ledger import FINISHED_STATES, Ledger, counted, outcome
+from autofl.tuning.strategy.cohorts import member_results
 from autofl.tuning.strategy.constraints import is_feasible
 from autofl.tuning.strategy.objectives import better
 from autofl.views import format_params
@@ -90,46 +91,71 @@ class LiveView(Callback):
             )
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        number = self._number(trial.trial_id)
-        self.rows[trial.trial_id] = {
+        members = (trial.config or {}).get("members")
+        if not isinstance(members, list):  # a trial of its own
+            self._start_row(trial.trial_id, trial.config, "")
+            return
+        for m in members:  # a population trial: a row per member, each its own Optuna trial
+            self._start_row(str(m["id"]), m["params"], f" (population of {len(members)})")
+
+    def _start_row(self, key: str, params: dict[str, Any], note: str) -> None:
+        number = self._number(key)
+        self.rows[key] = {
             "trial": number,
             "state": "RUNNING",
             "round": 0,
             "value": None,
             "best": None,
-            "params": format_params(trial.config),
+            "params": format_params(params),
             "order": time.time(),
         }
-        self._event(f"trial {number} started: {self.rows[trial.trial_id]['params']}")
+        self._event(f"trial {number} started{note}: {self.rows[key]['params']}")
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
-        row = self.rows.get(trial.trial_id)
-        if row is None:
-            return
-        row["round"], row["value"] = result.get("round", row["round"]), result.get(self.objective, row["value"])
+        for key, entry in member_results(trial.trial_id, result):
+            row = self.rows.get(key)
+            if row is not None:
+                row["round"], row["value"] = entry.get("round", row["round"]), entry.get(self.objective, row["value"])
+        if isinstance(result.get("members"), list):  # members ASHA pruned at this result: closed in the study
+            reported = {key for key, _ in member_results(trial.trial_id, result)}
+            for key in self._member_rows(trial):
+                state = self._ledger.state_of(key)
+                if key in reported and state in FINISHED_STATES and self.rows[key]["state"] == "RUNNING":
+                    self._close_row(key, state, result)
         self._redraw()
 
+    def _member_rows(self, trial: Any) -> list[str]:
+        members = (trial.config or {}).get("members")
+        keys = [str(m["id"]) for m in members] if isinstance(members, list) else [trial.trial_id]
+        return [k for k in keys if k in self.rows]
+
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        row = self.rows.get(trial.trial_id)
-        if row is None:
-            return
         result = trial.last_result or {}
-        row["round"], row["value"] = result.get("round", row["round"]), result.get(self.objective, row["value"])
+        last = dict(member_results(trial.trial_id, result))
+        for key in self._member_rows(trial):
+            if self.rows[key]["state"] == "RUNNING":
+                self._close_row(key, None, last.get(key, {}))
+
+    def _close_row(self, key: str, state: str | None, result: dict[str, Any]) -> None:
+        row = self.rows[key]
+        entry = dict(member_results(key, result)).get(key, result)
+        row["round"], row["value"] = entry.get("round", row["round"]), entry.get(self.objective, row["value"])
         # the ledger closed the trial just before (Tune tells the searcher first); a trial it does
         # not hold (none of this driver's) shows what the ledger's rule would make of its result
-        state = self._ledger.state_of(trial.trial_id)
+        state = state or self._ledger.state_of(key)
         if state not in FINISHED_STATES:
-            state = outcome(result, False, [self.objective], self.max_rounds)[0]
+            state = outcome(entry, False, [self.objective], self.max_rounds)[0]
         row["state"] = state
-        if state == "COMPLETE" and self._ledger.feasible_of(trial.trial_id):  # never an infeasible best
+        if state == "COMPLETE" and self._ledger.feasible_of(key):  # never an infeasible best
             self._offer(row["value"], row["trial"])
-        self._finish(row, f" ({result['diverged']})" if result.get("diverged") else "")
+        self._finish(row, f" ({entry['diverged']})" if entry.get("diverged") else "")
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        row = self.rows.get(trial.trial_id)
-        if row is not None:
-            row["state"] = self._ledger.state_of(trial.trial_id) or "FAIL"  # the searcher recorded the error
-            self._finish(row, " (see the study's logs/ folder)")
+        for key in self._member_rows(trial):
+            row = self.rows[key]
+            if row["state"] == "RUNNING":
+                row["state"] = self._ledger.state_of(key) or "FAIL"  # the searcher recorded the error
+                self._finish(row, " (see the study's logs/ folder)")
 
     def on_experiment_end(self, trials: list, **info: Any) -> None:
         self.close()

@@ -7,6 +7,10 @@ rung runs to the end. Before it judges its first trial, this scheduler takes the
 ledger (every tagged trial's per-round values replayed through the same rule), keyed by Tune
 trial id; a trial already recorded at a rung is not judged there again, exactly as in one
 uninterrupted run. The rule itself is autofl/tuning/strategy/asha.py (one bracket, as Tune's default).
+
+A population trial (autofl/tuning/strategy/cohorts.py) reports its members' values in one result;
+each member is judged as a trial of its own, keyed by its member id (the ledger's tag), and a member
+stopped at a rung is closed PRUNED through the ledger there and then (its cohort goes on without it).
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ class StudyASHA(FIFOScheduler):
         self._rung_history: list[dict[float, dict[str, float]]] | None = None  # per bracket, from the ledger
 
     def __getstate__(self) -> dict[str, Any]:  # a restored driver rebuilds the rungs from the study
-        return {**self.__dict__, "_rung_history": None, "_numbers": {}, "_seen": set()}
+        return {**self.__dict__, "_rung_history": None, "_numbers": {}, "_seen": set(), "_pruned": set()}
 
     def set_search_properties(self, metric: str | None, mode: str | None, **spec: Any) -> bool:
         if (self._metric and metric) or (self._mode and mode):
@@ -109,7 +113,9 @@ class StudyASHA(FIFOScheduler):
         if not self._metric or self._mode not in ("max", "min"):
             raise ValueError("StudyASHA needs a metric and a mode (max or min): pass them to tune.TuneConfig")
         self.seed_from_study()
-        self._take_over_earlier_ids(trial.trial_id)
+        members = (trial.config or {}).get("members")
+        for key in [str(m["id"]) for m in members] if isinstance(members, list) else [trial.trial_id]:
+            self._take_over_earlier_ids(key)
 
     def _take_over_earlier_ids(self, trial_id: str) -> None:
         """A trial a killed driver left, trained again under the new Tune id `trial_id` (the ledger
@@ -143,14 +149,39 @@ class StudyASHA(FIFOScheduler):
     def on_trial_result(self, tune_controller: Any, trial: Any, result: dict) -> str:
         if self._time_attr not in result or self._metric not in result:
             return TrialScheduler.CONTINUE
+        if not isinstance(result.get("members"), list):
+            return self._judge(trial.trial_id, result)
+        return self._judge_members(result)
+
+    def _judge(self, trial_id: str, result: dict) -> str:
         seen = self.__dict__.setdefault("_seen", set())
-        if trial.trial_id not in seen:  # its first result in this driver
-            seen.add(trial.trial_id)
-            if self._stopped_before(trial.trial_id):
+        if trial_id not in seen:  # its first result in this driver
+            seen.add(trial_id)
+            if self._stopped_before(trial_id):
                 return TrialScheduler.STOP
         if result[self._time_attr] >= self._max_t:
             return TrialScheduler.STOP  # finished; recorded when Tune reports it complete
-        return self._record(trial.trial_id, result[self._time_attr], result[self._metric])
+        return self._record(trial_id, result[self._time_attr], result[self._metric])
+
+    def _judge_members(self, result: dict) -> str:
+        """A population trial's result (autofl/tuning/strategy/cohorts.py): each member judged at its
+        rung as a trial of its own, against every member and trial of the rung. A member ASHA stops
+        is closed PRUNED at once, with this round's value (the ledger's rule: it stopped before
+        max_t), so its cohort's worker drops it before its next round; the cohort trial stops when
+        none of its members goes on."""
+        pruned = self.__dict__.setdefault("_pruned", set())
+        going_on = False
+        for member in result["members"]:
+            key = str(member["id"])
+            if key in pruned or member.get("diverged") or self._metric not in member:
+                continue
+            entry = {self._time_attr: result[self._time_attr], **member}
+            if self._judge(key, entry) == TrialScheduler.CONTINUE:
+                going_on = True
+            elif entry[self._time_attr] < self._max_t:
+                pruned.add(key)
+                self._ledger.close(int(member["number"]), entry, False, [str(self._metric)], self._max_t)
+        return TrialScheduler.CONTINUE if going_on else TrialScheduler.STOP
 
     def _stopped_before(self, trial_id: str) -> bool:
         """Whether an earlier driver's ASHA stopped this trial at its last rung, and was killed before
@@ -181,8 +212,15 @@ class StudyASHA(FIFOScheduler):
         return asha.decide(others, recorded[trial_id], self._mode, self._rf)
 
     def on_trial_complete(self, tune_controller: Any, trial: Any, result: dict) -> None:
-        if self._time_attr in result and self._metric in result:
+        if self._time_attr not in result or self._metric not in result:
+            return
+        if not isinstance(result.get("members"), list):
             self._record(trial.trial_id, result[self._time_attr], result[self._metric])
+            return
+        pruned = self.__dict__.setdefault("_pruned", set())
+        for member in result["members"]:  # each member's last value at its rung (a pruned one's is there)
+            if str(member["id"]) not in pruned and not member.get("diverged") and self._metric in member:
+                self._record(str(member["id"]), result[self._time_attr], member[self._metric])
 
     def debug_string(self) -> str:
         return "StudyASHA: " + "; ".join(

@@ -23,6 +23,7 @@ from autofl.files import write_atomic
 from autofl.tuning.store import write_failure
 from autofl.tuning.store.ledger import Ledger
 from autofl.tuning.store.study import resolved_config
+from autofl.tuning.strategy.cohorts import fixed_params, member_id, member_results
 from autofl.tuning.strategy.objectives import direction
 
 
@@ -52,6 +53,8 @@ class StudySearcher(Searcher):
         budget: int,
         points_to_evaluate: list[dict[str, Any]] | None = None,
         skip_repeats: bool = False,
+        population: int = 1,
+        base: dict[str, Any] | None = None,
     ):
         # Ray's Searcher keeps lists (several objectives) as they are; its annotation says str
         super().__init__(metric=metric, mode=mode)  # type: ignore[arg-type]
@@ -63,8 +66,13 @@ class StudySearcher(Searcher):
         self._max_t = max_t
         self._run_name = run_name
         self._budget = budget
-        self._trials: dict[str, int] = {}  # Tune trial id -> Optuna trial number
-        self._finished: set[str] = set()  # Tune trial ids this searcher saw finish
+        self._trials: dict[str, int] = {}  # Tune trial id (a cohort's: member id) -> Optuna trial number
+        self._finished: set[str] = set()  # those ids this searcher saw finish
+        # population trials (autofl/tuning/strategy/cohorts.py): configs per Tune trial, at most
+        self._population = population
+        self._base = base or {}  # the space's base config (which method a trial runs)
+        self._cohorts: dict[str, list[str]] = {}  # a cohort's Tune trial id -> its member ids
+        self._tune_done: set[str] = set()  # cohorts' Tune trial ids that Tune completed
         self._max_concurrent = 0  # no limit until Tune sets one
 
         modes = list(mode) if isinstance(mode, list) else [mode]
@@ -90,10 +98,18 @@ class StudySearcher(Searcher):
         with noting_failed_writes():
             self._on_trial_complete(trial_id, result, error)
 
+    def _live(self) -> int:
+        """Tune trials handed out and not finished (a cohort counts once)."""
+        cohorts = getattr(self, "_cohorts", {})
+        members = {m for ids in cohorts.values() for m in ids}
+        solo = set(self._trials) - members - self._finished
+        return len(solo) + len(set(cohorts) - getattr(self, "_tune_done", set()))
+
     def _suggest(self, trial_id: str) -> dict | str | None:
-        live = len(set(self._trials) - self._finished)
-        if self._max_concurrent and live >= self._max_concurrent:
+        if self._max_concurrent and self._live() >= self._max_concurrent:
             return None  # asked again when a trial completes
+        if getattr(self, "_population", 1) > 1:
+            return self._suggest_cohort(trial_id)
         skip_repeats = getattr(self, "_skip_repeats", False)  # a searcher pickled before the option: off
         asked = self._ledger.ask(
             self._run_name,
@@ -107,13 +123,61 @@ class StudySearcher(Searcher):
         if asked is None:
             return Searcher.FINISHED
         number, params = asked
+        self._take(trial_id, number, params)
+        return params
+
+    def _take(self, trial_id: str, number: int, params: dict[str, Any]) -> None:
         self._trials[trial_id] = number
         space = getattr(self._define, "space", None)
         if space is not None:  # `best-config export` reads it back without torch or the registries
             self._ledger.record_config(number, resolved_config(space, params))
-        return params
+
+    def _suggest_cohort(self, trial_id: str) -> dict | str | None:
+        """A population trial: up to `population` configs that differ only in fusible values, each
+        its own Optuna trial (autofl/tuning/strategy/cohorts.py). Its config lists the members."""
+        first = member_id(trial_id, 0)
+        asked = self._ledger.ask(
+            self._run_name,
+            first,
+            set(self._trials),
+            self._budget,
+            self._sampler,
+            self._define,
+            skip_repeats=self._skip_repeats,
+        )
+        if asked is None:
+            return Searcher.FINISHED
+        members: list[dict[str, Any]] = [{"id": first, "number": asked[0], "params": asked[1]}]
+        self._take(first, *asked)
+        fixed = fixed_params(asked[1], self._base)  # None: its method trains configs one by one
+        while fixed is not None and len(members) < self._population:
+            mid = member_id(trial_id, len(members))
+            more = self._ledger.ask_member(
+                self._run_name,
+                mid,
+                set(self._trials),
+                self._budget,
+                self._sampler,
+                self._define,
+                fixed,
+                skip_repeats=self._skip_repeats,
+            )
+            if more is None:
+                break
+            members.append({"id": mid, "number": more[0], "params": more[1]})
+            self._take(mid, *more)
+        self._cohorts[trial_id] = [str(m["id"]) for m in members]
+        return {"members": members}
 
     def _on_trial_result(self, trial_id: str, result: dict) -> None:
+        for key, entry in member_results(trial_id, result):
+            if entry.get("diverged") and key in self._trials and key not in self._finished:
+                self._finished.add(key)  # a member that diverged: FAIL now, its cohort goes on
+                self._ledger.close(self._trials[key], entry, False, self._metrics, self._max_t)
+                continue
+            self._report(key, entry)
+
+    def _report(self, trial_id: str, result: dict) -> None:
         if len(self._metrics) > 1:  # Optuna records no per-round values in multi-objective studies
             return
         value = result.get(self._metrics[0])
@@ -123,6 +187,16 @@ class StudySearcher(Searcher):
             self._finished.add(trial_id)  # finished before an interrupted driver could save its state
 
     def _on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        cohort = getattr(self, "_cohorts", {}).get(trial_id)
+        if cohort is not None:
+            self.__dict__.setdefault("_tune_done", set()).add(trial_id)
+            last = dict(member_results(trial_id, result or {}))
+            for key in cohort:  # each member its own last result (a pruned one is closed already)
+                self._close(key, last.get(key, {}), error)
+            return
+        self._close(trial_id, result, error)
+
+    def _close(self, trial_id: str, result: dict | None, error: bool) -> None:
         if trial_id in self._finished or trial_id not in self._trials:
             return
         self._finished.add(trial_id)
@@ -135,12 +209,16 @@ class StudySearcher(Searcher):
             "finished": sorted(self._finished),
             "run": self._run_name,
             "budget": self._budget,
+            "cohorts": getattr(self, "_cohorts", {}),
+            "tune_done": sorted(getattr(self, "_tune_done", set())),
         }
 
     def set_state(self, state: dict[str, Any]) -> None:
         self._trials = {str(k): int(v) for k, v in state["trials"].items()}
         self._finished = set(state["finished"])
         self._run_name, self._budget = state["run"], int(state["budget"])
+        self._cohorts = {str(k): list(v) for k, v in state.get("cohorts", {}).items()}
+        self._tune_done = set(state.get("tune_done", []))
 
     def save(self, checkpoint_path: str) -> None:
         # never through a link planted in the experiment folder

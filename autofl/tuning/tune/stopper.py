@@ -16,6 +16,7 @@ from typing import Any
 from ray.tune import Stopper
 
 from autofl.tuning.store.ledger import Ledger
+from autofl.tuning.strategy.cohorts import member_results
 
 
 class AlreadyRecordedStopper(Stopper):
@@ -52,7 +53,8 @@ class RoundBudgetStopper(Stopper):
     def __call__(self, trial_id: str, result: dict) -> bool:
         if self._rounds is None:
             self._rounds = self._ledger.rounds_used()
-        self._rounds[trial_id] = max(self._rounds.get(trial_id, 0), int(result.get("round", 0)))
+        for key, entry in member_results(trial_id, result):  # a population trial: each member's rounds
+            self._rounds[key] = max(self._rounds.get(key, 0), int(entry.get("round") or 0))
         return False
 
     def stop_all(self) -> bool:

@@ -1,0 +1,128 @@
+"""The Ray Tune trainable of a population trial: a cohort of configs trained as one batched model.
+
+Its config lists the members (`{"members": [{"id", "number", "params"}, ...]}`, the searcher's
+cohort, autofl/tuning/strategy/cohorts.py); it trains them as one `autofl.population.Population`
+(each member's rounds are those of its run alone) and reports, for every evaluated round, one result
+whose `members` holds each member's metrics with its id and Optuna number (the searcher records each
+as its trial's value, ASHA judges each on its own). Top level, the result carries the round and the
+best member's objective value (what Tune checks a result for).
+
+Before each round it drops the members the study has finished (ASHA pruned them at the last result:
+Tune starts the next round only after the driver handled the last one), so a pruned member costs no
+further compute; a member whose loss diverged is reported with `diverged` and dropped. A checkpoint
+holds every remaining member's simulation state, loaded with `torch.load(weights_only=True)`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any
+
+import torch
+
+from autofl.engine.simulation import Simulation
+from autofl.experiment import build_experiment
+from autofl.features import ClassStats
+from autofl.population import Population
+from autofl.registry import load_plugins
+from autofl.tuning.store.ledger import Ledger
+from autofl.tuning.strategy.space import experiment_dict
+from autofl.tuning.tune.trainable import FLTrainable, TrialOutOfGPUMemory, trial_device
+
+STATE_FILE = "population.pt"
+
+
+class CohortTrainable(FLTrainable):
+    def setup(  # the study's keywords, plus the study folder and objective
+        self,
+        config: dict[str, Any],
+        *args: Any,
+        study_root: str = "",
+        objective: str = "val_acc",
+        mode: str = "max",
+        **kwargs: Any,
+    ) -> None:
+        self._ledger = Ledger(study_root)  # read only: which members the study has finished
+        self._objective, self._mode = objective, mode
+        super().setup(config, *args, **kwargs)
+
+    def _simulation(self, config: dict[str, Any]) -> Simulation:  # the first member's: FLTrainable's fields
+        load_plugins()
+        self.members: list[dict[str, Any]] = [dict(m) for m in config["members"]]
+        experiments = [
+            build_experiment(experiment_dict(self._base, m["params"], self._method_base)) for m in self.members
+        ]
+        raw = self._raw if self._raw is not None and self._raw.name == experiments[0].data.dataset else None
+        self.population = Population(experiments, raw=raw, device=trial_device(), sealed_test=self._seal_test)
+        return self.population.sims[0]
+
+    def _keep(self, ids: list[str]) -> None:
+        """Go on with the members `ids` (in the cohort's order)."""
+        indices = [i for i, m in enumerate(self.members) if m["id"] in ids]
+        self.population.keep(indices)
+        self.members = [self.members[i] for i in indices]
+        if self.population.sims:
+            self.sim = self.population.sims[0]
+
+    def _drop_finished(self) -> None:
+        finished = self._ledger.finished_numbers(int(m["number"]) for m in self.members)
+        if finished:
+            self._keep([m["id"] for m in self.members if int(m["number"]) not in finished])
+
+    def step(self) -> dict[str, Any]:
+        if self.population.done() and self.last is not None:  # restored from the final checkpoint
+            return {**self.last, "node_id": self._node_id, "done": True, "should_checkpoint": False}
+        self._drop_finished()
+        if not self.members:  # every member pruned or failed: nothing left to train
+            return {**(self.last or {"round": 0}), "members": [], "node_id": self._node_id, "done": True}
+        start = time.perf_counter()
+        results: list[dict[str, float] | None] = [None]
+        while all(r is None for r in results):
+            try:
+                results = self.population.run_round()
+            except torch.OutOfMemoryError as err:
+                raise TrialOutOfGPUMemory(self.sim.device, err) from None
+        reported, going_on = [], []
+        for member, metrics in zip(self.members, results):
+            assert metrics is not None  # members share their evaluation rounds
+            entry = {"id": member["id"], "number": member["number"], **metrics}
+            if not math.isfinite(metrics["train_loss"]):  # this member fails alone; the cohort goes on
+                entry["diverged"] = f"diverged at round {metrics['round']}: train_loss is {metrics['train_loss']}"
+            else:
+                going_on.append(member["id"])
+            reported.append(entry)
+        rnd = int(next(r for r in results if r is not None)["round"])
+        self._keep(going_on)
+        done = self.population.done() or not self.members
+        self.last = {"round": rnd, **self._best(reported), "members": reported}
+        self._unsaved_s += time.perf_counter() - start
+        due = self._unsaved_s >= self._checkpoint_every_s and not done
+        return {**self.last, "node_id": self._node_id, "done": done, "should_checkpoint": due}
+
+    def _best(self, reported: list[dict[str, Any]]) -> dict[str, Any]:
+        """The metrics of the member whose objective is best (top level of a result, for Tune)."""
+        metric = self._objective
+        ok = [e for e in reported if "diverged" not in e and metric in e and math.isfinite(e[metric])]
+        if not ok:
+            return {k: v for k, v in reported[0].items() if k not in ("id", "number")}
+        best = (min if self._mode == "min" else max)(ok, key=lambda e: e[metric])
+        return {k: v for k, v in best.items() if k not in ("id", "number", "diverged")}
+
+    def save_checkpoint(self, checkpoint_dir: str) -> None:
+        state = {
+            "members": [str(m["id"]) for m in self.members],
+            "states": [sim.state_dict() for sim in self.population.sims],
+            "last": self.last,
+        }
+        torch.save(state, os.path.join(checkpoint_dir, STATE_FILE))
+        self._unsaved_s = 0.0
+
+    def load_checkpoint(self, checkpoint_dir: str) -> None:  # type: ignore[override]
+        with torch.serialization.safe_globals([ClassStats]):
+            state = torch.load(os.path.join(checkpoint_dir, STATE_FILE), map_location="cpu", weights_only=True)
+        self._keep(list(state["members"]))
+        for sim, sim_state in zip(self.population.sims, state["states"]):
+            sim.load_state_dict(sim_state)
+        self.last = state["last"]

@@ -1,0 +1,82 @@
+"""`resources.population: auto`: how many configs one trial trains together, measured.
+
+A dry round of the base experiment is timed as a population of C copies, for C = 1, 2, 4, ... up to
+`MAX_WIDTH` (and no more than each of the trials that run at once would get: ceil(trials / slots)),
+on the device the trials use and with their threads; the width with the most config-rounds per
+second wins. Growing stops at the first width that gains less than `MIN_GAIN` over the best so far,
+that runs out of GPU memory (a width that does not fit is never chosen), or once the probe spent
+`PROBE_BUDGET_S`. A method that cannot train configs together (`population_ready` unset) or a model
+the vectorized executor cannot batch gets 1 without a measurement.
+
+The driver resolves `auto` once, before it runs trials (`SearchSpace.resolve_resources`, as for
+`resources.gpu: auto`); `autofl search` prints the line saying what it chose and why.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import torch
+
+from autofl.accel.choice import vectorizable
+from autofl.data.datasets import load_raw_dataset
+from autofl.engine.simulation import Simulation
+from autofl.methods.registry import get_method_class
+from autofl.population import Population
+
+MAX_WIDTH = 64
+MIN_GAIN = 1.15  # a wider population must run this many times the config-rounds per second
+PROBE_BUDGET_S = 60.0
+
+
+def config_rounds_per_s(exp: Any, width: int, raw: Any, device: torch.device) -> float:
+    """Config-rounds per second of one round (after the first, which pays the one-time costs) of
+    a population of `width` copies of `exp`."""
+    population = Population([exp] * width, raw=raw, device=device, sealed_test=True)
+    population.run_round()
+    start = time.perf_counter()
+    population.run_round()
+    return width / max(time.perf_counter() - start, 1e-9)
+
+
+def resolve_auto_population(
+    exp: Any, trials: int, slots: int, threads: int, device: torch.device | None = None
+) -> tuple[int, str]:
+    """(width, the line saying why) for `resources.population: auto` with base experiment `exp`, a run of
+    `trials` trials of which `slots` train at once, each with `threads` CPU threads."""
+    method_cls = get_method_class(exp.method.name)
+    if not getattr(method_cls, "population_ready", False):
+        return 1, f"resources.population: auto = 1: method {exp.method.name} trains configs one by one"
+    device = device or torch.device("cpu")
+    if vectorizable(Simulation(exp, method_cls, device=device).workspace) is not None:
+        return 1, "resources.population: auto = 1: the model cannot be batched (see autofl train's executor line)"
+    cap = max(1, min(MAX_WIDTH, math.ceil(trials / max(1, slots))))
+    if cap == 1:
+        return 1, f"resources.population: auto = 1: {trials} trial(s) over {slots} slot(s)"
+    raw = load_raw_dataset(exp.data)
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(1, threads))
+    began, rates = time.perf_counter(), {}
+    try:
+        width = 1
+        while width <= cap:
+            try:
+                rates[width] = config_rounds_per_s(exp, width, raw, device)
+            except torch.OutOfMemoryError:
+                break
+            best = max(rates.values())
+            if rates[width] < best or (width > 1 and rates[width] < MIN_GAIN * rates[width // 2]):
+                break
+            if time.perf_counter() - began > PROBE_BUDGET_S or width == cap:
+                break
+            width = min(width * 2, cap)
+    finally:
+        torch.set_num_threads(before)
+    chosen = max(rates, key=lambda w: rates[w])
+    measured = ", ".join(f"{w}: {r:.2f}" for w, r in sorted(rates.items()))
+    return chosen, (
+        f"resources.population: auto = {chosen}: config-rounds/s of a dry round by width {{{measured}}} "
+        f"on {device.type}, {threads} thread(s); at most {cap} ({trials} trials over {slots} slot(s))"
+    )

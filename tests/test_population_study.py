@@ -1,0 +1,223 @@
+"""Population trials in a study (issue 37, item 3): a Tune trial trains a cohort of configs that
+differ only in fusible values; every member is its own Optuna trial, reported, judged by ASHA and
+closed on its own (autofl/tuning/strategy/cohorts.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import optuna
+import pytest
+import yaml
+from optuna.trial import TrialState
+from ray.tune.schedulers import TrialScheduler
+from ray.tune.search import Searcher
+
+from autofl.engine.simulation import Simulation
+from autofl.experiment import build_experiment
+from autofl.methods.registry import get_method_class
+from autofl.tuning.store.ledger import Ledger
+from autofl.tuning.strategy.cohorts import cohort_of, fixed_params, member_id
+from autofl.tuning.strategy.space import SearchSpace, experiment_dict
+from autofl.tuning.tune.cohort_trainable import CohortTrainable
+from autofl.tuning.tune.scheduler import StudyASHA
+from autofl.tuning.tune.searcher import StudySearcher
+
+
+def define_space(trial) -> None:
+    """A fusible value (fl.lr) and one that is not (model.head_layers); module level: it pickles."""
+    trial.suggest_float("fl.lr", 0.001, 0.1, log=True)
+    trial.suggest_int("model.head_layers", 1, 2)
+
+
+def study_root(tmp_path: Path) -> Path:
+    root = tmp_path / "s"
+    root.mkdir(exist_ok=True)
+    (root / "space.yaml").write_text("study: s\n")
+    return root
+
+
+def searcher(root: Path, method: str = "fedprox", budget: int = 6, population: int = 4) -> StudySearcher:
+    return StudySearcher(Ledger(root), define_space, optuna.samplers.TPESampler(seed=0), metric="acc", mode="max",
+                         max_t=4, run_name="run-1", budget=budget, skip_repeats=True, population=population,
+                         base={"method": {"name": method}})
+
+
+def test_a_cohort_shares_its_non_fusible_values_and_each_member_is_a_trial_of_the_budget(tmp_path):
+    root = study_root(tmp_path)
+    s = searcher(root, budget=6)
+    first, second = s.suggest("a"), s.suggest("b")
+    assert s.suggest("c") == Searcher.FINISHED  # 4 + 2 members: the run's budget of 6 trials
+    assert [len(c["members"]) for c in (first, second)] == [4, 2]
+    for cohort, tune_id in ((first, "a"), (second, "b")):
+        heads = {m["params"]["model.head_layers"] for m in cohort["members"]}
+        assert len(heads) == 1  # not fusible: one value per cohort
+        assert [m["id"] for m in cohort["members"]] == [member_id(tune_id, i) for i in range(len(cohort["members"]))]
+        assert all(cohort_of(m["id"]) == tune_id for m in cohort["members"])
+    lrs = [m["params"]["fl.lr"] for c in (first, second) for m in c["members"]]
+    assert len(set(lrs)) == 6  # the sampler proposed each member's fusible value
+    trials = optuna.load_study(study_name="s", storage=f"sqlite:///{root / 'optuna.db'}").get_trials()
+    assert [t.number for t in trials] == list(range(6))
+    assert [t.user_attrs["tune_trial_id"] for t in trials] == [m["id"] for c in (first, second) for m in c["members"]]
+
+
+def test_a_method_that_cannot_share_its_training_forms_cohorts_of_one(tmp_path):
+    assert fixed_params({"fl.lr": 0.01}, {"method": {"name": "fedproto"}}) is None  # not population_ready
+    assert fixed_params({"fl.lr": 0.01, "fedprox:method.mu": 0.1, "model.head_layers": 2},
+                        {"method": {"name": "fedprox"}}) == {"model.head_layers": 2}
+    s = searcher(study_root(tmp_path), method="fedproto", budget=3)
+    assert [len(s.suggest(t)["members"]) for t in "abc"] == [1, 1, 1]
+
+
+def test_a_killed_cohort_comes_back_whole_with_its_numbers_and_params(tmp_path):
+    root = study_root(tmp_path)
+    before = searcher(root, budget=3, population=3).suggest("a")
+    assert Ledger(root).release_orphans() == 3  # its driver was killed: the next run's asks adopt them
+    after = searcher(root, budget=3, population=3).suggest("z")
+    assert [(m["number"], m["params"]) for m in after["members"]] == [
+        (m["number"], m["params"]) for m in before["members"]
+    ]
+    assert [m["id"] for m in after["members"]] == [member_id("z", i) for i in range(3)]
+
+
+def _result(cohort: dict, rnd: int, values: list[float]) -> dict:
+    members = [{"id": m["id"], "number": m["number"], "acc": v} for m, v in zip(cohort["members"], values)]
+    return {"round": rnd, "acc": max(values), "members": members}
+
+
+def test_asha_judges_each_member_and_a_pruned_member_is_closed_pruned_at_its_rung(tmp_path):
+    root = study_root(tmp_path)
+    s = searcher(root, budget=4, population=4)
+    cohort = s.suggest("a")
+    asha = StudyASHA(Ledger(root), time_attr="round", max_t=4, grace_period=1, reduction_factor=2)
+    asha.set_search_properties(metric="acc", mode="max", config={})
+    trial = SimpleNamespace(trial_id="a", config=cohort)
+    asha.on_trial_add(None, trial)
+    # round 1 is a rung: each member against the others there (Tune's order: the scheduler, then the searcher)
+    first = _result(cohort, 1, [0.9, 0.1, 0.8, 0.2])
+    assert asha.on_trial_result(None, trial, first) == TrialScheduler.CONTINUE
+    s.on_trial_result("a", first)
+    ledger = Ledger(root)
+    numbers = [m["number"] for m in cohort["members"]]
+    assert ledger.finished_numbers(numbers) == {numbers[1], numbers[3]}
+    study = optuna.load_study(study_name="s", storage=f"sqlite:///{root / 'optuna.db'}")
+    pruned = study.trials[numbers[1]]
+    assert pruned.state == TrialState.PRUNED and pruned.intermediate_values == {1: 0.1}
+    assert study.trials[numbers[0]].state == TrialState.RUNNING and study.trials[numbers[0]].intermediate_values == {1: 0.9}
+    # the worker drops the pruned members: the next results hold the other two; at max_t the cohort ends
+    alive = {"members": [cohort["members"][0], cohort["members"][2]]}
+    second = _result(alive, 2, [0.95, 0.5])
+    assert asha.on_trial_result(None, trial, second) == TrialScheduler.CONTINUE
+    s.on_trial_result("a", second)
+    assert ledger.finished_numbers(numbers) == {numbers[1], numbers[2], numbers[3]}  # rung 2 keeps 1 of 2
+    last = _result({"members": [cohort["members"][0]]}, 4, [0.97])
+    assert asha.on_trial_result(None, trial, last) == TrialScheduler.STOP  # its only member reached max_t
+    s.on_trial_complete("a", last)
+    states = [t.state for t in optuna.load_study(study_name="s", storage=f"sqlite:///{root / 'optuna.db'}").trials]
+    assert states == [TrialState.COMPLETE, TrialState.PRUNED, TrialState.PRUNED, TrialState.PRUNED]
+
+
+def test_every_member_pruned_stops_the_cohort_trial(tmp_path):
+    root = study_root(tmp_path)
+    s = searcher(root, budget=6, population=2)
+    earlier = s.suggest("a")
+    asha = StudyASHA(Ledger(root), time_attr="round", max_t=4, grace_period=1, reduction_factor=2)
+    asha.set_search_properties(metric="acc", mode="max", config={})
+    first = SimpleNamespace(trial_id="a", config=earlier)
+    asha.on_trial_add(None, first)
+    assert asha.on_trial_result(None, first, _result(earlier, 1, [0.9, 0.8])) == TrialScheduler.CONTINUE
+    later = s.suggest("b")
+    second = SimpleNamespace(trial_id="b", config=later)
+    asha.on_trial_add(None, second)
+    assert asha.on_trial_result(None, second, _result(later, 1, [0.1, 0.2])) == TrialScheduler.STOP
+
+
+def test_the_cohort_trainable_trains_each_member_as_its_run_alone_and_drops_pruned_members(tmp_path):
+    """Each member's round metrics equal its config trained alone (a search's sealed test), and a member
+    the study has finished is not trained again."""
+    root = study_root(tmp_path)
+    base = {"data": {"dataset": "digits", "num_clients": 4, "partition": {"kind": "pathological",
+                                                                           "classes_per_client": 3}},
+            "fl": {"rounds": 3}, "method": {"name": "fedprox"}, "runtime": {"dtype": "float64"}}
+    cohort = {"members": [{"id": member_id("a", i), "number": i, "params": {"fl.lr": lr, "fedprox:method.mu": mu}}
+                          for i, (lr, mu) in enumerate([(0.05, 0.1), (0.01, 0.5), (0.1, 0.01)])]}
+    ledger = Ledger(root)
+    ledger.study(create_directions=["maximize"])
+    for _ in range(3):  # the members' trials, as the searcher made them
+        ledger.study().ask()
+    trainable = CohortTrainable.__new__(CohortTrainable)  # what tune.with_parameters hands to setup
+    trainable.setup(cohort, study_root=str(root), base=base, seal_test=True, objective="personal_val_acc", mode="max")
+    first = trainable.step()
+    ledger.study().tell(1, state=TrialState.PRUNED)  # ASHA stopped member 1 at round 1
+    second = trainable.step()
+    trainable.save_checkpoint(str(tmp_path))  # a worker killed now: a new one resumes from it
+    resumed = CohortTrainable.__new__(CohortTrainable)
+    resumed.setup(cohort, study_root=str(root), base=base, seal_test=True, objective="personal_val_acc", mode="max")
+    resumed.load_checkpoint(str(tmp_path))
+    rest = [second, resumed.step()]
+    assert [m["id"] for m in first["members"]] == [member_id("a", i) for i in range(3)]
+    assert [[m["id"] for m in r["members"]] for r in rest] == [[member_id("a", 0), member_id("a", 2)]] * 2
+    assert rest[-1]["done"]
+    keys = ("round", "train_loss", "personal_val_acc", "global_val_acc")
+    for i, member in enumerate(cohort["members"]):
+        exp = build_experiment(experiment_dict(base, member["params"]))
+        alone = list(Simulation(exp, get_method_class("fedprox"), sealed_test=True).run())
+        got = [next(m for m in r["members"] if m["id"] == member["id"]) for r in [first, *rest]
+               if any(m["id"] == member["id"] for m in r["members"])]
+        assert [{k: m[k] for k in keys} for m in got] == [{k: m[k] for k in keys} for m in alone[: len(got)]]
+    assert len([r for r in [first, *rest] if any(m["id"] == member_id("a", 1) for m in r["members"])]) == 1
+
+
+def test_a_median_scheduler_is_refused_with_a_population():
+    with pytest.raises(ValueError, match="scheduler.kind: median stops whole trials"):
+        SearchSpace(**yaml.safe_load("""
+study: s
+base: {method: {name: fedprox}}
+params: {fl.lr: {type: float, low: 0.001, high: 0.1}}
+scheduler: {kind: median}
+resources: {population: 4}
+"""))
+
+
+@pytest.mark.slow
+def test_a_population_study_records_each_member_as_its_config_trained_alone(tmp_path):
+    """`autofl search` with resources.population 3: Tune trials of 3 configs, every trial's per-round
+    values those of its recorded config trained alone, ASHA pruning members on their own."""
+    from test_search_e2e import run, space_file, trials_of
+
+    space = space_file(tmp_path, "pop", trials=6, rounds=4)
+    tree = yaml.safe_load(space.read_text())
+    tree["resources"] = {"cpu": 1, "population": 3}
+    space.write_text(yaml.safe_dump(tree))
+    proc = run(["search", "--space", space, "--dir", tmp_path / "home"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "started (population of 3)" in proc.stdout and "6/6 trials finished" in proc.stdout
+    trials = trials_of(tmp_path / "home", "pop")
+    assert len(trials) == 6 and {t.state.name for t in trials} == {"COMPLETE", "PRUNED"}
+    cohorts = {cohort_of(t.user_attrs["tune_trial_id"]) for t in trials}
+    assert len(cohorts) == 2  # 6 configs, 3 per Tune trial
+    for t in trials:
+        exp = build_experiment(t.user_attrs["config"])
+        alone = [m["personal_val_acc"] for m in Simulation(exp, get_method_class("fdcl"), sealed_test=True).run()]
+        assert [t.intermediate_values[r] for r in sorted(t.intermediate_values)] == alone[: len(t.intermediate_values)]
+        assert t.state.name == "PRUNED" or len(t.intermediate_values) == 4
+
+
+def test_population_auto_measures_the_width_and_a_resumed_study_keeps_the_first_runs():
+    from autofl.tuning.tune.population_width import resolve_auto_population
+
+    base = {"data": {"dataset": "digits", "num_clients": 4}, "fl": {"rounds": 3}, "method": {"name": "fedprox"}}
+    width, line = resolve_auto_population(build_experiment(base), trials=8, slots=2, threads=1)
+    assert 1 <= width <= 4 and line.startswith(f"resources.population: auto = {width}: config-rounds/s")
+    assert "at most 4 (8 trials over 2 slot(s))" in line
+    proto = {**base, "method": {"name": "fedproto"}}
+    assert resolve_auto_population(build_experiment(proto), trials=8, slots=2, threads=1) == (
+        1, "resources.population: auto = 1: method fedproto trains configs one by one")
+    space = SearchSpace(study="s", base=base, params={"fl.lr": {"type": "float", "low": 0.001, "high": 0.1}},
+                        resources={"population": "auto"})
+    resolved = space.resolve_resources(recorded_population=5)  # measured by the study's first run: kept
+    assert resolved.resources.population_width == 5 and "as this study's first run measured" in resolved.resources.auto_line
+    with pytest.raises(ValueError, match="resources.population"):
+        SearchSpace(study="s", base=base, params={"fl.lr": {"type": "float", "low": 0.001, "high": 0.1}},
+                    resources={"population": 0})
