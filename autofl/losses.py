@@ -32,7 +32,11 @@ def supcon(z: torch.Tensor, y: torch.Tensor, tau: float | torch.Tensor) -> torch
 
 
 def prototype_contrast(
-    features: torch.Tensor, y: torch.Tensor, prototypes: torch.Tensor, has_prototype: torch.Tensor, tau: float
+    features: torch.Tensor,
+    y: torch.Tensor,
+    prototypes: torch.Tensor,
+    has_prototype: torch.Tensor,
+    tau: float | torch.Tensor,
 ) -> torch.Tensor:
     """FedECCR L_pc: -log( e^{cos(f,z_y)/tau} / sum_k e^{cos(f,z_k)/tau} ) over classes with a prototype.
 

@@ -126,7 +126,8 @@ def test_fedfcd_steps_and_fused_prediction():
     assert extractor.trains == ("model.encoder.",) and head.trains == ("model.head.",)
     gfr, has = sim.server_state.gfr.clone(), sim.server_state.has_gfr.clone()
     has[y[0]] = False  # a class without a GFR adds 0 to the regularizer
-    (stage,) = method.local_stages(0, dataclasses.replace(sim.server_state, has_gfr=has))
+    server = dataclasses.replace(sim.server_state, has_gfr=has)
+    (stage,) = method.local_stages(0, server)
     extractor, head = stage.updates
     ws.eval()
     with torch.no_grad():
@@ -134,7 +135,8 @@ def test_fedfcd_steps_and_fused_prediction():
         personal, fused = ws.model.head(f), ws.model.global_head(f) + ws.model.head(f)
     d = f.shape[1]
     reg = sum(float(((f[i] - gfr[y[i]]) ** 2).sum()) / d for i in range(len(y)) if has[y[i]]) / len(y)
-    flags: dict = {}
+    flags = method.client_start(sim.global_state, {}, server).flags  # the GFRs a client downloads
+    assert torch.equal(flags["gfr"], gfr) and torch.equal(flags["has_gfr"], has)
     assert math.isclose(float(extractor.loss(ws, x, y, flags).detach()), _ce(personal, y) + 3.0 * reg, rel_tol=1e-9)
     assert math.isclose(float(head.loss(ws, x, y, flags).detach()), _ce(fused, y), rel_tol=1e-9)
     assert torch.equal(method.predict(ws.model, x, {}, sim.server_state), fused)  # prediction fuses both heads' logits
@@ -203,9 +205,11 @@ def test_fedeccr_mixes_prototype_contrast_and_ce_with_alpha_one_minus_r_over_R()
         f = ws.model.encoder(x)
         ce = _ce(ws.model.head(f), y)
         pc = float(prototype_contrast(f, y, sim.server_state.prototypes, sim.server_state.has_prototype, 0.5))
+    flags = method.client_start(sim.global_state, {}, sim.server_state).flags  # the prototypes it downloads
+    assert torch.equal(flags["protos"], sim.server_state.prototypes)
     for rnd, alpha in ((0, 1.0), (1, 0.75), (2, 0.5), (3, 0.25)):
         (stage,) = method.local_stages(rnd, sim.server_state)
-        got = float(stage.updates[0].loss(ws, x, y, {}).detach())
+        got = float(stage.updates[0].loss(ws, x, y, flags).detach())
         assert math.isclose(got, alpha * pc + (1 - alpha) * ce, rel_tol=1e-9), rnd
 
 
@@ -269,6 +273,8 @@ def test_fedproto_loss_is_ce_plus_lambda_times_prototype_distance_and_predicts_t
     has[y[0]] = False  # a class without a global prototype adds 0
     server = method.State(prototypes=protos, has_prototype=has)
     dist = sum(float(((f[i] - protos[y[i]]) ** 2).sum()) for i in range(len(y)) if has[y[i]]) / len(y)
+    flags = method.client_start(sim.global_state, {}, server).flags  # the prototypes it downloads
+    assert torch.equal(flags["protos"], protos) and torch.equal(flags["has"], has)
     (stage,) = method.local_stages(1, server)
     assert math.isclose(float(stage.updates[0].loss(ws, x, y, flags).detach()), ce + 2.5 * dist, rel_tol=1e-9)
     method.params = method.Params(lam=2.5, distance="mse")  # PFLlib's nn.MSELoss: divided by the width

@@ -55,7 +55,7 @@ from autofl.engine.executor import (
     stage_inputs,
     stage_models,
 )
-from autofl.engine.plan import Stage, Update
+from autofl.engine.plan import Stage, Update, flag_tensor
 
 # a stage's steps with shorter batches replay graphs of their own from this many epochs on (`_graphed_runs`)
 PATTERN_GRAPH_EPOCHS = 3
@@ -63,6 +63,14 @@ PATTERN_GRAPH_EPOCHS = 3
 # clients of Dirichlet sizes meet 18 a round, fedfcd-t1's 3 to 7; the rest of a step's graphs is room for
 # its whole step's and a new round's keys (`cuda_graphs.MAX_GRAPHS`)
 MAX_PATTERN_GRAPHS = 24
+
+
+def stacked_flag(values: list[float | torch.Tensor], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """One flag of every client, stacked on a first axis (numbers: a vector; tensors of one shape: that shape
+    behind it; each as `flag_tensor` makes it)."""
+    if all(not isinstance(v, torch.Tensor) for v in values):
+        return torch.tensor(values, dtype=dtype, device=device)
+    return torch.stack([flag_tensor(v, dtype, device) for v in values])
 
 
 class VectorizedExecutor:
@@ -123,7 +131,7 @@ class _ChunkRun:
         self._lr: tuple[float, torch.Tensor] | None = None  # the SGD rate as a tensor, one per stage's rate
         flag_names = list(jobs[0].start.flags)
         self.flags = {
-            n: self._flag(n, torch.tensor([job.start.flags[n] for job in jobs], dtype=x.dtype, device=self.device))
+            n: self._flag(n, stacked_flag([job.start.flags[n] for job in jobs], x.dtype, self.device))
             for n in flag_names
         }
         # report key -> each step's (lo, hi, batch size, first client of `losses`, per-client mean losses)

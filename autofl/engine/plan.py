@@ -105,7 +105,17 @@ class ClientStart:
     entries fill the method's named copies (frozen unless an update trains them)."""
 
     models: dict[str, StateDict]
-    flags: dict[str, float] = field(default_factory=dict)
+    # per-client values a loss reads from `flags`: numbers, or tensors of one shape for every client
+    # (a server state the loss reads, e.g. FedFCD's GFRs, so that each config of a population has its own)
+    flags: dict[str, float | torch.Tensor] = field(default_factory=dict)
+
+
+def flag_tensor(value: float | torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """One client's flag as a loss reads it: a number or a floating tensor in the trained `dtype`; a tensor of
+    another kind (a bool mask, indices) keeps its own."""
+    if isinstance(value, torch.Tensor) and not value.is_floating_point():
+        return value.to(device)
+    return torch.as_tensor(value, dtype=dtype, device=device)
 
 
 @dataclass

@@ -23,7 +23,7 @@ from autofl.engine.executor import (
     stage_inputs,
     stage_models,
 )
-from autofl.engine.plan import Stage, Update
+from autofl.engine.plan import Stage, Update, flag_tensor
 from autofl.engine.state import clone_state
 
 
@@ -46,7 +46,7 @@ class SequentialExecutor:
         ws = self.ws
         for name in ws.model_names():
             ws.get_submodule(name).load_state_dict(job.start.models[name])
-        flags = {k: torch.tensor(v, dtype=x.dtype, device=x.device) for k, v in job.start.flags.items()}
+        flags = {k: flag_tensor(v, x.dtype, x.device) for k, v in job.start.flags.items()}
         totals: dict[str, torch.Tensor] = {}
         counts: dict[str, int] = {}
         for s, (stage, orders) in enumerate(zip(plan.stages, epoch_orders(job, plan))):

@@ -11,11 +11,13 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
+from autofl.config import FUSIBLE
 from autofl.engine.cost import tensor_bytes
 from autofl.engine.state import StateDict, clone_state
 from autofl.features import ClassStats, encoded_class_stats, train_head
 from autofl.losses import prototype_contrast
 from autofl.methods.base import (
+    ClientStart,
     Method,
     MethodParams,
     ModelCopies,
@@ -41,7 +43,7 @@ CALIBRATION_STREAM = 0xCCF
 
 
 class FedECCRParams(MethodParams):
-    tau: float = Field(0.5, gt=0, description="temperature of the prototype contrast")
+    tau: float = Field(0.5, gt=0, description="temperature of the prototype contrast", json_schema_extra=FUSIBLE)
     M: int = Field(400, ge=1, description="virtual features drawn per class for classifier correction")
     calib_epochs: int = Field(20, ge=0, description="E_cal: epochs of head retraining (0 disables the correction)")
     calibrate_every: int = Field(
@@ -132,6 +134,9 @@ class FedECCR(Method):
     Params = FedECCRParams
     params: FedECCRParams  # the validated Params (Method.__init__)
     State = FedECCRState
+    # the loss reads tau through `fused` and the prototypes through the clients' flags (`client_start`), so
+    # each config of a population has its own; alpha depends on the round alone
+    population_ready = True
 
     # ----- server ----------------------------------------------------------------------------
     def init_server(self, ctx: ServerContext) -> ServerUpdate:
@@ -143,11 +148,18 @@ class FedECCR(Method):
         return ServerUpdate(state=updated_prototypes(ctx.state, stats), upload_bytes=tensor_bytes(stats))
 
     # ----- client ----------------------------------------------------------------------------
+    def client_start(self, global_state: StateDict, client_state: dict[str, Any], server: ServerState) -> ClientStart:
+        """The global prototypes as the client's flags (what it downloaded)."""
+        assert isinstance(server, FedECCRState)  # the engine passes this method's State
+        assert server.prototypes is not None and server.has_prototype is not None  # set by init_server
+        start = super().client_start(global_state, client_state, server)
+        return ClientStart(start.models, {**start.flags, "protos": server.prototypes, "has": server.has_prototype})
+
     def local_stages(self, rnd: int, server: ServerState) -> list[Stage]:
         """alpha * L_pc + (1 - alpha) * CE, alpha = 1 - r/R, against this round's global prototypes."""
         assert isinstance(server, FedECCRState)  # the engine passes this method's State
-        protos, has, tau = server.prototypes, server.has_prototype, self.params.tau
-        assert protos is not None and has is not None
+        protos = server.prototypes
+        assert protos is not None
         # alpha changes every round: 0-dim tensors (each rounded from the float, as a Python scalar
         # would be) so a compiled step takes them as inputs instead of recompiling each round
         alpha_f = 1.0 - rnd / self.exp.fl.rounds
@@ -158,7 +170,8 @@ class FedECCR(Method):
         def loss(ws: ModelCopies, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
             f = ws.model.encoder(x)
             ce = F.cross_entropy(ws.model.head(f), y)
-            return alpha * prototype_contrast(f, y, protos, has, tau) + one_minus_alpha * ce
+            contrast = prototype_contrast(f, y, flags["protos"], flags["has"], self.fused(flags, "tau"))
+            return alpha * contrast + one_minus_alpha * ce
 
         return [Stage((Update(("model.",), loss),))]
 

@@ -13,10 +13,12 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
+from autofl.config import FUSIBLE
 from autofl.engine.cost import tensor_bytes
 from autofl.features import ClassStats, class_mean_pairs, encoded_class_stats, train_head, weighted_class_means
 from autofl.losses import prototype_distance
 from autofl.methods.base import (
+    ClientStart,
     Method,
     MethodParams,
     ModelCopies,
@@ -25,6 +27,7 @@ from autofl.methods.base import (
     ServerUpdate,
     Sharing,
     Stage,
+    StateDict,
     TrainedClient,
     Update,
     Upload,
@@ -38,8 +41,15 @@ GLOBAL_HEAD_STREAM = 0xFCD
 
 
 class FedFCDParams(MethodParams):
-    lam: float = Field(1.0, ge=0, description="lambda: weight of the GFR regularizer (paper 1 FMNIST, 5 CIFAR)")
-    server_lr: float = Field(0.01, gt=0, description="eta_g: server learning rate of the global head")
+    lam: float = Field(
+        1.0,
+        ge=0,
+        description="lambda: weight of the GFR regularizer (paper 1 FMNIST, 5 CIFAR)",
+        json_schema_extra=FUSIBLE,
+    )
+    server_lr: float = Field(
+        0.01, gt=0, description="eta_g: server learning rate of the global head", json_schema_extra=FUSIBLE
+    )
     server_lfrs: Literal["round", "latest"] = Field(
         "round",
         description="what phi_g and the GFRs learn from when participation < 1: this round's uploads "
@@ -75,6 +85,9 @@ class FedFCD(Method):
     State = FedFCDState
     has_global_model = False  # no whole global model: global_* metrics are not reported
     personal_is_global = False
+    # the loss reads lambda through `fused` and the GFRs through the clients' flags (`client_start`), so
+    # each config of a population has its own; server_lr acts on the server alone
+    population_ready = True
 
     def build_model(self) -> SplitModel:
         model = super().build_model()
@@ -122,17 +135,22 @@ class FedFCD(Method):
         )
 
     # ----- client ----------------------------------------------------------------------------
+    def client_start(self, global_state: StateDict, client_state: dict[str, Any], server: ServerState) -> ClientStart:
+        """The GFRs the extractor's regularizer pulls towards, as the client's flags (what it downloaded)."""
+        assert isinstance(server, FedFCDState)  # the engine passes this method's State
+        assert server.gfr is not None and server.has_gfr is not None  # set by init_server
+        start = super().client_start(global_state, client_state, server)
+        return ClientStart(start.models, {**start.flags, "gfr": server.gfr, "has_gfr": server.has_gfr})
+
     def local_stages(self, rnd: int, server: ServerState) -> list[Stage]:
         """Per batch: (a) phi_i frozen, theta on CE(h_p(phi_i; f(x)), y) + lambda * GFR regularizer;
         (b) theta frozen, phi_i on CE(h_g(phi_g; z) + h_p(phi_i; z), y), z = sg(f(x)) after step (a).
         phi_g is never trained here. Step (a) is left out when the extractor has no parameters."""
-        assert isinstance(server, FedFCDState)  # the engine passes this method's State
-        gfr, has_gfr, lam = server.gfr, server.has_gfr, self.params.lam
-        assert gfr is not None and has_gfr is not None
 
         def extractor_loss(ws: ModelCopies, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
             f = ws.model.encoder(x)
-            return F.cross_entropy(ws.model.head(f), y) + lam * gfr_regularizer(f, y, gfr, has_gfr)
+            regularizer = gfr_regularizer(f, y, flags["gfr"], flags["has_gfr"])
+            return F.cross_entropy(ws.model.head(f), y) + self.fused(flags, "lam") * regularizer
 
         def head_loss(ws: ModelCopies, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
             with torch.no_grad():

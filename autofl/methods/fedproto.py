@@ -14,9 +14,11 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
+from autofl.config import FUSIBLE
 from autofl.features import ClassStats, encoded_class_stats, weighted_class_means
 from autofl.losses import prototype_distance
 from autofl.methods.base import (
+    ClientStart,
     Method,
     MethodParams,
     ModelCopies,
@@ -25,6 +27,7 @@ from autofl.methods.base import (
     ServerUpdate,
     Sharing,
     Stage,
+    StateDict,
     TrainedClient,
     Update,
     Upload,
@@ -34,7 +37,9 @@ from autofl.models.parts import SplitModel
 
 
 class FedProtoParams(MethodParams):
-    lam: float = Field(1.0, ge=0, description="lambda: weight of the prototype distance (paper 1)")
+    lam: float = Field(
+        1.0, ge=0, description="lambda: weight of the prototype distance (paper 1)", json_schema_extra=FUSIBLE
+    )
     distance: Literal["squared_l2", "mse"] = Field(
         "squared_l2",
         description="the prototype distance: squared_l2 = ||f(x) - P_y||^2 (the paper's L2), mse = "
@@ -71,6 +76,9 @@ class FedProto(Method):
     trains_encoder_features = True
     has_global_model = False  # no weights are aggregated: there is no global model
     personal_is_global = False
+    # the loss reads lambda through `fused` and the prototypes through the clients' flags (`client_start`),
+    # so each config of a population has its own
+    population_ready = True
 
     # ----- server ----------------------------------------------------------------------------
     def server_update(self, ctx: ServerContext, uploads: list[Upload]) -> ServerUpdate:
@@ -78,23 +86,26 @@ class FedProto(Method):
         return ServerUpdate(state=FedProtoState(*global_prototypes([u.payload["protos"] for u in uploads])))
 
     # ----- client ----------------------------------------------------------------------------
-    def local_stages(self, rnd: int, server: ServerState) -> list[Stage]:
-        """CE(h(f(x)), y) + lambda * distance(f(x), P_y); CE alone before any global prototype."""
+    def client_start(self, global_state: StateDict, client_state: dict[str, Any], server: ServerState) -> ClientStart:
+        """The global prototypes, once there are any, as the client's flags (what it downloaded)."""
         assert isinstance(server, FedProtoState)  # the engine passes this method's State
-        protos, has, lam, per_dim = (
-            server.prototypes,
-            server.has_prototype,
-            self.params.lam,
-            self.params.distance == "mse",
-        )
-        if protos is None or has is None:
+        start = super().client_start(global_state, client_state, server)
+        if server.prototypes is None or server.has_prototype is None:
+            return start
+        return ClientStart(start.models, {**start.flags, "protos": server.prototypes, "has": server.has_prototype})
+
+    def local_stages(self, rnd: int, server: ServerState) -> list[Stage]:
+        """CE(h(f(x)), y) + lambda * distance(f(x), P_y); CE alone before any global prototype (the
+        first round's, whoever takes part: every config of a population has them from the same round)."""
+        assert isinstance(server, FedProtoState)  # the engine passes this method's State
+        per_dim = self.params.distance == "mse"
+        if server.prototypes is None or server.has_prototype is None:
             return [Stage((Update(("model.",), self.loss),))]
 
         def loss(ws: ModelCopies, x: torch.Tensor, y: torch.Tensor, flags: dict) -> torch.Tensor:
             f = ws.model.encoder(x)
-            return F.cross_entropy(ws.model.head(ws.model.projector(f)), y) + lam * prototype_distance(
-                f, y, protos, has, per_dim
-            )
+            distance = prototype_distance(f, y, flags["protos"], flags["has"], per_dim)
+            return F.cross_entropy(ws.model.head(ws.model.projector(f)), y) + self.fused(flags, "lam") * distance
 
         return [Stage((Update(("model.",), loss),))]
 
