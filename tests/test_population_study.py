@@ -62,7 +62,8 @@ def test_a_cohort_shares_its_non_fusible_values_and_each_member_is_a_trial_of_th
     assert [t.user_attrs["tune_trial_id"] for t in trials] == [m["id"] for c in (first, second) for m in c["members"]]
 
 
-def test_a_method_that_cannot_share_its_training_forms_cohorts_of_one(tmp_path):
+def test_a_method_that_cannot_share_its_training_forms_cohorts_of_one(tmp_path, monkeypatch):
+    monkeypatch.setattr(get_method_class("fedproto"), "population_ready", False)  # as a plugin that does not say
     assert fixed_params({"fl.lr": 0.01}, {"method": {"name": "fedproto"}}) is None  # not population_ready
     assert fixed_params({"fl.lr": 0.01, "fedprox:method.mu": 0.1, "model.head_layers": 2},
                         {"method": {"name": "fedprox"}}) == {"model.head_layers": 2}
@@ -204,13 +205,14 @@ def test_a_population_study_records_each_member_as_its_config_trained_alone(tmp_
         assert t.state.name == "PRUNED" or len(t.intermediate_values) == 4
 
 
-def test_population_auto_measures_the_width_and_a_resumed_study_keeps_the_first_runs():
+def test_population_auto_measures_the_width_and_a_resumed_study_keeps_the_first_runs(monkeypatch):
     from autofl.tuning.tune.population_width import resolve_auto_population
 
     base = {"data": {"dataset": "digits", "num_clients": 4}, "fl": {"rounds": 3}, "method": {"name": "fedprox"}}
     width, line = resolve_auto_population(build_experiment(base), trials=8, slots=2, threads=1)
     assert 1 <= width <= 4 and line.startswith(f"resources.population: auto = {width}: config-rounds/s")
     assert "at most 4 (8 trials over 2 slot(s))" in line
+    monkeypatch.setattr(get_method_class("fedproto"), "population_ready", False)  # as a plugin that does not say
     proto = {**base, "method": {"name": "fedproto"}}
     assert resolve_auto_population(build_experiment(proto), trials=8, slots=2, threads=1) == (
         1, "resources.population: auto = 1: method fedproto trains configs one by one")
@@ -221,3 +223,20 @@ def test_population_auto_measures_the_width_and_a_resumed_study_keeps_the_first_
     with pytest.raises(ValueError, match="resources.population"):
         SearchSpace(study="s", base=base, params={"fl.lr": {"type": "float", "low": 0.001, "high": 0.1}},
                     resources={"population": 0})
+
+
+def test_a_cohort_whose_members_the_study_finished_ends_without_training(tmp_path):
+    """A driver killed after it closed every member (Tune's snapshot still lists the cohort): the restarted
+    cohort trains no round and ends at once, with its objective present, as Tune checks."""
+    root = study_root(tmp_path)
+    ledger = Ledger(root)
+    ledger.study(create_directions=["maximize"])
+    cohort = {"members": [{"id": member_id("a", i), "number": i, "params": {"fl.lr": 0.01 * (i + 1)}} for i in range(2)]}
+    for _ in cohort["members"]:
+        trial = ledger.study().ask()
+        ledger.study().tell(trial.number, state=TrialState.PRUNED)
+    trainable = CohortTrainable.__new__(CohortTrainable)
+    trainable.setup(cohort, study_root=str(root), base={"data": {"num_clients": 4}, "fl": {"rounds": 3},
+                                                        "method": {"name": "fedavg"}}, seal_test=True)
+    result = trainable.step()
+    assert result["done"] and result["members"] == [] and result["round"] == 0 and "personal_val_acc" in result

@@ -273,17 +273,17 @@ class Ledger:
         return record_of(self.study(), self.folder().meta())
 
     def add_run(
-        self, name: str, trials: int, layout: int, join: bool, top_up: bool = False, population: int = 1
+        self, name: str, trials: int, layout: int, join: bool, top_up: bool = False, population: int | None = None
     ) -> dict[str, Any]:
         """Record a new driver run of `trials`: a main run adds them to the requested total and
         records the folder it runs in; a --join driver's run shares the total, and so does a
         `top_up` (trials the study requested before, which a killed run left unfinished: the total
-        never dips, for a driver killed now or a --join driver counting against it). Returns the
-        record after it."""
+        never dips, for a driver killed now or a --join driver counting against it). `population`: the
+        width `resources.population: auto` chose, kept with the run. Returns the record after it."""
         with self.suggest_lock():  # several drivers of a shared study: one read-modify-write at a time
             record = self.record()
             run = {"name": name, "trials": trials, "layout": layout}
-            if population > 1:  # its configs per trial (`resources.population`; read back by recorded_width)
+            if population is not None:  # what `resources.population: auto` chose (read back by recorded_width)
                 run["population"] = population
             record["runs"] = [*record["runs"], run]
             if not join:

@@ -422,9 +422,9 @@ def read_record(study: StudyFolder) -> dict[str, Any]:
 
 
 def recorded_width(study: StudyFolder) -> int | None:
-    """The population width the study's first run of population trials trained with (what
-    `resources.population: auto` measured then), or None: a resumed study keeps its cohorts' width."""
-    widths = [r["population"] for r in read_record(study)["runs"] if r.get("population")]
+    """The population width `resources.population: auto` chose at the study's first run (None: it never
+    measured one): a resumed or extended study keeps its cohorts' width."""
+    widths = [r["population"] for r in read_record(study)["runs"] if r.get("population") is not None]
     return int(widths[0]) if widths else None
 
 

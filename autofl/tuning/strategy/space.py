@@ -150,6 +150,11 @@ class ResourcesSpec(Strict):
         return value
 
     @property
+    def population_measured(self) -> bool:
+        """Whether `population` was `auto` (resolved by a measurement, or kept from the study's first run)."""
+        return self._population_line is not None
+
+    @property
     def population_width(self) -> int:
         """`population` as a number, once `SearchSpace.resolve_resources` has resolved `auto`."""
         if self.population == "auto":

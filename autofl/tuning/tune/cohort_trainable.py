@@ -40,7 +40,7 @@ class CohortTrainable(FLTrainable):
         config: dict[str, Any],
         *args: Any,
         study_root: str = "",
-        objective: str = "val_acc",
+        objective: str = "personal_val_acc",
         mode: str = "max",
         **kwargs: Any,
     ) -> None:
@@ -75,8 +75,9 @@ class CohortTrainable(FLTrainable):
         if self.population.done() and self.last is not None:  # restored from the final checkpoint
             return {**self.last, "node_id": self._node_id, "done": True, "should_checkpoint": False}
         self._drop_finished()
-        if not self.members:  # every member pruned or failed: nothing left to train
-            return {**(self.last or {"round": 0}), "members": [], "node_id": self._node_id, "done": True}
+        if not self.members:  # every member pruned or failed (a driver killed after it closed them): no round
+            last = self.last or {"round": 0, self._objective: math.nan}  # Tune checks a result for its metric
+            return {**last, "members": [], "node_id": self._node_id, "done": True, "should_checkpoint": False}
         start = time.perf_counter()
         results: list[dict[str, float] | None] = [None]
         while all(r is None for r in results):

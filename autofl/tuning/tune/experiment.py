@@ -127,7 +127,7 @@ RUN_LAYOUT = 2
 
 
 def new_run(
-    study: StudyFolder, ledger: Ledger, trials: int, join: bool, top_up: bool = False, population: int = 1
+    study: StudyFolder, ledger: Ledger, trials: int, join: bool, top_up: bool = False, population: int | None = None
 ) -> tuple[str, bool]:
     """Record a new run of `trials` in the study's record (the ledger's; see Ledger.add_run): its
     name, and whether it starts with the space's start points: a main run of a study that holds no
@@ -175,7 +175,9 @@ def _run_experiment(
         )
         run_name = restore.rstrip("/").rsplit("/", 1)[-1]
     else:
-        run_name, with_start = new_run(study, ledger, trials, join, top_up, space.resources.population_width)
+        # what `population: auto` chose is kept with the run: later drivers of the study form the same cohorts
+        width = space.resources.population_width if space.resources.population_measured else None
+        run_name, with_start = new_run(study, ledger, trials, join, top_up, width)
         searcher = make_searcher(space, ledger, run_name, trials, with_start_point=with_start)
         tuner = tune.Tuner(
             trainable,
