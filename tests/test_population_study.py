@@ -240,3 +240,53 @@ def test_a_cohort_whose_members_the_study_finished_ends_without_training(tmp_pat
                                                         "method": {"name": "fedavg"}}, seal_test=True)
     result = trainable.step()
     assert result["done"] and result["members"] == [] and result["round"] == 0 and "personal_val_acc" in result
+
+
+def test_auto_widths_double_up_to_the_cap_and_stop_where_a_doubling_gains_too_little(monkeypatch):
+    """The probe's decisions on fixed rates (config-rounds/s by width): no real timing."""
+    import autofl.tuning.tune.population_width as pw
+
+    base = build_experiment({"data": {"dataset": "digits", "num_clients": 4}, "method": {"name": "fedprox"}})
+    tried: list[int] = []
+
+    def rates(table):
+        def measure(exp, width, raw, device):
+            tried.append(width)
+            return table[width]
+        return measure
+
+    monkeypatch.setattr(pw, "config_rounds_per_s", rates({1: 1.0, 2: 2.0, 4: 4.0, 6: 6.0}))
+    assert pw.resolve_auto_population(base, trials=12, slots=2, threads=1)[0] == 6  # cap 6: 1, 2, 4, then 6
+    assert tried == [1, 2, 4, 6]
+    tried.clear()
+    monkeypatch.setattr(pw, "config_rounds_per_s", rates({1: 1.0, 2: 1.9, 4: 2.0, 8: 9.0}))
+    width, line = pw.resolve_auto_population(base, trials=16, slots=2, threads=1)
+    assert (width, tried) == (4, [1, 2, 4])  # 4 gains 5% over 2: no further doubling; the fastest measured wins
+    assert "{1: 1.00, 2: 1.90, 4: 2.00}" in line
+
+
+def test_a_grid_sampler_is_refused_with_a_population():
+    with pytest.raises(ValueError, match="sampler.kind: grid hands each trial one whole grid point"):
+        SearchSpace(**yaml.safe_load("""
+study: s
+base: {method: {name: fedprox}}
+params: {fl.lr: {type: categorical, choices: [0.01, 0.1]}}
+sampler: {kind: grid}
+trials: 2
+resources: {population: 2}
+"""))
+
+
+def test_a_fresh_driver_does_not_judge_a_member_an_earlier_driver_closed(tmp_path):
+    """A worker that could not read the storage trains a pruned member on; a restarted driver's scheduler
+    sees that member's results, recognizes it closed, and keeps it out of every rung."""
+    root = study_root(tmp_path)
+    cohort = searcher(root, budget=2, population=2).suggest("a")
+    first, second = cohort["members"]
+    Ledger(root).study().tell(second["number"], state=TrialState.PRUNED)  # by the earlier driver
+    asha = StudyASHA(Ledger(root), time_attr="round", max_t=4, grace_period=1, reduction_factor=2)
+    asha.set_search_properties(metric="acc", mode="max", config={})
+    trial = SimpleNamespace(trial_id="a", config=cohort)
+    asha.on_trial_add(None, trial)
+    assert asha.on_trial_result(None, trial, _result(cohort, 1, [0.5, 0.9])) == TrialScheduler.CONTINUE
+    assert asha.rungs[1] == {first["id"]: 0.5}

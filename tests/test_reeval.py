@@ -129,14 +129,18 @@ def _unpruned_space(tmp_path: Path, study: str, trials: int, rounds: int) -> Pat
 def test_reeval_is_stored_reused_by_export_and_shown_by_status(tmp_path, storage):
     home = tmp_path / "home"
     space = _unpruned_space(tmp_path, "rv", trials=3, rounds=3)
-    if storage == "journal":  # a journal file in the study folder
+    if storage == "journal":  # a journal file in the study folder; population trials (issue 37): the
+        # search's and re-evaluation's configs train two per trial, each seed's candidates as one population
         tree = yaml.safe_load(space.read_text())
+        tree["resources"] = {**tree.get("resources", {}), "population": 2}
         space.write_text(yaml.safe_dump({**tree, "storage": "journal://optuna.log"}))
     proc = run(["search", "--space", space, "--dir", home])
     assert proc.returncode == 0, proc.stderr[-3000:]
     proc = run(["reeval", "rv", "--seeds", 2, "--top", 1, "--dir", home])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "4 to run" in proc.stdout and "verdict:" in proc.stdout
+    cohorts = list((home / "rv" / "tune").glob("reeval-*/RunListCohortTrainable_*"))
+    assert len(cohorts) == (2 if storage == "journal" else 0)  # with a population: one trial per seed
     records = sorted((home / "rv" / "reeval" / "runs").glob("*.json"))
     assert [p.stem for p in records][:2] == ["default-seed1000", "default-seed1001"] and len(records) == 4
     stamps = {p: p.stat().st_mtime_ns for p in records}

@@ -14,9 +14,10 @@ through `Method.fused`) forms cohorts of one: each of its configs trains alone, 
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from autofl.tuning.strategy.space import CONDITIONAL_SEP
+from autofl.tuning.strategy.space import CONDITIONAL_SEP, experiment_dict
 
 MEMBER_SEP = ":m"  # a member's id: its cohort's Tune trial id, this, its index
 
@@ -55,3 +56,30 @@ def member_results(trial_id: str, result: dict[str, Any]) -> list[tuple[str, dic
     if not isinstance(members, list):
         return [(trial_id, result)]
     return [(str(m["id"]), {"round": result.get("round"), **m}) for m in members]
+
+
+def group_configs(
+    base: dict[str, Any], method_base: dict[str, dict[str, Any]], configs: list[dict[str, Any]], width: int
+) -> list[list[int]]:
+    """Indices of `configs` (searched values, a seed among them) in cohorts of at most `width` that
+    share every value that is not fusible for their method (re-evaluation's runs: the candidates of
+    one seed), in their order; a config whose method cannot train configs together is alone."""
+    from autofl.experiment import build_experiment  # lazy: pulls torch
+    from autofl.methods.registry import get_method_class  # lazy: pulls torch
+    from autofl.population import IGNORED, flat, fusible_keys  # lazy: pulls torch
+
+    groups: dict[str, list[int]] = {}
+    for i, values in enumerate(configs):
+        exp = build_experiment(experiment_dict(base, values, method_base))
+        method_cls = get_method_class(exp.method.name)
+        if width <= 1 or not getattr(method_cls, "population_ready", False):
+            groups[f"alone-{i}"] = [i]
+            continue
+        fusible = set(fusible_keys(method_cls))
+        shared = {
+            k: v
+            for k, v in flat(exp.model_dump(mode="json")).items()
+            if k not in fusible and k.split(".", 1)[0] not in IGNORED
+        }
+        groups.setdefault(json.dumps(shared, sort_keys=True, default=str), []).append(i)
+    return [members[j : j + width] for members in groups.values() for j in range(0, len(members), width)]

@@ -300,32 +300,34 @@ class SearchSpace(Strict):
 
     def resolve_resources(self, recorded_population: int | None = None, population: bool = True) -> SearchSpace:
         """The explicit step a driver takes once before it runs trials (parsing measures nothing):
-        `resources.gpu: auto` becomes the share of a card one trial needs, measured on a dry round
-        of the base experiment (0 without a GPU; autofl/tuning/tune/gpu_packing.py), and
-        `resources.population: auto` the width measured the fastest (autofl/tuning/tune/population_width.py),
+        `resources.population: auto` becomes the width measured the fastest (autofl/tuning/tune/population_width.py),
         or `recorded_population`, the width the study's first run measured (not with `population`
-        False: a re-evaluation trains no cohorts). Idempotent."""
-        if self.resources.gpu == "auto":
-            from autofl.tuning.tune.gpu_packing import resolve_auto_gpu  # lazy: pulls torch
-
-            self.resources.gpu, self.resources._auto_line = resolve_auto_gpu(
-                self.base_experiment(), self.resources.cpu, self.resources.max_concurrent
-            )
+        False: a re-evaluation reads the recorded width itself), and then `resources.gpu: auto` the share
+        of a card one trial of that width needs, measured on a dry round of the base experiment (0 without
+        a GPU; autofl/tuning/tune/gpu_packing.py). Idempotent."""
         if self.resources.population == "auto" and recorded_population:
             self.resources.population = recorded_population
             self.resources._population_line = (
                 f"resources.population: auto = {recorded_population}: as this study's first run measured "
                 "(kept, so that a resumed or extended study forms the cohorts it did)"
             )
-        if self.resources.population == "auto" and population:
+        if self.resources.population == "auto" and population:  # first: a GPU share is sized for the width
             from autofl.device import resolve_device  # lazy: pulls torch
             from autofl.tuning.tune.gpu_packing import concurrent_trials, machine_cpus  # lazy: pulls torch
             from autofl.tuning.tune.population_width import resolve_auto_population  # lazy: pulls torch
 
             slots = concurrent_trials(machine_cpus(), self.resources.cpu, self.resources.max_concurrent) or 1
-            device = resolve_device("auto" if self.resources.gpu_share > 0 else "cpu")
+            on_gpu = self.resources.gpu == "auto" or self.resources.gpu > 0
+            device = resolve_device("auto" if on_gpu else "cpu")  # where the trials will train
             self.resources.population, self.resources._population_line = resolve_auto_population(
                 self.base_experiment(), self.trials, slots, max(1, int(self.resources.cpu)), device
+            )
+        if self.resources.gpu == "auto":
+            from autofl.tuning.tune.gpu_packing import resolve_auto_gpu  # lazy: pulls torch
+
+            width = self.resources.population if isinstance(self.resources.population, int) else 1
+            self.resources.gpu, self.resources._auto_line = resolve_auto_gpu(
+                self.base_experiment(), self.resources.cpu, self.resources.max_concurrent, width
             )
         return self
 
@@ -656,6 +658,12 @@ def check_strategy(space: SearchSpace) -> None:
         raise ValueError(
             f"constraints: sampler kind {kind} ignores constraints; allowed: sampler kind "
             f"{' or '.join(CONSTRAINED_SAMPLERS)} (Optuna's samplers that model them), or no constraints"
+        )
+    if space.resources.population != 1 and space.sampler.kind == "grid":
+        raise ValueError(
+            "sampler.kind: grid hands each trial one whole grid point, and the configs of a trial of "
+            "resources.population > 1 (or auto) share their non-fusible values; allowed with a population: "
+            "tpe, random, gp, cmaes or qmc (or resources.population: 1)"
         )
     if space.resources.population != 1 and space.scheduler.kind == "median":
         raise ValueError(

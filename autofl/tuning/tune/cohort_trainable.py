@@ -1,4 +1,5 @@
-"""The Ray Tune trainable of a population trial: a cohort of configs trained as one batched model.
+"""The Ray Tune trainables of population trials: a cohort of configs trained as one batched model
+(a study's, `CohortTrainable`; re-evaluation's runs, `RunListCohortTrainable`).
 
 Its config lists the members (`{"members": [{"id", "number", "params"}, ...]}`, the searcher's
 cohort, autofl/tuning/strategy/cohorts.py); it trains them as one `autofl.population.Population`
@@ -15,6 +16,7 @@ holds every remaining member's simulation state, loaded with `torch.load(weights
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
@@ -32,25 +34,37 @@ from autofl.tuning.strategy.space import experiment_dict
 from autofl.tuning.tune.trainable import FLTrainable, TrialOutOfGPUMemory, trial_device
 
 STATE_FILE = "population.pt"
+logger = logging.getLogger(__name__)
 
 
-class CohortTrainable(FLTrainable):
-    def setup(  # the study's keywords, plus the study folder and objective
+class PopulationTrainable(FLTrainable):
+    """A trainable over several configs trained as one `Population`: `_members(config)` lists them
+    (dicts with an `id` and the searched `params`); `_finished()` names those to drop before a round."""
+
+    report_finals = False  # the last result also lists every member's last entry (`finals`)
+
+    def setup(  # the study's keywords, plus the objective
         self,
         config: dict[str, Any],
         *args: Any,
-        study_root: str = "",
         objective: str = "personal_val_acc",
         mode: str = "max",
         **kwargs: Any,
     ) -> None:
-        self._ledger = Ledger(study_root)  # read only: which members the study has finished
         self._objective, self._mode = objective, mode
         super().setup(config, *args, **kwargs)
 
+    def _members(self, config: dict[str, Any]) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    def _finished(self) -> set[str]:
+        """Ids of members that need no further round."""
+        return set()
+
     def _simulation(self, config: dict[str, Any]) -> Simulation:  # the first member's: FLTrainable's fields
         load_plugins()
-        self.members: list[dict[str, Any]] = [dict(m) for m in config["members"]]
+        self.members: list[dict[str, Any]] = self._members(config)
+        self._finals: dict[str, dict[str, Any]] = {}  # each member's last reported entry
         experiments = [
             build_experiment(experiment_dict(self._base, m["params"], self._method_base)) for m in self.members
         ]
@@ -67,9 +81,9 @@ class CohortTrainable(FLTrainable):
             self.sim = self.population.sims[0]
 
     def _drop_finished(self) -> None:
-        finished = self._ledger.finished_numbers(int(m["number"]) for m in self.members)
+        finished = self._finished()
         if finished:
-            self._keep([m["id"] for m in self.members if int(m["number"]) not in finished])
+            self._keep([m["id"] for m in self.members if m["id"] not in finished])
 
     def step(self) -> dict[str, Any]:
         if self.population.done() and self.last is not None:  # restored from the final checkpoint
@@ -88,16 +102,19 @@ class CohortTrainable(FLTrainable):
         reported, going_on = [], []
         for member, metrics in zip(self.members, results):
             assert metrics is not None  # members share their evaluation rounds
-            entry = {"id": member["id"], "number": member["number"], **metrics}
+            entry = {**{k: v for k, v in member.items() if k != "params"}, **metrics}
             if not math.isfinite(metrics["train_loss"]):  # this member fails alone; the cohort goes on
                 entry["diverged"] = f"diverged at round {metrics['round']}: train_loss is {metrics['train_loss']}"
             else:
                 going_on.append(member["id"])
             reported.append(entry)
         rnd = int(next(r for r in results if r is not None)["round"])
+        self._finals.update({str(e["id"]): e for e in reported})
         self._keep(going_on)
         done = self.population.done() or not self.members
         self.last = {"round": rnd, **self._best(reported), "members": reported}
+        if done and self.report_finals:
+            self.last["finals"] = list(self._finals.values())
         self._unsaved_s += time.perf_counter() - start
         due = self._unsaved_s >= self._checkpoint_every_s and not done
         return {**self.last, "node_id": self._node_id, "done": done, "should_checkpoint": due}
@@ -107,9 +124,9 @@ class CohortTrainable(FLTrainable):
         metric = self._objective
         ok = [e for e in reported if "diverged" not in e and metric in e and math.isfinite(e[metric])]
         if not ok:
-            return {k: v for k, v in reported[0].items() if k not in ("id", "number")}
+            return {k: v for k, v in reported[0].items() if k not in ("id", "number", "run")}
         best = (min if self._mode == "min" else max)(ok, key=lambda e: e[metric])
-        return {k: v for k, v in best.items() if k not in ("id", "number", "diverged")}
+        return {k: v for k, v in best.items() if k not in ("id", "number", "run", "diverged")}
 
     def save_checkpoint(self, checkpoint_dir: str) -> None:
         state = {
@@ -127,3 +144,51 @@ class CohortTrainable(FLTrainable):
         for sim, sim_state in zip(self.population.sims, state["states"]):
             sim.load_state_dict(sim_state)
         self.last = state["last"]
+
+
+class CohortTrainable(PopulationTrainable):
+    """A study's population trial: config `{"members": [{"id", "number", "params"}, ...]}`; before each
+    round it drops the members the study has finished (ASHA pruned them)."""
+
+    def setup(self, config: dict[str, Any], *args: Any, study_root: str = "", **kwargs: Any) -> None:
+        self._ledger = Ledger(study_root)  # read only: which members the study has finished
+        self._read_failed = False
+        super().setup(config, *args, **kwargs)
+
+    def _members(self, config: dict[str, Any]) -> list[dict[str, Any]]:
+        return [dict(m) for m in config["members"]]
+
+    def _finished(self) -> set[str]:
+        """Best effort: a worker that cannot read the study's storage (a node without the driver's access)
+        trains its pruned members on, and the driver ignores what they report (the ledger's `report` of a
+        finished trial, the scheduler's first look at a member)."""
+        try:
+            finished = self._ledger.finished_numbers(int(m["number"]) for m in self.members)
+        except Exception as err:  # noqa: BLE001 - any storage error (SQL, journal, a password): logged once, training goes on
+            if not self._read_failed:
+                self._read_failed = True
+                logger.warning("population trial: cannot read the study's storage (%s); pruned members train on", err)
+            return set()
+        return {str(m["id"]) for m in self.members if int(m["number"]) in finished}
+
+
+class RunListCohortTrainable(PopulationTrainable):
+    """Re-evaluation's runs that share every non-fusible value (their seed included), as one population:
+    config `{"cohort": c}` trains `runs[i]` for each i of `cohorts[c]`; its last result lists each run's
+    last entry under `finals`, with the run's index as `run`."""
+
+    report_finals = True
+
+    def setup(
+        self,
+        config: dict[str, Any],
+        *args: Any,
+        runs: list[dict[str, Any]] | None = None,
+        cohorts: list[list[int]] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self._runs, self._cohorts = runs or [], cohorts or []
+        super().setup(config, *args, **kwargs)
+
+    def _members(self, config: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{"id": str(i), "run": i, "params": self._runs[i]} for i in self._cohorts[config["cohort"]]]

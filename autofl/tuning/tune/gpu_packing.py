@@ -121,14 +121,17 @@ def measure_peak_bytes(exp: Any) -> int:
     return max(peak, 1)
 
 
-def resolve_auto_gpu(exp: Any, cpus_per_trial: float = 1.0, max_concurrent: int | None = None) -> tuple[float, str]:
+def resolve_auto_gpu(
+    exp: Any, cpus_per_trial: float = 1.0, max_concurrent: int | None = None, width: int = 1
+) -> tuple[float, str]:
     """(GPU share per trial, the line saying why) for `resources.gpu: auto` with base experiment `exp`, for
     trials of `cpus_per_trial` CPUs, at most `max_concurrent` at once (no more trials share the card than
-    run at once on this machine)."""
+    run at once on this machine), each training `width` configs (`resources.population`: sized as `width`
+    times one config's peak, an upper bound, since a population's members share the data)."""
     if not torch.cuda.is_available():
         share, line = 0.0, "resources.gpu: auto = 0: no CUDA GPU on this machine, trials train on the CPU"
     else:
-        peak, card = measure_peak_bytes(exp), torch.cuda.get_device_properties(0).total_memory
+        peak, card = measure_peak_bytes(exp) * max(1, width), torch.cuda.get_device_properties(0).total_memory
         most = concurrent_trials(machine_cpus(), cpus_per_trial, max_concurrent)
         share, line = packed_share(peak, card, max_trials=most), packing_line(peak, card, max_trials=most)
     return share, line

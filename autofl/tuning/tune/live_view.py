@@ -118,10 +118,13 @@ class LiveView(Callback):
                 row["round"], row["value"] = entry.get("round", row["round"]), entry.get(self.objective, row["value"])
         if isinstance(result.get("members"), list):  # members ASHA pruned at this result: closed in the study
             reported = {key for key, _ in member_results(trial.trial_id, result)}
-            for key in self._member_rows(trial):
-                state = self._ledger.state_of(key)
-                if key in reported and state in FINISHED_STATES and self.rows[key]["state"] == "RUNNING":
-                    self._close_row(key, state, result)
+            running = [k for k in self._member_rows(trial) if k in reported and self.rows[k]["state"] == "RUNNING"]
+            states = {  # one read of the study per result
+                t.user_attrs.get("tune_trial_id"): t.state.name for t in self._ledger.trials() if running
+            }
+            for key in running:
+                if states.get(key) in FINISHED_STATES:
+                    self._close_row(key, states[key], result)
         self._redraw()
 
     def _member_rows(self, trial: Any) -> list[str]:

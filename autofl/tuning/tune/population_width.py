@@ -60,18 +60,17 @@ def resolve_auto_population(
     torch.set_num_threads(max(1, threads))
     began, rates = time.perf_counter(), {}
     try:
-        width = 1
+        width, previous = 1, None
         while width <= cap:
             try:
                 rates[width] = config_rounds_per_s(exp, width, raw, device)
             except torch.OutOfMemoryError:
                 break
-            best = max(rates.values())
-            if rates[width] < best or (width > 1 and rates[width] < MIN_GAIN * rates[width // 2]):
-                break
+            if previous is not None and rates[width] < MIN_GAIN * rates[previous]:
+                break  # the last doubling gained too little
             if time.perf_counter() - began > PROBE_BUDGET_S or width == cap:
                 break
-            width = min(width * 2, cap)
+            width, previous = min(width * 2, cap), width
     finally:
         torch.set_num_threads(before)
     chosen = max(rates, key=lambda w: rates[w])

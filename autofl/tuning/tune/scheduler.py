@@ -23,6 +23,7 @@ from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
 from autofl.tuning.store.ledger import Ledger
 from autofl.tuning.strategy import asha
+from autofl.tuning.tune.searcher import noting_failed_writes
 
 
 class StudyASHA(FIFOScheduler):
@@ -170,9 +171,14 @@ class StudyASHA(FIFOScheduler):
         max_t), so its cohort's worker drops it before its next round; the cohort trial stops when
         none of its members goes on."""
         pruned = self.__dict__.setdefault("_pruned", set())
+        seen = self.__dict__.setdefault("_seen", set())
         going_on = False
         for member in result["members"]:
             key = str(member["id"])
+            if key not in seen and key not in pruned:  # its first result in this driver: finished before?
+                trial = self._ledger.trial_of(key)
+                if trial is not None and trial.state.is_finished():
+                    pruned.add(key)  # closed by an earlier driver; a worker that could not tell trains it on
             if key in pruned or member.get("diverged") or self._metric not in member:
                 continue
             entry = {self._time_attr: result[self._time_attr], **member}
@@ -180,7 +186,8 @@ class StudyASHA(FIFOScheduler):
                 going_on = True
             elif entry[self._time_attr] < self._max_t:
                 pruned.add(key)
-                self._ledger.close(int(member["number"]), entry, False, [str(self._metric)], self._max_t)
+                with noting_failed_writes():  # a failed write ends the driver in one line, as the searcher's
+                    self._ledger.close(int(member["number"]), entry, False, [str(self._metric)], self._max_t)
         return TrialScheduler.CONTINUE if going_on else TrialScheduler.STOP
 
     def _stopped_before(self, trial_id: str) -> bool:
