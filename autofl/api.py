@@ -624,7 +624,7 @@ def _run_study(
         # (measured on 2 cores: the quickstart's start-up overlaps by about 1.5 s)
         logs = ray_start.start_ray(folder.root, address, verbose, meanwhile=_import_trial_stack)
         # once: the space object every later step reads
-        space = folder.space().resolve_resources(recorded_population=store.recorded_width(folder))
+        space = folder.space().resolve_resources(recorded_population=store.recorded_width(folder), trials=trials)
         preflight.check_cluster_fits(space.resources.cpu, space.resources.gpu_share, address)
     preflight.sigterm_as_ctrl_c()  # after Ray's own driver handler: SIGTERM stops the run as Ctrl-C does
     try:

@@ -290,3 +290,16 @@ def test_a_fresh_driver_does_not_judge_a_member_an_earlier_driver_closed(tmp_pat
     asha.on_trial_add(None, trial)
     assert asha.on_trial_result(None, trial, _result(cohort, 1, [0.5, 0.9])) == TrialScheduler.CONTINUE
     assert asha.rungs[1] == {first["id"]: 0.5}
+
+
+def test_auto_caps_the_width_by_the_trials_the_run_trains(monkeypatch):
+    """`autofl search --trials 16` on a space of 2 trials: the probe's cap counts the 16."""
+    import autofl.tuning.tune.population_width as pw
+
+    seen = []
+    monkeypatch.setattr(pw, "resolve_auto_population",
+                        lambda exp, trials, slots, threads, device: (seen.append(trials) or 1, "line"))
+    space = SearchSpace(study="s", base={"method": {"name": "fedprox"}}, trials=2,
+                        params={"fl.lr": {"type": "float", "low": 0.001, "high": 0.1}}, resources={"population": "auto"})
+    space.resolve_resources(trials=16)
+    assert seen == [16] and space.resources.population_width == 1

@@ -298,11 +298,14 @@ class SearchSpace(Strict):
     def multi_objective(self) -> bool:
         return self.objectives is not None
 
-    def resolve_resources(self, recorded_population: int | None = None, population: bool = True) -> SearchSpace:
+    def resolve_resources(
+        self, recorded_population: int | None = None, population: bool = True, trials: int | None = None
+    ) -> SearchSpace:
         """The explicit step a driver takes once before it runs trials (parsing measures nothing):
         `resources.population: auto` becomes the width measured the fastest (autofl/tuning/tune/population_width.py),
         or `recorded_population`, the width the study's first run measured (not with `population`
-        False: a re-evaluation reads the recorded width itself), and then `resources.gpu: auto` the share
+        False: a re-evaluation reads the recorded width itself); its cap counts `trials` (the run's,
+        e.g. `--trials`; default the space's), and then `resources.gpu: auto` the share
         of a card one trial of that width needs, measured on a dry round of the base experiment (0 without
         a GPU; autofl/tuning/tune/gpu_packing.py). Idempotent."""
         if self.resources.population == "auto" and recorded_population:
@@ -320,7 +323,7 @@ class SearchSpace(Strict):
             on_gpu = self.resources.gpu == "auto" or self.resources.gpu > 0
             device = resolve_device("auto" if on_gpu else "cpu")  # where the trials will train
             self.resources.population, self.resources._population_line = resolve_auto_population(
-                self.base_experiment(), self.trials, slots, max(1, int(self.resources.cpu)), device
+                self.base_experiment(), trials or self.trials, slots, max(1, int(self.resources.cpu)), device
             )
         if self.resources.gpu == "auto":
             from autofl.tuning.tune.gpu_packing import resolve_auto_gpu  # lazy: pulls torch
