@@ -82,6 +82,13 @@ def test_a_killed_cohort_comes_back_whole_with_its_numbers_and_params(tmp_path):
     assert [m["id"] for m in after["members"]] == [member_id("z", i) for i in range(3)]
 
 
+def study_asha(root: Path) -> StudyASHA:
+    """ASHA over 4 rounds, rungs at 1 and 2 (grace 1, halving), maximizing `acc`."""
+    asha = StudyASHA(Ledger(root), time_attr="round", max_t=4, grace_period=1, reduction_factor=2)
+    asha.set_search_properties(metric="acc", mode="max", config={})
+    return asha
+
+
 def _result(cohort: dict, rnd: int, values: list[float]) -> dict:
     members = [{"id": m["id"], "number": m["number"], "acc": v} for m, v in zip(cohort["members"], values)]
     return {"round": rnd, "acc": max(values), "members": members}
@@ -91,8 +98,7 @@ def test_asha_judges_each_member_and_a_pruned_member_is_closed_pruned_at_its_run
     root = study_root(tmp_path)
     s = searcher(root, budget=4, population=4)
     cohort = s.suggest("a")
-    asha = StudyASHA(Ledger(root), time_attr="round", max_t=4, grace_period=1, reduction_factor=2)
-    asha.set_search_properties(metric="acc", mode="max", config={})
+    asha = study_asha(root)
     trial = SimpleNamespace(trial_id="a", config=cohort)
     asha.on_trial_add(None, trial)
     # round 1 is a rung: each member against the others there (Tune's order: the scheduler, then the searcher)
@@ -123,8 +129,7 @@ def test_every_member_pruned_stops_the_cohort_trial(tmp_path):
     root = study_root(tmp_path)
     s = searcher(root, budget=6, population=2)
     earlier = s.suggest("a")
-    asha = StudyASHA(Ledger(root), time_attr="round", max_t=4, grace_period=1, reduction_factor=2)
-    asha.set_search_properties(metric="acc", mode="max", config={})
+    asha = study_asha(root)
     first = SimpleNamespace(trial_id="a", config=earlier)
     asha.on_trial_add(None, first)
     assert asha.on_trial_result(None, first, _result(earlier, 1, [0.9, 0.8])) == TrialScheduler.CONTINUE
@@ -284,8 +289,7 @@ def test_a_fresh_driver_does_not_judge_a_member_an_earlier_driver_closed(tmp_pat
     cohort = searcher(root, budget=2, population=2).suggest("a")
     first, second = cohort["members"]
     Ledger(root).study().tell(second["number"], state=TrialState.PRUNED)  # by the earlier driver
-    asha = StudyASHA(Ledger(root), time_attr="round", max_t=4, grace_period=1, reduction_factor=2)
-    asha.set_search_properties(metric="acc", mode="max", config={})
+    asha = study_asha(root)
     trial = SimpleNamespace(trial_id="a", config=cohort)
     asha.on_trial_add(None, trial)
     assert asha.on_trial_result(None, trial, _result(cohort, 1, [0.5, 0.9])) == TrialScheduler.CONTINUE

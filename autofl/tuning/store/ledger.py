@@ -428,15 +428,7 @@ class Ledger:
                 return self._adopt_orphan(study, orphans[:1], run_name, member_id, define, skip_repeats=False)
             if any(t.state.name == "WAITING" for t in trials) or self._study_budget_reached(trials):
                 return None
-            trained = trained_configs(study) if skip_repeats else {}
-            for attempt in range(REPEAT_TRIES + 1 if skip_repeats else 1):
-                study.enqueue_trial(fixed, skip_if_exists=False)  # Optuna's way to fix some params of the next ask
-                trial = study.ask()
-                returned = define(trial)
-                twin = None if attempt == REPEAT_TRIES else trained.get(config_key(trial.params))
-                if twin is None:
-                    break
-                tell_as_twin(study, trial, twin)  # a config a finished trial trained: as ask_unseen does
+            trial, returned = ask_unseen(study, define, tries=REPEAT_TRIES if skip_repeats else 0, fixed=fixed)
             trial.set_user_attr("tune_trial_id", member_id)  # inside the lock: untagged RUNNING = orphan
             trial.set_user_attr("tune_run", run_name)
         return trial.number, {**trial.params, **(returned if isinstance(returned, dict) else {})}

@@ -58,15 +58,23 @@ def tell_as_twin(study: Any, trial: Any, twin: Any) -> None:
 
 
 def ask_unseen(
-    study: Any, define: Callable[[Any], Any], tries: int = REPEAT_TRIES, space_size: int | None = None
+    study: Any,
+    define: Callable[[Any], Any],
+    tries: int = REPEAT_TRIES,
+    space_size: int | None = None,
+    fixed: dict[str, Any] | None = None,
 ) -> tuple[Any, Any]:
     """`study.ask()` and `define(trial)` (define-by-run), skipping proposals a finished trial already
     trained (told as their twin). Returns the trial to train and what `define` returned. Once every
-    one of a finite space's `space_size` configs was trained, nothing is unseen: a plain ask."""
-    trained = trained_configs(study)  # a told repeat adds no config: read once per ask
+    one of a finite space's `space_size` configs was trained, nothing is unseen: a plain ask (as with
+    `tries` 0). `fixed`: params every proposal keeps (a population's non-fusible values), enqueued
+    before each ask, Optuna's public way to fix some params of the next ask."""
+    trained = trained_configs(study) if tries else {}  # a told repeat adds no config: read once per ask
     if space_size and len(trained) >= space_size:
         tries = 0
     for attempt in range(tries + 1):
+        if fixed is not None:
+            study.enqueue_trial(fixed, skip_if_exists=False)
         trial = study.ask()
         returned = define(trial)
         twin = None if attempt == tries else trained.get(config_key(trial.params))
