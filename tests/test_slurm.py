@@ -157,7 +157,11 @@ def test_a_signalled_study_is_requeued_and_ends_as_an_uninterrupted_run(slurm, t
     before = {t.number: (t.state.name, t.params, t.value) for t in trials_of(url, "hpc") if t.state.is_finished()}
     wait_until(lambda: slurm.job_state(job)[0] == "PENDING" or slurm.job_ended(job), "the requeue")
     assert slurm.job_state(job)[0] == "PENDING", out.read_text()[-3000:] + slurm.describe(job)
-    slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")  # SLURM holds a requeued job back 2 min
+    # SLURM holds a requeued job back 2 min; the test lets it start at once, but not within the second of
+    # the requeue: slurmd revoked the killed run's credentials at that second, and a launch whose credential
+    # bears the same second is refused ("Job N already killed, do not launch batch job") and the job FAILS
+    time.sleep(2)
+    slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")
     # an end seen twice, 2 s apart: one read of a requeued job between its runs is no end
     wait_until(lambda: slurm.job_ended(job) and (time.sleep(2) or slurm.job_ended(job)), "the requeued job's end",
                seconds=600)
