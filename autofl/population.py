@@ -9,8 +9,9 @@ C configs x K sampled clients run as one vmapped model (`autofl.accel.population
 
 A method whose class does not declare `population_ready` (its losses may read per-config values
 other than through `Method.fused`), or a model the vectorized executor cannot batch, runs each config
-alone, one after another: populations of one. A population's steps are the vectorized executor's,
-eager, whatever `runtime.executor` and `runtime.compile` say.
+alone, one after another: populations of one. A population's steps are the vectorized executor's
+whatever `runtime.executor` says; on CPU they compile as `runtime.compile` says
+(`population_compile`), on CUDA they run eagerly.
 
 This is a composition root (as autofl.training is): it resolves the method class from the registry
 and hands it to the engine.
@@ -23,6 +24,7 @@ from typing import Any
 import torch
 
 from autofl.accel.choice import vectorizable
+from autofl.accel.compiled import choose_compile
 from autofl.accel.population import Member, PopulationExecutor
 from autofl.config import Experiment, FLConfig, fusible_fields
 from autofl.data.datasets import RawDataset, load_raw_dataset
@@ -79,10 +81,24 @@ def check_population(experiments: list[Experiment]) -> Any:
     return method_cls
 
 
+def population_compile(sim: Simulation, width: int) -> tuple[bool, str]:
+    """Whether a population of `width` members like `sim` runs its steps compiled, and why: on CPU its
+    members' `runtime.compile` decides as for one trial (`compiled.choose_compile`), with a step counted
+    `width` times (a population's step does the work of `width` trials' steps, so it pays the compile
+    time `width` times sooner); on CUDA its steps stay eager (not graphed yet)."""
+    if sim.device.type != "cpu":
+        return False, "population steps: eager (on CUDA a population's steps are not graphed yet)"
+    on, why = choose_compile(
+        sim.exp.runtime.compile, sim.device, sim.exp.fl.rounds, "vectorized", sim.lockstep_steps_per_round() * width
+    )
+    return on, f"population steps: {'compiled' if on else 'eager'} ({why}; a step counts {width} members)"
+
+
 class Population:
     """C simulations of configs that differ only in fusible values, trained round by round with their
     local training shared (`run_round`), or one after another where the method is not
-    `population_ready` or C is 1."""
+    `population_ready` or C is 1 (unless the population compiled its steps: then its last member
+    trains on through them)."""
 
     def __init__(
         self,
@@ -101,16 +117,22 @@ class Population:
             sim.data = self.sims[0].data
         names = fusible_fields(self.method_cls.Params)
         self.flags = [{f"method.{n}": float(exp.method.params()[n]) for n in names} for exp in experiments]
+        # a model the vectorized executor cannot batch (`vectorizable`) trains each config alone too
+        self.ready = (
+            bool(getattr(self.method_cls, "population_ready", False))
+            and vectorizable(self.sims[0].workspace) is None
+        )
+        # decided once, for the population's first width: a population that compiles goes on compiled
+        # as it loses members (`keep`), down to one, whose run alone might not compile (`auto` counts
+        # one member's steps)
+        self.compile_steps, self.compile_line = (
+            population_compile(self.sims[0], len(self.sims)) if self.ready else (False, "")
+        )
         self._build_executor()
 
     def _build_executor(self) -> None:
-        # a model the vectorized executor cannot batch (`vectorizable`) trains each config alone too
-        self.fused = (
-            bool(getattr(self.method_cls, "population_ready", False))
-            and len(self.sims) > 1
-            and vectorizable(self.sims[0].workspace) is None
-        )
-        self.executor = PopulationExecutor(self.sims[0].workspace) if self.fused else None
+        self.fused = self.ready and (len(self.sims) > 1 or (self.compile_steps and len(self.sims) == 1))
+        self.executor = PopulationExecutor(self.sims[0].workspace, self.compile_steps) if self.fused else None
 
     def keep(self, members: list[int]) -> None:
         """Go on with only `members` (indices, in order): the others (pruned, failed) stop costing

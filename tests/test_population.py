@@ -88,8 +88,9 @@ def has_batchnorm(sim: Simulation) -> bool:
     return any(isinstance(m, (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d)) for m in sim.model.modules())
 
 
-def assert_members_run_alone(pop: Population, histories: list[list[dict[str, float]]], raw: RawDataset) -> None:
-    exact = not has_batchnorm(pop.sims[0])
+def assert_members_run_alone(pop: Population, histories: list[list[dict[str, float]]], raw: RawDataset,
+                             exact: bool = True) -> None:
+    exact = exact and not has_batchnorm(pop.sims[0])
     for i, (member, history) in enumerate(zip(pop.sims, histories)):
         alone = Simulation(member.exp, get_method_class(member.exp.method.name), raw=raw)
         assert_equal_tree(history, list(alone.run()), f"member {i}: metrics", exact)
@@ -174,3 +175,58 @@ def test_row_sgd_steps_each_configs_rows_as_sgd_steps_them_alone() -> None:
             alone.grad = g[m::c].clone()
             sgd.step()
         assert torch.equal(stacked[m::c], alone), m
+
+
+# compiled population steps (CPU): members with plain SGD at different rates (a decaying one among them), so
+# the whole step runs with its update and each row's rate is a tensor; with momentum, the gradients compiled
+COMPILED_FL = {"plain": [["fl.lr=0.05", "fl.momentum=0"], ["fl.lr=0.02", "fl.momentum=0", "fl.lr_decay=0.9"]],
+               "momentum": [["fl.lr=0.05", "fl.momentum=0.9"], ["fl.lr=0.02", "fl.momentum=0.5"]]}
+
+
+@pytest.mark.parametrize(("method", "sgd"), [("fedfcd", "plain"), ("fedprox", "plain"), ("fedavg", "momentum")])
+def test_compiled_members_equal_their_compiled_runs_alone(method: str, sgd: str, raw: RawDataset,
+                                                          monkeypatch) -> None:
+    """runtime.compile=on: a population's steps compile (the vectorized executor's whole steps, with linear
+    probes; FedFCD's two updates in one call), and each member's run equals its run alone compiled within
+    rounding (float64: inductor's kernels for the stack of both members' rows are not those for one
+    member's, measured 3e-17 apart after two rounds; the members' runs differ by far more)."""
+    from conftest import spy_whole_steps
+
+    from autofl.accel import linear_probes, vectorized
+
+    monkeypatch.setattr(linear_probes, "MIN_PROBED_WEIGHT", 0)  # the digits MLP's 64 x 100 weights are probed too
+    spies = [spy_whole_steps(monkeypatch, vectorized._Step), spy_whole_steps(monkeypatch, vectorized._StageStep)]
+    cls = get_method_class(method)
+    exps = []
+    for fl, scale in zip(COMPILED_FL[sgd], SCALES):
+        base = load_experiment(None, [*SCENARIO, f"method.name={method}", "runtime.compile=on"])
+        params = [f"method.{n}={base.method.params()[n] * scale}" for n in fusible_fields(cls.Params)]
+        exps.append(load_experiment(None, [*SCENARIO, f"method.name={method}", "runtime.compile=on", *fl, *params]))
+    pop = Population(exps, raw)
+    assert pop.compile_steps and pop.compile_line.startswith("population steps: compiled (runtime.compile=on")
+    histories = pop.run()
+    assert [len(h) for h in histories] == [2, 2]
+    # plain SGD: the whole steps ran, on the stack of both members' rows; with momentum none did
+    whole = [call for spy in spies for call in spy]
+    assert bool(whole) == (sgd == "plain")
+    assert all(k == 2 * 3 for _, k, _ in whole)  # 3 sampled clients x 2 members
+    for spy in spies:
+        spy.clear()
+    assert_members_run_alone(pop, histories, raw, exact=False)
+    assert any(spies) == (sgd == "plain")  # and the runs alone compiled their whole steps too
+
+
+def test_a_compiled_population_that_loses_members_trains_its_last_one_compiled(raw: RawDataset) -> None:
+    """A cohort whose steps compile keeps compiling as ASHA prunes its members: its last member trains on
+    through the population's compiled steps (alone, its run might be eager: `auto` counts one member's
+    steps), and its rounds are still its run alone compiled."""
+    exps = [load_experiment(None, [*SCENARIO, "method.name=fedavg", "runtime.compile=on", *fl])
+            for fl in COMPILED_FL["momentum"]]
+    pop = Population(exps, raw)
+    first = pop.run_round()
+    pop.keep([1])
+    assert pop.executor is not None and pop.executor.compile_steps
+    second = pop.run_round()
+    alone = Simulation(exps[1], get_method_class("fedavg"), raw=raw)
+    assert_equal_tree([first[1], second[0]], list(alone.run()), "metrics", exact=False)
+    assert_equal_tree(pop.sims[0].global_state, alone.global_state, "global_state", exact=False)

@@ -217,6 +217,7 @@ def test_population_auto_measures_the_width_and_a_resumed_study_keeps_the_first_
     width, line = resolve_auto_population(build_experiment(base), trials=8, slots=2, threads=1)
     assert 1 <= width <= 4 and line.startswith(f"resources.population: auto = {width}: config-rounds/s")
     assert "at most 4 (8 trials over 2 slot(s))" in line
+    assert width == 1 or "population steps: eager (runtime.compile=auto: eager" in line  # 3 rounds: too few steps
     monkeypatch.setattr(get_method_class("fedproto"), "population_ready", False)  # as a plugin that does not say
     proto = {**base, "method": {"name": "fedproto"}}
     assert resolve_auto_population(build_experiment(proto), trials=8, slots=2, threads=1) == (

@@ -182,23 +182,28 @@ def sgd_with_probes(
     group: dict[str, Any],
 ) -> None:
     """`torch.optim.sgd.sgd` (the function `torch.optim.SGD.step` runs) on the tensors of `tr` that have
-    gradients, then each probed weight's proximal terms (`proximal_sgd_`, reading the weight before
+    gradients (`lr` 0-dim, or one rate per row of the stack: plain SGD, `group` then says no momentum and
+    no decay), then each probed weight's proximal terms (`proximal_sgd_`, reading the weight before
     this step's change, as its gradient does) and its linear calls (`linear_sgd_`, one in-place product
     each)."""
     names = list(grads)
     with torch.no_grad():
-        sgd_update(
-            [tr[n] for n in names],
-            [grads[n] for n in names],
-            [None] * len(names),
-            weight_decay=group["weight_decay"],
-            momentum=group["momentum"],
-            lr=lr,
-            dampening=group["dampening"],
-            nesterov=group["nesterov"],
-            maximize=group["maximize"],
-            foreach=False,
-        )
+        if lr.dim():  # a rate per row (a population's members): plain SGD, as `sgd` steps each row alone
+            for n in names:
+                tr[n].add_(grads[n] * -lr.view(-1, *[1] * (tr[n].dim() - 1)))
+        else:
+            sgd_update(
+                [tr[n] for n in names],
+                [grads[n] for n in names],
+                [None] * len(names),
+                weight_decay=group["weight_decay"],
+                momentum=group["momentum"],
+                lr=lr,
+                dampening=group["dampening"],
+                nesterov=group["nesterov"],
+                maximize=group["maximize"],
+                foreach=False,
+            )
         for n, terms in proximal.items():
             for coef, anchor in terms:
                 proximal_sgd_(tr[n], anchor, coef, lr)

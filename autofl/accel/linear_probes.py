@@ -70,10 +70,11 @@ MIN_PROBED_WEIGHT = 16384
 @torch.library.custom_op("autofl::linear_sgd_", mutates_args=("weight",))
 def linear_sgd_(weight: torch.Tensor, out_grads: torch.Tensor, inputs: torch.Tensor, lr: torch.Tensor) -> None:
     """weight[k] -= lr * out_grads[k]^T @ inputs[k] for every client k, in place: stacked (K, out, in)
-    weight, (K, rows, out) output gradients and (K, rows, in) inputs of a linear layer's calls. A
-    custom op, so that inductor calls it on the weight's own memory (an in-place `baddbmm_` written in
-    the compiled step would become an out-of-place product and a copy back)."""
-    weight.baddbmm_((out_grads * -lr).transpose(1, 2), inputs)
+    weight, (K, rows, out) output gradients and (K, rows, in) inputs of a linear layer's calls; `lr` 0-dim
+    or (K,), a rate per client (a population's rows). A custom op, so that inductor calls it on the
+    weight's own memory (an in-place `baddbmm_` written in the compiled step would become an out-of-place
+    product and a copy back)."""
+    weight.baddbmm_((out_grads * -(lr.view(-1, 1, 1) if lr.dim() else lr)).transpose(1, 2), inputs)
 
 
 @linear_sgd_.register_fake
@@ -86,7 +87,7 @@ def proximal_sgd_(weight: torch.Tensor, anchor: torch.Tensor, coef: torch.Tensor
     """weight[k] -= lr * 2 * coef[k] * (weight[k] - anchor[k]) for every client k, in place: the SGD
     step of a proximal term coef[k] * ||w - anchor||^2 (coef[k] the loss's gradient w.r.t. the term,
     e.g. FedProx's mu/2), as one `lerp_` towards the anchor. Stacked (K, ...) weight and anchor
-    (an anchor shared by the clients may be an expanded view), (K,) coef."""
+    (an anchor shared by the clients may be an expanded view), (K,) coef, `lr` 0-dim or (K,)."""
     weight.lerp_(anchor.expand_as(weight), (2 * lr * coef).view(-1, *[1] * (weight.dim() - 1)))
 
 

@@ -19,15 +19,20 @@ step language, so their rounds' local training can be one lockstep run of the ve
   whole stack by `torch.optim.sgd.sgd`, the function that step runs, as the vectorized executor does.
 
 Every row's arithmetic is that of the same client in its config's own vectorized run, so in float64
-a member's states and metrics equal its solo run's (tests/test_population.py). Steps run eagerly:
-`runtime.compile` is not applied to populations yet.
+a member's states and metrics equal its solo run's (tests/test_population.py).
+
+On CPU with `compile_steps` the steps are the vectorized executor's compiled ones (`autofl.accel.compiled`):
+where no member has momentum or weight decay, the whole step with its SGD update is one compiled call, the
+update taking each row's rate as a (rows,) tensor (`_PopulationRun.sgd_inputs`), so the members' rates are
+inputs of the graph, never constants; elsewhere the gradients are compiled and `RowSGD` steps eagerly. A
+member's run then equals its run alone compiled (tests/test_population.py). On CUDA populations run eagerly.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import torch
 from torch.func import functional_call
@@ -36,6 +41,15 @@ from torch.optim.sgd import sgd as sgd_update  # the functional SGD that torch.o
 from autofl.accel.vectorized import _ChunkRun
 from autofl.engine.executor import ClientJob, ClientOutcome, RoundPlan, Workspace, batch_cuts, outputs_by_slices
 from autofl.engine.plan import ClientStart, Stage
+
+# the settings of plain SGD a compiled whole step runs with a rate per row (`_PopulationRun.sgd_inputs`)
+PLAIN_SGD: dict[str, Any] = {
+    "weight_decay": 0.0,
+    "momentum": 0.0,
+    "dampening": 0.0,
+    "nesterov": False,
+    "maximize": False,
+}
 
 
 @dataclass(frozen=True)
@@ -147,10 +161,32 @@ class _PopulationRun(_ChunkRun):
         x: torch.Tensor,
         y: torch.Tensor,
         settings: list[SGDSettings],
+        compile_steps: bool = False,
     ):
         self.settings = settings
         self.pooled_x = x  # the pooled data (a stage with a table of inputs reads the table instead)
-        super().__init__(ws, plan, jobs, x, y)
+        self._row_lr: torch.Tensor | None = None  # each row's member's rate, for the compiled whole steps
+        super().__init__(ws, plan, jobs, x, y, compile_steps)
+
+    # ----- the compiled whole steps' SGD (CPU), per member ----------------------------------------
+    def fused_sgd(self, opt: torch.optim.Optimizer) -> bool:
+        """A compiled whole step runs a `RowSGD` update where no member has momentum or weight decay; each
+        row's rate is a tensor (`sgd_inputs`), so members' rates never recompile the step."""
+        row_sgd = cast(RowSGD, opt)
+        return not row_sgd.momentum and not row_sgd.weight_decay
+
+    def fused_sgd_all(self, opts: list[torch.optim.Optimizer]) -> bool:
+        return all(self.fused_sgd(o) for o in opts)  # every update's RowSGD has the members' settings
+
+    def sgd_inputs(self, opt: torch.optim.Optimizer) -> tuple[list[torch.Tensor], torch.Tensor, dict[str, Any]]:
+        """The tensors `opt` steps, the rate of each row (row r member r % C's; a tensor even where the
+        members share their rate, so a population's step compiles one variant whatever its members' rates)
+        and plain SGD's other settings."""
+        row_sgd = cast(RowSGD, opt)
+        if self._row_lr is None:
+            lrs = torch.tensor([s.lr for s in self.settings], dtype=row_sgd.params[0].dtype)
+            self._row_lr = lrs.repeat(-(-self.k // len(lrs)))[: self.k]
+        return row_sgd.params, self._row_lr, dict(PLAIN_SGD)
 
     # ----- a stage's `inputs` computed ahead (`_ChunkRun._inputs_table`), per member -----------------
     def _inputs_table(self, stage: Stage, module: torch.nn.Module) -> torch.Tensor | None:
@@ -231,8 +267,9 @@ class PopulationExecutor:
 
     name = "population"
 
-    def __init__(self, ws: Workspace):
+    def __init__(self, ws: Workspace, compile_steps: bool = False):
         self.ws = ws
+        self.compile_steps = compile_steps  # CPU: the vectorized executor's compiled steps (`autofl.accel.compiled`)
 
     def train(self, members: list[Member], x: torch.Tensor, y: torch.Tensor) -> list[list[ClientOutcome]]:
         """Each member's outcomes, in the order of its jobs. The members' jobs must be the same clients
@@ -257,7 +294,7 @@ class PopulationExecutor:
                 start = ClientStart(job.start.models, {**job.start.flags, **m.flags})
                 rows.append(ClientJob(job.cid, start, job.train_idx, job.generator))
         settings = [SGDSettings(m.plan.lr, m.plan.momentum, m.plan.weight_decay) for m in members]
-        outcomes = _PopulationRun(self.ws, first.plan, rows, x, y, settings).run()
+        outcomes = _PopulationRun(self.ws, first.plan, rows, x, y, settings, self.compile_steps).run()
         c = len(members)
         out: list[list[ClientOutcome | None]] = [[None] * len(first.jobs) for _ in members]
         for position, k in enumerate(order):

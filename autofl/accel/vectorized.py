@@ -208,12 +208,28 @@ class _ChunkRun:
             for n, copy in copies.items():
                 self.state[n][:hi] = copy[:hi]
 
-    def sgd_inputs(self, group: dict[str, Any]) -> tuple[torch.Tensor, dict[str, Any]]:
-        """What a compiled SGD update takes from the optimizer's param group: the learning rate as a 0-dim
-        tensor (made once per rate, not per step) and the rest of its settings."""
+    def fused_sgd(self, opt: torch.optim.Optimizer) -> bool:
+        """Whether a compiled whole step runs `opt`'s update: plain SGD, one param group, no momentum and no
+        weight decay (either would be a constant of the compiled graph: one compile per value a search
+        tries)."""
+        if type(opt) is not torch.optim.SGD or len(opt.param_groups) != 1:
+            return False
+        group = opt.param_groups[0]
+        return group["momentum"] == 0 and group["weight_decay"] == 0 and not group["maximize"]
+
+    def fused_sgd_all(self, opts: list[torch.optim.Optimizer]) -> bool:
+        """Whether one compiled call runs all of a stage's updates: every optimizer `fused_sgd`, all at one
+        learning rate (fixed for a stage: its optimizers are made at its start)."""
+        return all(self.fused_sgd(o) for o in opts) and len({o.param_groups[0]["lr"] for o in opts}) == 1
+
+    def sgd_inputs(self, opt: torch.optim.Optimizer) -> tuple[list[torch.Tensor], torch.Tensor, dict[str, Any]]:
+        """What a compiled SGD update takes from an optimizer `fused_sgd` accepts: the tensors it steps, the
+        learning rate as a 0-dim tensor (made once per rate, not per step) and the rest of its settings."""
+        group = opt.param_groups[0]
         if self._lr is None or self._lr[0] != group["lr"]:
             self._lr = (group["lr"], torch.tensor(group["lr"], dtype=group["params"][0].dtype))
-        return self._lr[1], {k: group[k] for k in ("weight_decay", "momentum", "dampening", "nesterov", "maximize")}
+        settings = {k: group[k] for k in ("weight_decay", "momentum", "dampening", "nesterov", "maximize")}
+        return group["params"], self._lr[1], settings
 
     def probe_plan(
         self, key: Any, update: Update, trained: list[str] | tuple[str, ...], rows: torch.Tensor
@@ -304,7 +320,7 @@ class _ChunkRun:
             and not self.graph_steps
             and self.device.type == "cpu"
             and len(stage.updates) > 1
-            and _StageStep.fuses(opts)
+            and self.fused_sgd_all(opts)
             else None
         )
         n_steps = [len(c) for c in self.cuts]
@@ -517,7 +533,7 @@ class _ChunkRun:
             # the full batches replay the whole step's graph, the shorter ones step eagerly (_mixed_step)
             self._mixed_step(update, names, step, opt, runs, rows)
             return
-        if step.whole is not None and len(runs) == 1 and size0 == self.plan.batch_size and step.fuses(opt):
+        if step.whole is not None and len(runs) == 1 and size0 == self.plan.batch_size and self.fused_sgd(opt):
             # runtime.compile on CPU: every active client has a full batch, so the whole step (gather,
             # gradients and SGD update) is one compiled call over the stack (see _Step.whole_step)
             loss = step.whole_step(hi0, rows, opt)
@@ -762,7 +778,7 @@ class _Step:
         chunk's clients and one client's step size (client 0's forward and backward on its first batch of
         `rows`, measured once per workspace and step key); 1 where no whole step runs."""
         run = self.run
-        if self.whole is None or not self.fuses(opt):
+        if self.whole is None or not run.fused_sgd(opt):
             return 1
         sizes = run.ws.client_step_sizes
         if self.key not in sizes:
@@ -867,7 +883,7 @@ class _Step:
             return self.compiled(run.ws, self.update.loss, self.rest_dims, tr, rest, xb, yb, run.flags)
 
     def whole_step(self, hi: int, rows: torch.Tensor, opt: torch.optim.Optimizer) -> torch.Tensor:
-        """The compiled whole step (CPU, plain SGD: see `fuses`) of the stack on (K, batch) rows when
+        """The compiled whole step (CPU, plain SGD: see `_ChunkRun.fused_sgd`) of the stack on (K, batch) rows when
         clients 0:hi train and every one has a full batch: gradients and `opt`'s update in one call.
         Rows from hi on (clients past their last batch, fed padding rows) are updated too, and
         restored with the epoch's other stale rows; their stacked buffers (BatchNorm statistics) are
@@ -875,9 +891,8 @@ class _Step:
         call (`compiled.batched_sgd_step_run`), returning (steps, K) losses."""
         run = self.run
         assert self.whole is not None
-        group = opt.param_groups[0]
-        tr = dict(zip(self.trained, group["params"]))
-        lr, settings = run.sgd_inputs(group)
+        params, lr, settings = run.sgd_inputs(opt)
+        tr = dict(zip(self.trained, params))
         if self.probes is None:
             self.probes = run.probe_plan(self.key, self.update, self.trained, rows if rows.dim() == 2 else rows[0])
         with run.kept_buffers(hi) as copies, end_probes_on_error(run.ws):
@@ -899,19 +914,6 @@ class _Step:
                 self.probes,
             )
 
-    @staticmethod
-    def fuses(opt: torch.optim.Optimizer) -> bool:
-        """Whether `whole_step` runs `opt`'s update: plain SGD, one param group, no momentum and no weight
-        decay (either would be a constant of the compiled graph: one compile per value a search tries)."""
-        group = opt.param_groups[0]
-        return (
-            type(opt) is torch.optim.SGD
-            and len(opt.param_groups) == 1
-            and group["momentum"] == 0
-            and group["weight_decay"] == 0
-            and not group["maximize"]
-        )
-
 
 class _StageStep:
     """All the updates of a stage's lockstep step in one compiled call (`compiled.batched_sgd_steps`:
@@ -924,7 +926,7 @@ class _StageStep:
         self, run: _ChunkRun, stage: Stage, param_names: list[list[str]], s: int, opts: list[torch.optim.Optimizer]
     ):
         for opt, names in zip(opts, param_names):  # the optimizers step the stack's own tensors
-            assert all(p is run.state[n] for p, n in zip(opt.param_groups[0]["params"], names))
+            assert all(p is run.state[n] for p, n in zip(run.sgd_inputs(opt)[0], names))
         self.run, self.updates = run, stage.updates
         self.trained = tuple(tuple(names) for names in param_names)
         # the workspace's modes for the call: every BatchNorm tracking; each update's frozen ones get
@@ -937,18 +939,12 @@ class _StageStep:
         self.fn = compiled.compiled(compiled.batched_sgd_steps, self.keys, run.device)
         self.probes: tuple[ProbePlan, ...] | None = None  # each update's linear probes, found at the first call
 
-    @staticmethod
-    def fuses(opts: list[torch.optim.Optimizer]) -> bool:
-        """Every update's optimizer is plain SGD (`_Step.fuses`), all at one learning rate (fixed for a
-        stage: its optimizers are made at its start)."""
-        return all(_Step.fuses(o) for o in opts) and len({o.param_groups[0]["lr"] for o in opts}) == 1
-
     def whole_step(self, hi: int, rows: torch.Tensor, opts: list[torch.optim.Optimizer]) -> list[torch.Tensor]:
         """Every update on the stack's (K, batch) rows when clients 0:hi train (rows from hi on as in
         `_Step.whole_step`: updated, restored at the epoch's end; their stacked buffers kept).
         Returns each update's per-client loss."""
         run = self.run
-        lr, settings = run.sgd_inputs(opts[0].param_groups[0])
+        _, lr, settings = run.sgd_inputs(opts[0])
         if self.probes is None:
             self.probes = tuple(
                 run.probe_plan(key, u, names, rows) for key, u, names in zip(self.keys, self.updates, self.trained)

@@ -1,6 +1,8 @@
 """`resources.population: auto`: how many configs one trial trains together, measured.
 
-A dry round of the base experiment is timed as a population of C copies, for C = 1, 2, 4, ... up to
+A dry round of the base experiment is timed as a population of C copies (its steps compiled or eager as
+the trials' will be, `autofl.population.population_compile`: the first round, which compiles, is not
+timed), for C = 1, 2, 4, ... up to
 `MAX_WIDTH` (and no more than each of the trials that run at once would get: ceil(trials / slots)),
 on the device the trials use and with their threads; the width with the most config-rounds per
 second wins. Growing stops at the first width that gains less than `MIN_GAIN` over the best so far,
@@ -24,7 +26,7 @@ from autofl.accel.choice import vectorizable
 from autofl.data.datasets import load_raw_dataset
 from autofl.engine.simulation import Simulation
 from autofl.methods.registry import get_method_class
-from autofl.population import Population
+from autofl.population import Population, population_compile
 
 MAX_WIDTH = 64
 MIN_GAIN = 1.15  # a wider population must run this many times the config-rounds per second
@@ -50,7 +52,8 @@ def resolve_auto_population(
     if not getattr(method_cls, "population_ready", False):
         return 1, f"resources.population: auto = 1: method {exp.method.name} trains configs one by one"
     device = device or torch.device("cpu")
-    if vectorizable(Simulation(exp, method_cls, device=device).workspace) is not None:
+    sim = Simulation(exp, method_cls, device=device)
+    if vectorizable(sim.workspace) is not None:
         return 1, "resources.population: auto = 1: the model cannot be batched (see autofl train's executor line)"
     cap = max(1, min(MAX_WIDTH, math.ceil(trials / max(1, slots))))
     if cap == 1:
@@ -75,7 +78,8 @@ def resolve_auto_population(
         torch.set_num_threads(before)
     chosen = max(rates, key=lambda w: rates[w])
     measured = ", ".join(f"{w}: {r:.2f}" for w, r in sorted(rates.items()))
+    steps = f"; {population_compile(sim, chosen)[1]}" if chosen > 1 else ""
     return chosen, (
         f"resources.population: auto = {chosen}: config-rounds/s of a dry round by width {{{measured}}} "
-        f"on {device.type}, {threads} thread(s); at most {cap} ({trials} trials over {slots} slot(s))"
+        f"on {device.type}, {threads} thread(s); at most {cap} ({trials} trials over {slots} slot(s)){steps}"
     )
