@@ -97,8 +97,8 @@ def population_compile(sim: Simulation, width: int) -> tuple[bool, str]:
 class Population:
     """C simulations of configs that differ only in fusible values, trained round by round with their
     local training shared (`run_round`), or one after another where the method is not
-    `population_ready` or C is 1 (unless the population compiled its steps: then its last member
-    trains on through them)."""
+    `population_ready` or C is 1 (a population that compiled its steps and lost all but one member
+    trains that one on through them)."""
 
     def __init__(
         self,
@@ -119,8 +119,7 @@ class Population:
         self.flags = [{f"method.{n}": float(exp.method.params()[n]) for n in names} for exp in experiments]
         # a model the vectorized executor cannot batch (`vectorizable`) trains each config alone too
         self.ready = (
-            bool(getattr(self.method_cls, "population_ready", False))
-            and vectorizable(self.sims[0].workspace) is None
+            bool(getattr(self.method_cls, "population_ready", False)) and vectorizable(self.sims[0].workspace) is None
         )
         # decided once, for the population's first width: a population that compiles goes on compiled
         # as it loses members (`keep`), down to one, whose run alone might not compile (`auto` counts
@@ -128,10 +127,14 @@ class Population:
         self.compile_steps, self.compile_line = (
             population_compile(self.sims[0], len(self.sims)) if self.ready else (False, "")
         )
+        self.first_width = len(self.sims)
         self._build_executor()
 
     def _build_executor(self) -> None:
-        self.fused = self.ready and (len(self.sims) > 1 or (self.compile_steps and len(self.sims) == 1))
+        # one member left of a compiled population trains on through its steps; a population of one from
+        # the start is its config run alone (`autofl train`'s executor, exactly)
+        shrunk_to_one = len(self.sims) == 1 and self.first_width > 1 and self.compile_steps
+        self.fused = self.ready and (len(self.sims) > 1 or shrunk_to_one)
         self.executor = PopulationExecutor(self.sims[0].workspace, self.compile_steps) if self.fused else None
 
     def keep(self, members: list[int]) -> None:
@@ -164,7 +167,7 @@ class Population:
 
     def run(self) -> list[list[dict[str, float]]]:
         """Every member's evaluated rounds, to the end of `fl.rounds`."""
-        if self.executor is None:  # populations of one: each config alone, as `autofl train` runs it
+        if self.executor is None:  # each config alone, as `autofl train` runs it
             return [list(sim.run()) for sim in self.sims]
         histories: list[list[dict[str, float]]] = [[] for _ in self.sims]
         while not self.done():

@@ -222,6 +222,7 @@ def test_a_compiled_population_that_loses_members_trains_its_last_one_compiled(r
     steps), and its rounds are still its run alone compiled."""
     exps = [load_experiment(None, [*SCENARIO, "method.name=fedavg", "runtime.compile=on", *fl])
             for fl in COMPILED_FL["momentum"]]
+    assert Population(exps[1:], raw).executor is None  # one config from the start: its run alone, exactly
     pop = Population(exps, raw)
     first = pop.run_round()
     pop.keep([1])

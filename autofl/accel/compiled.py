@@ -22,7 +22,7 @@ What is compiled (the executors keep their own loops, optimizers and bookkeeping
 Nothing recompiles across rounds: the compiled functions take the workspace, the loss and every
 tensor (parameters, per-client flags, the method's closure tensors such as FedFCD's GFRs) as inputs,
 and the whole step takes the learning rate as a 0-dim tensor (a decaying rate replays the same
-graph), and its batch rows arrive as a contiguous (clients, batch) slice of a step-major tensor, the
+graph; a population's members' rates, one per row, as a (rows,) tensor), and its batch rows arrive as a contiguous (clients, batch) slice of a step-major tensor, the
 same strides whatever the round's step count. Shapes are static (`dynamic=False`): a shape that
 changes (the number of clients still training, a smaller last batch) compiles its own variant once,
 so uneven clients keep the executors' exact semantics: every client still sees exactly its own batch.
@@ -189,6 +189,7 @@ def sgd_with_probes(
     names = list(grads)
     with torch.no_grad():
         if lr.dim():  # a rate per row (a population's members): plain SGD, as `sgd` steps each row alone
+            assert group["momentum"] == 0 and group["weight_decay"] == 0 and not group["maximize"]
             for n in names:
                 tr[n].add_(grads[n] * -lr.view(-1, *[1] * (tr[n].dim() - 1)))
         else:
@@ -230,7 +231,8 @@ def batched_sgd_step(
     decay): each client's batch gathered from the pooled data by `rows` (K, batch), the per-client
     gradients (`probed_grads`), and the update of the stacked tensors `tr` in place by
     `torch.optim.sgd.sgd`, the function `torch.optim.SGD.step` runs, with the optimizer's settings:
-    `lr` a 0-dim tensor (neither a trial's rate nor a decaying one recompiles), the rest of its param
+    `lr` a 0-dim tensor (neither a trial's rate nor a decaying one recompiles; a (K,) tensor of rates
+    per row for a population, stepped as `sgd` steps each row: `sgd_with_probes`), the rest of its param
     group (`group`) constants of the graph; the linear weights of `plan` by one in-place product per
     call (`linear_probes`). Returns each client's loss."""
     grads, linear, proximal, value = probed_grads(ws, loss, rest_dims, tr, rest, x[rows], y[rows], flags, plan)

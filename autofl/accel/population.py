@@ -167,6 +167,8 @@ class _PopulationRun(_ChunkRun):
         self.pooled_x = x  # the pooled data (a stage with a table of inputs reads the table instead)
         self._row_lr: torch.Tensor | None = None  # each row's member's rate, for the compiled whole steps
         super().__init__(ws, plan, jobs, x, y, compile_steps)
+        # CUDA graphs step torch.optim.SGD's state and param groups, which RowSGD has not
+        assert not self.graph_steps, "population steps compile on CPU only (population_compile)"
 
     # ----- the compiled whole steps' SGD (CPU), per member ----------------------------------------
     def fused_sgd(self, opt: torch.optim.Optimizer) -> bool:
@@ -184,7 +186,8 @@ class _PopulationRun(_ChunkRun):
         and plain SGD's other settings."""
         row_sgd = cast(RowSGD, opt)
         if self._row_lr is None:
-            lrs = torch.tensor([s.lr for s in self.settings], dtype=row_sgd.params[0].dtype)
+            params = row_sgd.params[0]
+            lrs = torch.tensor([s.lr for s in self.settings], dtype=params.dtype, device=params.device)
             self._row_lr = lrs.repeat(-(-self.k // len(lrs)))[: self.k]
         return row_sgd.params, self._row_lr, dict(PLAIN_SGD)
 

@@ -312,7 +312,8 @@ class _ChunkRun:
         opts = [self._optimizer((s, i), names) for i, names in enumerate(param_names)]
         self._enter_stage(stage, param_names)
         steps = [self._make_step(u, names, (s, i)) for i, (u, names) in enumerate(zip(stage.updates, param_names))]
-        # runtime.compile on CPU, several updates a step with plain SGD at one learning rate: all of them
+        # runtime.compile on CPU, several updates a step with plain SGD at one learning rate (a population's:
+        # one per row, the same for every update): all of them
         # in one call on the steps where every active client has a full batch
         together = (
             _StageStep(self, stage, param_names, s, opts)
@@ -917,7 +918,8 @@ class _Step:
 
 class _StageStep:
     """All the updates of a stage's lockstep step in one compiled call (`compiled.batched_sgd_steps`:
-    CPU, plain SGD at one learning rate, steps where every active client has a full batch): the same
+    CPU, plain SGD at one learning rate (`_ChunkRun.fused_sgd_all`), steps where every active client has a
+    full batch): the same
     gradients and updates as one `_Step.whole_step` per update, with one call's overhead a step (Ditto
     0.95-1.1 s a fedfcd-t1 round as two calls, 0.62-0.71 s as one). The workspace runs with every
     BatchNorm tracking its statistics; the statistics an update freezes reach it as copies."""
