@@ -39,11 +39,24 @@ TABLE_SEEDS = (0, 1000, 1001)  # the search's seed, then autofl's re-evaluation 
 VAL_KEY, TEST_KEY = "personal_val_acc", "personal_test_acc"
 
 
+def bad_input(message: str) -> SystemExit:
+    """One line naming the bad option and what it allows, on stderr; exit code 2 (as argparse's own)."""
+    print(message, file=sys.stderr)
+    return SystemExit(2)
+
+
 # ----------------------------------------------------------------------------------------- tables
+def tables_dir() -> Path:
+    """Where tables and their space files are read (AUTOFL_BENCH_TABLES: another folder of tables,
+    e.g. a test's or a user's `build --space FILE --out-dir DIR`; default: the shipped ones)."""
+    return Path(os.environ.get("AUTOFL_BENCH_TABLES", HERE))
+
+
 def task_space(task: str):
     from autofl.tuning.strategy.space import load_space
 
-    return load_space(HERE / f"{task}.yaml")
+    path = tables_dir() / f"{task}.yaml"
+    return load_space(path if path.is_file() else HERE / f"{task}.yaml")
 
 
 def grid_configs(space) -> list[dict[str, Any]]:
@@ -51,13 +64,12 @@ def grid_configs(space) -> list[dict[str, Any]]:
     keys = list(space.params)
     for key in keys:
         if space.params[key].type != "categorical":
-            raise SystemExit(f"{key}: a benchmark task's params must all be categorical grids")
+            raise bad_input(f"{key}: a benchmark task's params must all be categorical grids")
     return [dict(zip(keys, values)) for values in itertools.product(*(space.params[k].choices for k in keys))]
 
 
 def table_path(task: str) -> Path:
-    """The shipped table (AUTOFL_BENCH_TABLES: another folder of tables, e.g. a test's)."""
-    return Path(os.environ.get("AUTOFL_BENCH_TABLES", HERE)) / f"{task}.json.gz"
+    return tables_dir() / f"{task}.json.gz"
 
 
 def load_table(task: str) -> dict[str, Any]:
@@ -65,36 +77,60 @@ def load_table(task: str) -> dict[str, Any]:
         return json.load(fh)
 
 
-def _train_one(space, values: dict[str, Any], seed: int, raw) -> dict[str, Any]:
-    from autofl.engine.simulation import Simulation
+def _record(exp, history: list[dict[str, Any]], counts: list[Any], diverged: int | None) -> dict[str, Any]:
+    """One run's row of a table: every evaluated round's mean validation and test accuracy and every
+    client's correct predictions behind them (with the clients' split sizes, the same every round)."""
+    sizes = counts[0] if counts else None
+    return {"rounds": [int(m["round"]) for m in history],
+            "val": [round(float(m[VAL_KEY]), 5) for m in history],
+            "test": [round(float(m[TEST_KEY]), 5) for m in history],
+            "val_correct": [c.val_correct for c in counts], "test_correct": [c.test_correct for c in counts],
+            "val_sizes": sizes.val_sizes if sizes else [], "test_sizes": sizes.test_sizes if sizes else [],
+            "diverged_at": diverged, "clients_per_round": exp.clients_per_round()}
+
+
+def _train_group(space, group: list[dict[str, Any]], raw) -> list[dict[str, Any]]:
+    """The runs of `group` (a seed's configs that share every non-fusible value: one population,
+    `autofl.population`; each member's rounds are those it gives trained alone), as table rows. A
+    member that diverges (a non-finite training loss) is dropped at that round."""
     from autofl.experiment import build_experiment
-    from autofl.methods.registry import get_method_class
+    from autofl.population import Population
 
-    exp = build_experiment(space.config({**values, "seed": seed}))
-    sim = Simulation(exp, get_method_class(exp.method.name), raw=raw)
-    val, test, rounds = [], [], []
-    diverged = None
-    for m in sim.run():
-        rounds.append(int(m["round"]))
-        val.append(round(float(m[VAL_KEY]), 5))
-        test.append(round(float(m[TEST_KEY]), 5))
-        if not math.isfinite(m["train_loss"]):
-            diverged = int(m["round"])
-            break
-    return {"rounds": rounds, "val": val, "test": test, "diverged_at": diverged,
-            "clients_per_round": exp.clients_per_round()}
+    exps = [build_experiment(space.config(values)) for values in group]
+    population = Population(exps, raw=raw)
+    alive = list(range(len(exps)))
+    histories: list[list[dict[str, Any]]] = [[] for _ in exps]
+    counts: list[list[Any]] = [[] for _ in exps]
+    diverged: list[int | None] = [None] * len(exps)
+    while alive and not population.done():
+        results = population.run_round()
+        for i, metrics in zip(alive, results):
+            if metrics is not None:
+                histories[i].append(metrics)
+                counts[i].append(population.sims[alive.index(i)].client_counts)
+                if not math.isfinite(metrics["train_loss"]):
+                    diverged[i] = int(metrics["round"])
+        keep = [k for k, i in enumerate(alive) if diverged[i] is None]
+        if len(keep) < len(alive):
+            alive = [alive[k] for k in keep]
+            if alive:
+                population.keep(keep)
+    return [_record(exp, h, c, d) for exp, h, c, d in zip(exps, histories, counts, diverged)]
 
 
-def cmd_build(args: argparse.Namespace) -> None:
+def build_table(space, name: str, out_dir: Path, seeds: tuple[int, ...], width: int, command: str) -> Path:
+    """Train every grid config of `space` on `seeds`, a seed's configs that share their non-fusible
+    values together as populations of at most `width`; write `<out_dir>/<name>.json.gz`. Finished
+    runs are kept in `.<name>.runs.jsonl` beside it, so a killed build resumes where it was."""
     import torch
 
     from autofl.data.datasets import load_raw_dataset
+    from autofl.tuning.strategy.cohorts import group_configs
 
-    torch.set_num_threads(1)
-    space = task_space(args.task)
     configs = grid_configs(space)
     raw = load_raw_dataset(space.base_experiment().data)
-    partial = HERE / f".{args.task}.runs.jsonl"  # one line per finished run: a killed build resumes
+    out_dir.mkdir(parents=True, exist_ok=True)
+    partial = out_dir / f".{name}.runs.jsonl"
     done: dict[tuple[int, int], dict[str, Any]] = {}
     if partial.exists():
         for line in partial.read_text().splitlines():
@@ -102,64 +138,118 @@ def cmd_build(args: argparse.Namespace) -> None:
             done[(row["config"], row["seed"])] = row
     started = time.time()
     with open(partial, "a") as fh:
-        for ci, values in enumerate(configs):
-            for seed in TABLE_SEEDS:
-                if (ci, seed) in done:
-                    continue
+        for seed in seeds:
+            todo = [c for c in range(len(configs)) if (c, seed) not in done]
+            runs = [{**configs[c], "seed": seed} for c in todo]
+            for group in group_configs(space.base, space.method_base, runs, width):
                 t0 = time.perf_counter()
-                row = {"config": ci, "seed": seed, **_train_one(space, values, seed, raw),
-                       "train_s": round(time.perf_counter() - t0, 3)}
-                fh.write(json.dumps(row) + "\n")
+                rows = _train_group(space, [runs[i] for i in group], raw)
+                seconds = (time.perf_counter() - t0) / len(group)  # a population's time, shared by its members
+                for i, row in zip(group, rows):
+                    row = {"config": todo[i], "seed": seed, **row, "train_s": round(seconds, 3)}
+                    fh.write(json.dumps(row) + "\n")
+                    done[(todo[i], seed)] = row
                 fh.flush()
-                done[(ci, seed)] = row
-            if ci % 10 == 0:
-                print(f"{args.task}: config {ci + 1}/{len(configs)} ({time.time() - started:.0f} s)", flush=True)
+                print(f"{name}: seed {seed}, {sum(1 for c, s in done if s == seed)}/{len(configs)} configs "
+                      f"({time.time() - started:.0f} s)", flush=True)
     table = {
-        "task": args.task,
+        "task": name,
         "built_with": {
-            "command": f"python scripts/search_benchmark.py build --task {args.task}",
-            "space_file": f"scripts/search_benchmark/{args.task}.yaml",
-            "space": space.model_dump(mode="json", include={"base", "params"}),
-            "seeds": list(TABLE_SEEDS), "torch_threads": 1, "torch": torch.__version__,
-            "python": platform.python_version(), "machine": platform.machine(),
+            "command": command,
+            "space": space.model_dump(mode="json", include={"base", "params", "method_base"}),
+            "seeds": list(seeds), "population_width": width, "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
             "train_s_total": round(sum(r["train_s"] for r in done.values()), 1),
             "date": time.strftime("%Y-%m-%d", time.gmtime()),
         },
         "metric": {"val": VAL_KEY, "test": TEST_KEY},
         "max_rounds": space.max_rounds,
         "configs": configs,
-        # runs[config][seed index]: rounds, val, test, diverged_at, clients_per_round
-        "runs": [[{k: v for k, v in done[(ci, s)].items() if k not in ("config", "seed")} for s in TABLE_SEEDS]
+        "seeds": list(seeds),
+        # runs[config][seed index]: rounds, val, test, val_correct/test_correct[round][client], val_sizes,
+        # test_sizes[client], diverged_at, clients_per_round
+        "runs": [[{k: v for k, v in done[(ci, s)].items() if k not in ("config", "seed")} for s in seeds]
                  for ci in range(len(configs))],
     }
-    with gzip.open(table_path(args.task), "wt", encoding="utf-8") as fh:
+    path = out_dir / f"{name}.json.gz"
+    with gzip.open(path, "wt", encoding="utf-8") as fh:
         json.dump(table, fh, separators=(",", ":"))
     partial.unlink()
-    print(f"wrote {table_path(args.task)}")
+    return path
+
+
+def cmd_build(args: argparse.Namespace) -> None:
+    import shutil
+
+    import torch
+
+    from autofl.tuning.strategy.space import load_space
+
+    torch.set_num_threads(args.threads)
+    if args.space:  # a user's task: its space file is copied beside the table, where replay reads both
+        source = Path(args.space)
+        name = args.name or source.stem
+        out_dir = Path(args.out_dir) if args.out_dir else source.resolve().parent
+        space = load_space(source)
+        grid_configs(space)  # refuse a space that is not a grid before any training
+        if source.resolve() != (out_dir / f"{name}.yaml").resolve():
+            out_dir.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, out_dir / f"{name}.yaml")
+    else:
+        name, out_dir, space = args.task, Path(args.out_dir) if args.out_dir else HERE, task_space(args.task)
+    seeds = tuple(args.seeds) if args.seeds else TABLE_SEEDS
+    path = build_table(space, name, out_dir, seeds, args.width,
+                       "python scripts/search_benchmark.py " + shlex.join(sys.argv[1:]))
+    print(f"wrote {path}")
 
 
 # ----------------------------------------------------------------------------------------- replay
-class Table:
-    """A built table as arrays: val/test[config, seed, round-1] (NaN after a divergence)."""
+OBJECTIVES = ("mean", "p10")  # what a config's value is: all clients' accuracy, or the worst-decile client's
 
-    def __init__(self, raw: dict[str, Any]):
+
+def client_objective(correct: list[list[int]], sizes: list[int], objective: str) -> list[float]:
+    """Per round, the value of `objective` over the clients' accuracies (clients with samples in that split)."""
+    import numpy as np
+
+    if objective == "mean":
+        return [sum(c) / sum(sizes) for c in correct]
+    held = np.array(sizes) > 0
+    acc = np.array(correct, dtype=float)[:, held] / np.array(sizes, dtype=float)[held]
+    return [float(v) for v in np.percentile(acc, 10, axis=1)]
+
+
+class Table:
+    """A built table as arrays: val/test[config, seed, round-1] (NaN after a divergence) of the
+    `objective` (`mean`: the stored mean accuracy; `p10`: the 10th percentile over clients, from the
+    per-client counts a table built since 2026-11-29 holds)."""
+
+    def __init__(self, raw: dict[str, Any], objective: str = "mean"):
         import numpy as np
 
         self.task = raw["task"]
         self.configs: list[dict[str, Any]] = raw["configs"]
         self.keys = list(self.configs[0])
         self.max_rounds = int(raw["max_rounds"])
-        shape = (len(self.configs), len(TABLE_SEEDS), self.max_rounds)
+        self.seeds = list(raw.get("seeds", TABLE_SEEDS))
+        self.objective = objective
+        shape = (len(self.configs), len(self.seeds), self.max_rounds)
         self.val, self.test = np.full(shape, np.nan), np.full(shape, np.nan)
         self.diverged = np.zeros(shape[:2], dtype=bool)
         for c, per_seed in enumerate(raw["runs"]):
             for s, run in enumerate(per_seed):
-                n = len(run["val"])
-                self.val[c, s, :n], self.test[c, s, :n] = run["val"], run["test"]
+                val, test = run["val"], run["test"]
+                if objective != "mean":
+                    if not run.get("val_correct"):
+                        raise bad_input(f"--objective {objective}: table {self.task} holds no per-client values "
+                                         f"(rebuild it); allowed here: mean")
+                    val = client_objective(run["val_correct"], run["val_sizes"], objective)
+                    test = client_objective(run["test_correct"], run["test_sizes"], objective)
+                n = len(val)
+                self.val[c, s, :n], self.test[c, s, :n] = val, test
                 self.diverged[c, s] = run["diverged_at"] is not None
         self.clients_per_round = int(raw["runs"][0][0]["clients_per_round"])
         self.index = {self.key(cfg): c for c, cfg in enumerate(self.configs)}
-        # what a config is worth: its test accuracy after the last round it trained, mean over the seeds
+        # what a config is worth: its test value after the last round it trained, mean over the seeds
         last = np.where(np.isnan(self.test), -np.inf, np.arange(self.max_rounds)).argmax(axis=2)
         final_test = np.take_along_axis(self.test, last[..., None], axis=2)[..., 0]
         self.test_mean = final_test.mean(axis=1)
@@ -187,6 +277,7 @@ class Method:
     scheduler: dict[str, Any]
     reeval_top: int = 0  # 0: the best single-seed validation value; k: re-run the top k and the default
     continuous: bool = False  # the grid's numeric params of 3+ choices searched as log ranges (see `relaxed`)
+    brief_rounds: int = 0  # > 0: no sampler or scheduler; every config for this many rounds, then the top k fully
 
 
 def method_space(space, method: Method, seed: int):
@@ -374,7 +465,7 @@ def choose(table: Table, space, finished: list[tuple[int, int, str, float]], bud
     default = [table.index[table.key(p)] for p in start_points(space)]
     reeval_cost = 0
     if reeval_top:
-        reeval_cost = (reeval_top + len(default)) * (len(TABLE_SEEDS) - 1) * table.max_rounds
+        reeval_cost = (reeval_top + len(default)) * (len(table.seeds) - 1) * table.max_rounds
     search_budget = budget_rounds - reeval_cost
     complete: list[tuple[float, int]] = []
     seen: set[int] = set()
@@ -433,6 +524,8 @@ def default_methods() -> list[Method]:
         Method("tpe+asha(continuous)", {"kind": "tpe", "skip_repeats": False}, asha, continuous=True),
         Method("tpe(multivariate)+asha(continuous)", {"kind": "tpe", "multivariate": True, "skip_repeats": False},
                asha, continuous=True),
+        # Egele et al. (2023): every config for one round, then as many of the best fully as the budget pays for
+        Method("brief(1)+top-k", {}, {}, brief_rounds=1),
     ]
     return methods
 
@@ -449,18 +542,51 @@ EXTRA_METHODS = [  # not in the default comparison: `--methods NAME ...` replays
 ]
 
 
-def _replay_one(job: tuple[str, Method, int, int]) -> list[dict[str, Any]]:
+def brief_then_top_k(table: Table, brief_rounds: int, budget_rounds: int, seed: int) -> tuple[int | None, int, int]:
+    """Egele et al. (2023)'s baseline: train every config for `brief_rounds` rounds (in an order drawn
+    from `seed`: a budget too small for all trains the first ones), rank them by that round's
+    validation value, fully train as many of the best as the rest of the budget pays for, and choose
+    the best validation value after full training among those (with none fully trained: the best brief
+    one). The search sees the table's first seed, as a live search does. Returns (config, configs
+    trained briefly, configs trained fully)."""
+    import numpy as np
+
+    order = np.random.default_rng(seed).permutation(len(table.configs))
+    brief = order[: min(len(order), budget_rounds // brief_rounds)]
+    if not len(brief):
+        return None, 0, 0
+    at_brief = np.nan_to_num(table.val[brief, 0, brief_rounds - 1], nan=-np.inf)
+    ranked = [int(c) for c in brief[np.argsort(-at_brief, kind="stable")]]
+    left = budget_rounds - len(brief) * brief_rounds
+    k = min(len(ranked), max(0, left // (table.max_rounds - brief_rounds)))
+    if k == 0:
+        return ranked[0], len(brief), 0
+    last = np.where(np.isnan(table.val[:, 0]), -np.inf, np.arange(table.max_rounds)).argmax(axis=1)
+    final_val = np.nan_to_num(table.val[np.arange(len(table.configs)), 0, last], nan=-np.inf)
+    full = ranked[:k]
+    return max(full, key=lambda c: (final_val[c], -full.index(c))), len(brief), k
+
+
+def _replay_one(job: tuple[str, Method, int, int, str]) -> list[dict[str, Any]]:
     import warnings
 
     import optuna
 
     warnings.filterwarnings("ignore")
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    task, method, seed, workers = job
-    table = Table(load_table(task))
+    task, method, seed, workers, objective = job
+    table = Table(load_table(task), objective)
     space = task_space(task)
-    finished = replay_search(table, space, method, seed, workers, table.grid_rounds)
     rows = []
+    if method.brief_rounds:
+        for fraction in BUDGETS:
+            chosen, trained, complete = brief_then_top_k(table, method.brief_rounds,
+                                                         int(round(fraction * table.grid_rounds)), seed)
+            rows.append({"task": task, "method": method.name, "seed": seed, "budget": fraction,
+                         "regret": None if chosen is None else round(table.regret(chosen), 4),
+                         "config": chosen, "trials": trained, "complete": complete})
+        return rows
+    finished = replay_search(table, space, method, seed, workers, table.grid_rounds)
     for fraction in BUDGETS:
         rounds = int(round(fraction * table.grid_rounds))
         chosen = choose(table, space, finished, rounds, method.reeval_top)
@@ -477,9 +603,16 @@ def cmd_replay(args: argparse.Namespace) -> None:
     known = {m.name: m for m in default_methods() + EXTRA_METHODS}
     unknown = [name for name in args.methods or [] if name not in known]
     if unknown:
-        raise SystemExit(f"--methods: {unknown[0]!r} is not a method; allowed: {', '.join(known)}")
+        raise bad_input(f"--methods: {unknown[0]!r} is not a method; allowed: {', '.join(known)}")
+    if args.tables:
+        os.environ["AUTOFL_BENCH_TABLES"] = str(Path(args.tables).resolve())  # the workers inherit it
+    missing = [t for t in args.task if not table_path(t).is_file()]
+    if missing:
+        found = sorted(p.name[: -len(".json.gz")] for p in tables_dir().glob("*.json.gz"))
+        raise bad_input(f"--task: no table {missing[0]!r} in {tables_dir()}; allowed: {', '.join(found)}")
     methods = [known[name] for name in args.methods] if args.methods else default_methods()
-    jobs = [(task, m, seed, args.workers) for task in args.task for m in methods for seed in range(args.seeds)]
+    jobs = [(task, m, seed, args.workers, args.objective) for task in args.task for m in methods
+            for seed in range(args.seeds)]
     started = time.time()
     rows: list[dict[str, Any]] = []
     # the workers import this script by its name (when it is imported rather than run, e.g. by a test)
@@ -498,9 +631,9 @@ def cmd_replay(args: argparse.Namespace) -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     summary = {"command": "python scripts/search_benchmark.py " + shlex.join(sys.argv[1:]),
-               "seeds": args.seeds, "workers": args.workers, "budgets": list(BUDGETS),
+               "objective": args.objective, "seeds": args.seeds, "workers": args.workers, "budgets": list(BUDGETS),
                "methods": [vars(m) | {} for m in methods], "rows": rows,
-               "best_test": {t: Table(load_table(t)).best_test for t in args.task},
+               "best_test": {t: Table(load_table(t), args.objective).best_test for t in args.task},
                "seconds": round(time.time() - started, 1)}
     if args.merge and out.exists():
         summary = merged(json.loads(out.read_text()), summary)  # summary holds plain values already (vars(m) | {})
@@ -512,9 +645,9 @@ def merged(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     """`new`'s searches replace those of the same task and method in `old`, every other task's and
     method's rows kept (`replay --merge`): both replays must share seeds, trials in flight and
     budgets; a task's rows say which methods ran on it."""
-    for key in ("seeds", "workers", "budgets"):
-        if old.get(key) != new[key]:
-            raise SystemExit(f"--merge: the replay in the output file has other {key}; replay every task instead")
+    for key in ("seeds", "workers", "budgets", "objective"):
+        if old.get(key, "mean" if key == "objective" else None) != new.get(key, "mean" if key == "objective" else None):
+            raise bad_input(f"--merge: the replay in the output file has other {key}; replay every task instead")
     replaced = {(r["task"], r["method"]) for r in new["rows"]}
     fresh = {m["name"] for m in new["methods"]}  # a method replayed again: its new definition
     return {**new, "command": f"{old['command']}; {new['command']}",
@@ -709,10 +842,12 @@ def cmd_live(args: argparse.Namespace) -> int:
     space = task_space(args.task)
     known = {m.name: m for m in default_methods() + EXTRA_METHODS}
     if args.method not in known:
-        raise SystemExit(f"--method: {args.method!r} is not a method; allowed: {', '.join(known)}")
+        raise bad_input(f"--method: {args.method!r} is not a method; allowed: {', '.join(known)}")
     method = known[args.method]
     if method.continuous:
-        raise SystemExit(f"--method: {method.name} is replayed on a relaxed space; the live check runs the task's grid")
+        raise bad_input(f"--method: {method.name} is replayed on a relaxed space; the live check runs the task's grid")
+    if method.brief_rounds:
+        raise bad_input(f"--method: {method.name} is no sampler and scheduler of autofl search; the live check runs one")
     budget_rounds = int(round(args.budget * table.grid_rounds))
     with tempfile.TemporaryDirectory(prefix="autofl-live-") as tmp:
         tree = yaml.safe_load((HERE / f"{args.task}.yaml").read_text())
@@ -755,9 +890,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     build = sub.add_parser("build", help="train every grid config of a task on the table's seeds")
-    build.add_argument("--task", choices=TASKS, required=True)
+    which = build.add_mutually_exclusive_group(required=True)
+    which.add_argument("--task", choices=TASKS, help="a shipped task (its space file under scripts/search_benchmark/)")
+    which.add_argument("--space", help="your own space file (every param a categorical grid): the table and a "
+                       "copy of the file go to --out-dir, where `replay --tables DIR --task NAME` reads them")
+    build.add_argument("--name", help="the table's task name (default: the space file's stem)")
+    build.add_argument("--out-dir", help="where the table is written (default: beside the space file; for --task, "
+                       "the shipped tables' folder)")
+    build.add_argument("--seeds", type=int, nargs="+", help=f"training seeds (default: {' '.join(map(str, TABLE_SEEDS))}: "
+                       "the search's, then `export --reeval`'s)")
+    build.add_argument("--width", type=int, default=16, help="configs of one seed trained together as a population "
+                       "(autofl.population; those sharing every non-fusible value; 1: one at a time)")
+    build.add_argument("--threads", type=int, default=1, help="torch threads")
     replay = sub.add_parser("replay", help="replay every search method against the shipped tables")
-    replay.add_argument("--task", nargs="+", choices=TASKS, default=list(TASKS))
+    replay.add_argument("--task", nargs="+", default=list(TASKS),
+                        help=f"tables to replay (default: the shipped {' '.join(TASKS)})")
+    replay.add_argument("--tables", help="the folder of the tables and their space files (default: the shipped ones)")
+    replay.add_argument("--objective", choices=OBJECTIVES, default="mean",
+                        help="a config's value: mean accuracy, or the 10th percentile over clients (tables with per-client values)")
     replay.add_argument("--seeds", type=int, default=30, help="search seeds per method")
     replay.add_argument("--workers", type=int, default=2, help="trials in flight at once (a 2-CPU machine's study)")
     replay.add_argument("--jobs", type=int, default=2, help="processes")

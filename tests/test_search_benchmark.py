@@ -132,7 +132,7 @@ def test_a_live_search_lands_inside_the_replays_distribution():
     assert "inside the replay's distribution" in proc.stdout
 
 
-def test_a_merged_replay_replaces_the_replayed_tasks_methods_and_keeps_the_others(bench):
+def test_a_merged_replay_replaces_the_replayed_tasks_methods_and_keeps_the_others(bench, capsys):
     def replay(pairs, regret, command):
         return {"command": command, "seeds": 30, "workers": 2, "budgets": [0.5, 1.0],
                 "methods": [{"name": m} for m in dict.fromkeys(m for _, m in pairs)],
@@ -147,8 +147,12 @@ def test_a_merged_replay_replaces_the_replayed_tasks_methods_and_keeps_the_other
         ("a", "tpe", 1.0), ("b", "grid", 2.0), ("b", "random", 1.0), ("b", "tpe", 2.0), ("c", "tpe", 2.0)]
     assert out["best_test"] == {"a": 1.0, "b": 2.0, "c": 2.0} and out["seconds"] == 20.0
     assert out["command"] == "replay; replay --task b c --merge"
-    with pytest.raises(SystemExit, match="--merge: the replay in the output file has other seeds"):
+    with pytest.raises(SystemExit) as refused:
         bench.merged({**old, "seeds": 10}, new)
+    assert refused.value.code == 2
+    assert "--merge: the replay in the output file has other seeds" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # replays of different objectives do not merge either
+        bench.merged({**old, "objective": "p10"}, new)
 
 
 def test_a_relaxed_param_is_a_log_range_over_its_choices_and_snaps_to_the_nearest(bench):
@@ -196,3 +200,108 @@ def test_the_trials_table_gives_the_defaults_trained_and_complete_trials_by_budg
              "trials": n, "complete": c} for s, (n, c) in enumerate([(10, 2), (12, 3), (20, 5)])]
     table = bench.trials_table({"budgets": [0.5], "rows": rows})
     assert "| t | 12 (3) |" in table and bench.trials_table({"budgets": [0.5], "rows": []}) == ""
+
+
+USER_SPACE = """\
+study: mine
+base:
+  seed: 0
+  data: {dataset: digits, num_clients: 4, partition: {kind: dirichlet, alpha: 0.3}, seed: 0}
+  model: {arch: mlp}
+  fl: {rounds: 3, participation: 1.0, local_epochs: 1, batch_size: 16, lr: 0.03}
+  method: {name: fedprox, mu: 0.01}
+  runtime: {dtype: float64}
+params:
+  fl.lr: {type: categorical, choices: [0.01, 0.1]}
+  method.mu: {type: categorical, choices: [0.01, 0.1]}
+  fl.batch_size: {type: categorical, choices: [16, 32]}
+trials: 4
+"""
+
+
+def test_build_on_a_users_space_stores_every_clients_counts_from_populations_equal_to_runs_alone(bench, tmp_path,
+                                                                                                 monkeypatch):
+    """`build --space FILE`: every grid config x seed, a seed's configs that share their non-fusible values
+    (here the batch size) trained as one population; each run's rows hold every client's correct
+    predictions each evaluated round (the mean is their sum over the split sizes), equal to the same
+    config trained alone; the space file is copied beside the table, where `replay --tables` reads both."""
+    from autofl.engine.simulation import Simulation
+    from autofl.experiment import build_experiment
+    from autofl.methods.registry import get_method_class
+    from autofl.tuning.strategy.space import load_space
+
+    source = tmp_path / "spaces" / "mine.yaml"
+    source.parent.mkdir()
+    source.write_text(USER_SPACE)
+    trained = []
+    real = bench._train_group
+    monkeypatch.setattr(bench, "_train_group", lambda space, group, raw: trained.append(len(group)) or real(space, group, raw))
+    assert bench.main(["build", "--space", str(source), "--out-dir", str(tmp_path / "tables"), "--seeds", "0", "7",
+                       "--width", "4"]) == 0
+    assert trained == [4, 4, 4, 4]  # per seed: one population of the 2 x 2 lr x mu configs per batch size
+    assert (tmp_path / "tables" / "mine.yaml").read_text() == USER_SPACE
+    assert not list((tmp_path / "tables").glob(".*.runs.jsonl"))  # the resume file is gone once the table is whole
+    with gzip.open(tmp_path / "tables" / "mine.json.gz", "rt") as fh:
+        raw = json.load(fh)
+    assert raw["seeds"] == [0, 7] and len(raw["configs"]) == 8 and raw["built_with"]["population_width"] == 4
+    space = load_space(source)
+    for c, config in enumerate(raw["configs"]):
+        for s, seed in enumerate(raw["seeds"]):
+            run = raw["runs"][c][s]
+            assert run["rounds"] == [1, 2, 3] and len(run["val_sizes"]) == 4
+            for val, correct in zip(run["val"], run["val_correct"]):
+                assert val == round(sum(correct) / sum(run["val_sizes"]), 5)
+            if (c, s) in ((0, 0), (7, 1)):  # a member of each population's first and last, against its run alone
+                exp = build_experiment(space.config({**config, "seed": seed}))
+                sim = Simulation(exp, get_method_class("fedprox"))
+                alone = [(sim.client_counts.val_correct, sim.client_counts.test_correct) for _ in sim.run()]
+                assert alone == list(zip(run["val_correct"], run["test_correct"]))
+
+    monkeypatch.setenv("AUTOFL_BENCH_TABLES", str(tmp_path / "tables"))
+    p10 = bench.Table(bench.load_table("mine"), "p10")
+    run = raw["runs"][5][1]
+    acc = np.array(run["test_correct"][-1]) / np.array(run["test_sizes"])
+    assert p10.test[5, 1, 2] == pytest.approx(np.percentile(acc, 10))
+    assert bench.Table(bench.load_table("mine")).test[5, 1, 2] == run["test"][-1]
+
+    out = tmp_path / "replay.json"
+    assert bench.main(["replay", "--tables", str(tmp_path / "tables"), "--task", "mine", "--objective", "p10",
+                       "--seeds", "2", "--jobs", "1", "--methods", "random+asha", "brief(1)+top-k",
+                       "--out", str(out)]) == 0
+    replay = json.loads(out.read_text())
+    assert replay["objective"] == "p10" and replay["best_test"] == {"mine": pytest.approx(p10.best_test)}
+    assert {(r["method"], r["seed"]) for r in replay["rows"]} == {
+        (m, s) for m in ("random+asha", "brief(1)+top-k") for s in (0, 1)}
+
+
+def test_a_bad_option_is_one_line_and_exit_2_before_any_work(bench, table, tmp_path, capsys):
+    with pytest.raises(SystemExit) as refused:
+        bench.main(["replay", "--task", "no-such-task", "--seeds", "1"])
+    assert refused.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("--task: no table 'no-such-task'") and TASK in err and "\n" not in err
+    with pytest.raises(SystemExit) as refused:  # the synthetic table holds no per-client counts
+        bench.Table(bench.load_table(TASK), "p10")
+    assert refused.value.code == 2 and "--objective p10" in capsys.readouterr().err
+
+
+def test_brief_then_top_k_trains_every_config_briefly_then_the_best_fully(bench, table):
+    """Egele et al.'s baseline within a budget of B rounds: every config b rounds (N b), then the
+    k = (B - N b) // (R - b) best by their round-b validation value fully; the choice is the best final
+    validation value among those k, or with k = 0 the best brief one; a budget under N b trains
+    B // b configs briefly, in the seed's order."""
+    n, rounds = len(table.configs), table.max_rounds
+    at_one = table.val[:, 0, 0]
+    final = table.val[:, 0, -1]
+    chosen, brief, full = bench.brief_then_top_k(table, 1, n, seed=3)
+    assert (brief, full) == (n, 0) and chosen == int(np.argmax(at_one))
+    budget = n + 5 * (rounds - 1) + 2
+    chosen, brief, full = bench.brief_then_top_k(table, 1, budget, seed=3)
+    top5 = list(np.argsort(-at_one, kind="stable")[:5])
+    assert (brief, full) == (n, 5) and chosen == max(top5, key=lambda c: final[c])
+    chosen, brief, full = bench.brief_then_top_k(table, 1, n * rounds, seed=3)
+    assert full == n and chosen == int(np.argmax(final))
+    chosen, brief, full = bench.brief_then_top_k(table, 1, n // 2, seed=3)
+    assert (brief, full) == (n // 2, 0)
+    order = np.random.default_rng(3).permutation(n)[: n // 2]
+    assert chosen == max(order, key=lambda c: at_one[c])

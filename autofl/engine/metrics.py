@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -81,6 +83,19 @@ def personal_counts(
     return val_correct, test_correct, [len(s.val) for s in splits], [len(s.test) for s in splits]
 
 
+@dataclass(frozen=True)
+class ClientCounts:
+    """Each training client's personal model on its own splits, in client order: correct predictions
+    and split sizes (what every summary of a round is made of: the weighted mean, p10, any subset of
+    clients or resampled validation set a benchmark replays)."""
+
+    val_correct: list[int]
+    test_correct: list[int]
+    val_sizes: list[int]
+    test_sizes: list[int]
+    unseen: ClientCounts | None = None  # the held-out clients' (data.holdout_clients), after newcomer training
+
+
 @torch.no_grad()
 def evaluate(
     sim: Evaluated, newcomers: list[Newcomer] | None = None, harm: HarmReference | None = None
@@ -88,9 +103,18 @@ def evaluate(
     """A round's metrics. `newcomers`: the held-out clients after their newcomer training
     (autofl.engine.newcomers), for the unseen_* metrics and the participation gap; `harm`: the
     per-client references of harmed_frac and harmed_vs_global (autofl.engine.harm)."""
+    return evaluate_with_counts(sim, newcomers, harm)[0]
+
+
+@torch.no_grad()
+def evaluate_with_counts(
+    sim: Evaluated, newcomers: list[Newcomer] | None = None, harm: HarmReference | None = None
+) -> tuple[dict[str, float], ClientCounts]:
+    """`evaluate`'s metrics and the training clients' counts they summarize."""
     method, model, data, server = sim.method, sim.model, sim.data, sim.server_state
     states = [sim.client_states.get(cid, {}) for cid in range(len(data.clients))]
     val_correct, test_correct, val_sizes, test_sizes = personal_counts(sim, data.clients, states)
+    counts = ClientCounts(val_correct, test_correct, val_sizes, test_sizes)
     # a split with no samples (data.split.val: 0 or test: 0) has no accuracy: its keys are left out,
     # as the global ones are for methods without a global model, rather than reported as 0.0
     out: dict[str, float] = {}
@@ -106,6 +130,7 @@ def evaluate(
         val_correct, test_correct, val_sizes, test_sizes = personal_counts(
             sim, data.newcomers, [n.state for n in newcomers], newcomers
         )
+        counts = dataclasses.replace(counts, unseen=ClientCounts(val_correct, test_correct, val_sizes, test_sizes))
         if sum(val_sizes):
             out["unseen_val_acc"] = sum(val_correct) / sum(val_sizes)
         if sum(test_sizes):
@@ -120,7 +145,7 @@ def evaluate(
             out["global_val_acc"] = count_correct(predict_global, data.x[val_idx], data.y[val_idx]) / len(val_idx)
         if len(data.test_y):
             out["global_test_acc"] = count_correct(predict_global, data.test_x, data.test_y) / len(data.test_y)
-    return out
+    return out, counts
 
 
 @torch.no_grad()

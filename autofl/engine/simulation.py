@@ -25,7 +25,7 @@ from autofl.device import resolve_device
 from autofl.engine.cost import RunCost, round_samples, rounds_to_target, tensor_bytes, train_flops_per_sample
 from autofl.engine.executor import ClientJob, ClientOutcome, RoundPlan, Workspace, batch_cuts
 from autofl.engine.harm import HarmReference
-from autofl.engine.metrics import evaluate
+from autofl.engine.metrics import ClientCounts, evaluate_with_counts
 from autofl.engine.newcomers import personalize_newcomers
 from autofl.engine.plan import TrainedClient, Upload, check_trained_copies
 from autofl.engine.server import MethodClass, MethodHooks, ServerContext, ServerState, ServerUpdate
@@ -75,6 +75,8 @@ class Simulation:
         self.client_states: dict[int, dict[str, Any]] = {}
         self.round = 0  # rounds completed
         self.history: list[dict[str, float]] = []
+        # each client's correct predictions and split sizes behind the latest evaluated round's metrics
+        self.client_counts: ClientCounts | None = None
         self.server_state: ServerState = self.method.State()  # the method's server-side state
         # a progress display's hook: told how many more of this round's clients finished training
         self.clients_done: Callable[[int], None] | None = None
@@ -194,9 +196,10 @@ class Simulation:
         train_loss = sum(u.loss * u.num_samples for u in uploads) / max(sum(u.num_samples for u in uploads), 1)
         if not self.will_evaluate(self.round):
             return None
+        evaluated, self.client_counts = evaluate_with_counts(self, personalize_newcomers(self), self.harm_reference)
         metrics: dict[str, float] = {
             "round": self.round,
-            **evaluate(self, personalize_newcomers(self), self.harm_reference),
+            **evaluated,
             "train_loss": train_loss,
             **self.cost.metrics(self.round),
         }
