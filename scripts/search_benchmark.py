@@ -218,12 +218,35 @@ def client_objective(correct: list[list[int]], sizes: list[int], objective: str)
     return [float(v) for v in np.percentile(acc, 10, axis=1)]
 
 
+NOISES = ("none", "half-clients", "quarter-samples", "both")  # validation noise a replay can add
+
+
+def noisy_counts(correct: list[list[int]], sizes: list[int], noise: str, clients: Any, rng: Any
+                 ) -> tuple[list[list[int]], list[int]]:
+    """A run's validation counts as a noisier evaluation would have seen them: only `clients` (a fixed
+    half, with "half-clients" or "both"), and each client's accuracy on a quarter of its validation
+    samples ("quarter-samples" or "both": drawn anew at each evaluation, hypergeometric from the
+    client's correct count, since a table keeps counts, not which samples were right)."""
+    import numpy as np
+
+    counts, held = np.array(correct), np.array(sizes)
+    if noise in ("half-clients", "both"):
+        counts, held = counts[:, clients], held[clients]
+    if noise in ("quarter-samples", "both"):
+        quarter = np.maximum(held // 4, np.minimum(held, 1))
+        counts = rng.hypergeometric(counts, held - counts, np.broadcast_to(quarter, counts.shape))
+        held = quarter
+    return counts.tolist(), held.tolist()
+
+
 class Table:
     """A built table as arrays: val/test[config, seed, round-1] (NaN after a divergence) of the
     `objective` (`mean`: the stored mean accuracy; `p10`: the 10th percentile over clients, from the
-    per-client counts a table built since 2026-11-29 holds)."""
+    per-client counts a table built since 2026-11-29 holds); with `noise`, the validation values
+    (what a search sees, never the test values it is judged by) as a noisier evaluation gives them
+    (`noisy_counts`, drawn from `noise_seed`)."""
 
-    def __init__(self, raw: dict[str, Any], objective: str = "mean"):
+    def __init__(self, raw: dict[str, Any], objective: str = "mean", noise: str = "none", noise_seed: int = 0):
         import numpy as np
 
         self.task = raw["task"]
@@ -231,18 +254,28 @@ class Table:
         self.keys = list(self.configs[0])
         self.max_rounds = int(raw["max_rounds"])
         self.seeds = list(raw.get("seeds", TABLE_SEEDS))
-        self.objective = objective
+        self.objective, self.noise = objective, noise
         shape = (len(self.configs), len(self.seeds), self.max_rounds)
         self.val, self.test = np.full(shape, np.nan), np.full(shape, np.nan)
         self.diverged = np.zeros(shape[:2], dtype=bool)
+        rng = np.random.default_rng(noise_seed)
+        clients = None
         for c, per_seed in enumerate(raw["runs"]):
             for s, run in enumerate(per_seed):
                 val, test = run["val"], run["test"]
-                if objective != "mean":
-                    if not run.get("val_correct"):
-                        raise bad_input(f"--objective {objective}: table {self.task} holds no per-client values "
-                                         f"(rebuild it); allowed here: mean")
+                if (objective != "mean" or noise != "none") and not run.get("val_correct"):
+                    option = "--objective " + objective if objective != "mean" else "--noise " + noise
+                    raise bad_input(f"{option}: table {self.task} holds no per-client values (rebuild it); "
+                                    f"allowed here: --objective mean --noise none")
+                if noise != "none":
+                    if clients is None:  # the validation clients a noisy study evaluates: one half, kept
+                        n = len(run["val_sizes"])
+                        clients = np.sort(rng.permutation(n)[: max(1, n // 2)])
+                    val = client_objective(*noisy_counts(run["val_correct"], run["val_sizes"], noise, clients, rng),
+                                           objective)
+                elif objective != "mean":
                     val = client_objective(run["val_correct"], run["val_sizes"], objective)
+                if objective != "mean":
                     test = client_objective(run["test_correct"], run["test_sizes"], objective)
                 n = len(val)
                 self.val[c, s, :n], self.test[c, s, :n] = val, test
@@ -567,15 +600,15 @@ def brief_then_top_k(table: Table, brief_rounds: int, budget_rounds: int, seed: 
     return max(full, key=lambda c: (final_val[c], -full.index(c))), len(brief), k
 
 
-def _replay_one(job: tuple[str, Method, int, int, str]) -> list[dict[str, Any]]:
+def _replay_one(job: tuple[str, Method, int, int, str, str]) -> list[dict[str, Any]]:
     import warnings
 
     import optuna
 
     warnings.filterwarnings("ignore")
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    task, method, seed, workers, objective = job
-    table = Table(load_table(task), objective)
+    task, method, seed, workers, objective, noise = job
+    table = Table(load_table(task), objective, noise, noise_seed=seed)
     space = task_space(task)
     rows = []
     if method.brief_rounds:
@@ -611,7 +644,7 @@ def cmd_replay(args: argparse.Namespace) -> None:
         found = sorted(p.name[: -len(".json.gz")] for p in tables_dir().glob("*.json.gz"))
         raise bad_input(f"--task: no table {missing[0]!r} in {tables_dir()}; allowed: {', '.join(found)}")
     methods = [known[name] for name in args.methods] if args.methods else default_methods()
-    jobs = [(task, m, seed, args.workers, args.objective) for task in args.task for m in methods
+    jobs = [(task, m, seed, args.workers, args.objective, args.noise) for task in args.task for m in methods
             for seed in range(args.seeds)]
     started = time.time()
     rows: list[dict[str, Any]] = []
@@ -631,7 +664,7 @@ def cmd_replay(args: argparse.Namespace) -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     summary = {"command": "python scripts/search_benchmark.py " + shlex.join(sys.argv[1:]),
-               "objective": args.objective, "seeds": args.seeds, "workers": args.workers, "budgets": list(BUDGETS),
+               "objective": args.objective, "noise": args.noise, "seeds": args.seeds, "workers": args.workers, "budgets": list(BUDGETS),
                "methods": [vars(m) | {} for m in methods], "rows": rows,
                "best_test": {t: Table(load_table(t), args.objective).best_test for t in args.task},
                "seconds": round(time.time() - started, 1)}
@@ -645,8 +678,9 @@ def merged(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     """`new`'s searches replace those of the same task and method in `old`, every other task's and
     method's rows kept (`replay --merge`): both replays must share seeds, trials in flight and
     budgets; a task's rows say which methods ran on it."""
-    for key in ("seeds", "workers", "budgets", "objective"):
-        if old.get(key, "mean" if key == "objective" else None) != new.get(key, "mean" if key == "objective" else None):
+    unset = {"objective": "mean", "noise": "none"}  # a replay from before these options
+    for key in ("seeds", "workers", "budgets", "objective", "noise"):
+        if old.get(key, unset.get(key)) != new.get(key, unset.get(key)):
             raise bad_input(f"--merge: the replay in the output file has other {key}; replay every task instead")
     replaced = {(r["task"], r["method"]) for r in new["rows"]}
     fresh = {m["name"] for m in new["methods"]}  # a method replayed again: its new definition
@@ -908,6 +942,9 @@ def main(argv: list[str] | None = None) -> int:
     replay.add_argument("--tables", help="the folder of the tables and their space files (default: the shipped ones)")
     replay.add_argument("--objective", choices=OBJECTIVES, default="mean",
                         help="a config's value: mean accuracy, or the 10th percentile over clients (tables with per-client values)")
+    replay.add_argument("--noise", choices=NOISES, default="none",
+                        help="validation noise the searches see (tables with per-client values): half the validation "
+                        "clients, a quarter of each client's validation samples, or both")
     replay.add_argument("--seeds", type=int, default=30, help="search seeds per method")
     replay.add_argument("--workers", type=int, default=2, help="trials in flight at once (a 2-CPU machine's study)")
     replay.add_argument("--jobs", type=int, default=2, help="processes")

@@ -264,6 +264,20 @@ def test_build_on_a_users_space_stores_every_clients_counts_from_populations_equ
     assert p10.test[5, 1, 2] == pytest.approx(np.percentile(acc, 10))
     assert bench.Table(bench.load_table("mine")).test[5, 1, 2] == run["test"][-1]
 
+    # noise: the search's validation values from a fixed half of the clients and/or a quarter of each
+    # one's samples; the test values it is judged by stay the table's
+    half = bench.Table(bench.load_table("mine"), "mean", "half-clients", noise_seed=4)
+    clients = np.sort(np.random.default_rng(4).permutation(4)[:2])
+    correct, sizes = np.array(run["val_correct"])[:, clients], np.array(run["val_sizes"])[clients]
+    assert np.allclose(half.val[5, 1], correct.sum(axis=1) / sizes.sum())
+    assert np.array_equal(half.test, bench.Table(bench.load_table("mine")).test)
+    quarter = bench.Table(bench.load_table("mine"), "mean", "quarter-samples", noise_seed=4)
+    again = bench.Table(bench.load_table("mine"), "mean", "quarter-samples", noise_seed=4)
+    assert np.array_equal(quarter.val, again.val) and not np.array_equal(quarter.val, p10.val)
+    counts, held = bench.noisy_counts(run["val_correct"], run["val_sizes"], "both", clients, np.random.default_rng(0))
+    assert held == [n // 4 for n in np.array(run["val_sizes"])[clients]]
+    assert all(0 <= c <= min(k, h) for row, full in zip(counts, correct) for c, k, h in zip(row, full, held))
+
     out = tmp_path / "replay.json"
     assert bench.main(["replay", "--tables", str(tmp_path / "tables"), "--task", "mine", "--objective", "p10",
                        "--seeds", "2", "--jobs", "1", "--methods", "random+asha", "brief(1)+top-k",
