@@ -183,14 +183,20 @@ def cmd_build(args: argparse.Namespace) -> None:
 
     import torch
 
+    from autofl.errors import ConfigError
     from autofl.tuning.strategy.space import load_space
 
+    if args.width < 1:
+        raise bad_input(f"--width: {args.width} is no population width; allowed: 1 or more")
     torch.set_num_threads(args.threads)
     if args.space:  # a user's task: its space file is copied beside the table, where replay reads both
         source = Path(args.space)
         name = args.name or source.stem
         out_dir = Path(args.out_dir) if args.out_dir else source.resolve().parent
-        space = load_space(source)
+        try:
+            space = load_space(source)
+        except (ConfigError, OSError) as err:
+            raise bad_input(f"--space: {err}") from None
         grid_configs(space)  # refuse a space that is not a grid before any training
         if source.resolve() != (out_dir / f"{name}.yaml").resolve():
             out_dir.mkdir(parents=True, exist_ok=True)
