@@ -64,7 +64,8 @@ def grid_configs(space) -> list[dict[str, Any]]:
     keys = list(space.params)
     for key in keys:
         if space.params[key].type != "categorical":
-            raise bad_input(f"{key}: a benchmark task's params must all be categorical grids")
+            raise bad_input(f"{key}: type {space.params[key].type}; a benchmark task's params are grids, "
+                            f"allowed: type categorical")
     return [dict(zip(keys, values)) for values in itertools.product(*(space.params[k].choices for k in keys))]
 
 
@@ -104,10 +105,10 @@ def _train_group(space, group: list[dict[str, Any]], raw) -> list[dict[str, Any]
     diverged: list[int | None] = [None] * len(exps)
     while alive and not population.done():
         results = population.run_round()
-        for i, metrics in zip(alive, results):
+        for k, (i, metrics) in enumerate(zip(alive, results)):  # member i is the population's k-th now
             if metrics is not None:
                 histories[i].append(metrics)
-                counts[i].append(population.sims[alive.index(i)].client_counts)
+                counts[i].append(population.sims[k].client_counts)
                 if not math.isfinite(metrics["train_loss"]):
                     diverged[i] = int(metrics["round"])
         keep = [k for k, i in enumerate(alive) if diverged[i] is None]
@@ -131,11 +132,23 @@ def build_table(space, name: str, out_dir: Path, seeds: tuple[int, ...], width: 
     raw = load_raw_dataset(space.base_experiment().data)
     out_dir.mkdir(parents=True, exist_ok=True)
     partial = out_dir / f".{name}.runs.jsonl"
+    # the resume file's first line says what its runs are of: a changed space file is never mixed in
+    fingerprint = {"space": space.model_dump(mode="json", include={"base", "params", "method_base"}),
+                   "configs": configs}
     done: dict[tuple[int, int], dict[str, Any]] = {}
     if partial.exists():
-        for line in partial.read_text().splitlines():
-            row = json.loads(line)
+        lines = partial.read_text().splitlines()
+        if not lines or json.loads(lines[0]).get("fingerprint") != fingerprint:
+            raise bad_input(f"{partial}: the runs of an earlier build of another space or grid; delete the file "
+                            f"to build {name} anew")
+        for line in lines[1:]:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:  # a build killed while it wrote: that line's run trains again
+                continue
             done[(row["config"], row["seed"])] = row
+    else:
+        partial.write_text(json.dumps({"fingerprint": fingerprint}) + "\n")
     started = time.time()
     with open(partial, "a") as fh:
         for seed in seeds:
@@ -159,7 +172,7 @@ def build_table(space, name: str, out_dir: Path, seeds: tuple[int, ...], width: 
             "space": space.model_dump(mode="json", include={"base", "params", "method_base"}),
             "seeds": list(seeds), "population_width": width, "torch_threads": torch.get_num_threads(),
             "torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
-            "train_s_total": round(sum(r["train_s"] for r in done.values()), 1),
+            "train_s_total": round(sum(r["train_s"] for (_, seed), r in done.items() if seed in seeds), 1),
             "date": time.strftime("%Y-%m-%d", time.gmtime()),
         },
         "metric": {"val": VAL_KEY, "test": TEST_KEY},
@@ -186,9 +199,17 @@ def cmd_build(args: argparse.Namespace) -> None:
     from autofl.errors import ConfigError
     from autofl.tuning.strategy.space import load_space
 
+    # every refusal before any training or file is written
     if args.width < 1:
         raise bad_input(f"--width: {args.width} is no population width; allowed: 1 or more")
-    torch.set_num_threads(args.threads)
+    if args.threads < 1:
+        raise bad_input(f"--threads: {args.threads}; allowed: 1 or more")
+    seeds = tuple(args.seeds) if args.seeds else TABLE_SEEDS
+    if len(set(seeds)) != len(seeds) or len(seeds) < 2:
+        raise bad_input(f"--seeds: {' '.join(map(str, seeds))}; allowed: two or more distinct seeds (the first is "
+                        f"what a search sees, the others what re-evaluation runs)")
+    if args.task and args.name:
+        raise bad_input("--name: a shipped task keeps its name; allowed with --space only")
     if args.space:  # a user's task: its space file is copied beside the table, where replay reads both
         source = Path(args.space)
         name = args.name or source.stem
@@ -197,15 +218,20 @@ def cmd_build(args: argparse.Namespace) -> None:
             space = load_space(source)
         except (ConfigError, OSError) as err:
             raise bad_input(f"--space: {err}") from None
-        grid_configs(space)  # refuse a space that is not a grid before any training
-        if source.resolve() != (out_dir / f"{name}.yaml").resolve():
-            out_dir.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(source, out_dir / f"{name}.yaml")
     else:
         name, out_dir, space = args.task, Path(args.out_dir) if args.out_dir else HERE, task_space(args.task)
-    seeds = tuple(args.seeds) if args.seeds else TABLE_SEEDS
+    grid_configs(space)  # a grid of categorical params only
+    if space.conditional:
+        raise bad_input(f"conditional: {', '.join(space.conditional)}; a benchmark task's params are one grid, "
+                        f"allowed: params only")
+    if space.base_experiment().fl.eval_every != 1 or "fl.eval_every" in space.params:
+        raise bad_input("base.fl.eval_every: a table holds every round's values (ASHA's rungs read them); allowed: 1")
+    if args.space and source.resolve() != (out_dir / f"{name}.yaml").resolve():
+        out_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, out_dir / f"{name}.yaml")
+    torch.set_num_threads(args.threads)
     path = build_table(space, name, out_dir, seeds, args.width,
-                       "python scripts/search_benchmark.py " + shlex.join(sys.argv[1:]))
+                       "python scripts/search_benchmark.py " + shlex.join(args.argv))
     print(f"wrote {path}")
 
 
@@ -225,6 +251,10 @@ def client_objective(correct: list[list[int]], sizes: list[int], objective: str)
 
 
 NOISES = ("none", "half-clients", "quarter-samples", "both")  # validation noise a replay can add
+
+
+class TableError(ValueError):
+    """A table that cannot give what a replay asks of it (`replay` says so in one line, exit 2)."""
 
 
 def noisy_counts(correct: list[list[int]], sizes: list[int], noise: str, clients: Any, rng: Any
@@ -248,7 +278,7 @@ def noisy_counts(correct: list[list[int]], sizes: list[int], noise: str, clients
 class Table:
     """A built table as arrays: val/test[config, seed, round-1] (NaN after a divergence) of the
     `objective` (`mean`: the stored mean accuracy; `p10`: the 10th percentile over clients, from the
-    per-client counts a table built since 2026-11-29 holds); with `noise`, the validation values
+    per-client counts a table built since 2026-11-28 holds); with `noise`, the validation values
     (what a search sees, never the test values it is judged by) as a noisier evaluation gives them
     (`noisy_counts`, drawn from `noise_seed`)."""
 
@@ -271,12 +301,12 @@ class Table:
                 val, test = run["val"], run["test"]
                 if (objective != "mean" or noise != "none") and not run.get("val_correct"):
                     option = "--objective " + objective if objective != "mean" else "--noise " + noise
-                    raise bad_input(f"{option}: table {self.task} holds no per-client values (rebuild it); "
-                                    f"allowed here: --objective mean --noise none")
+                    raise TableError(f"{option}: table {self.task} holds no per-client values (rebuild it); "
+                                     f"allowed here: --objective mean --noise none")
                 if noise != "none":
-                    if clients is None:  # the validation clients a noisy study evaluates: one half, kept
-                        n = len(run["val_sizes"])
-                        clients = np.sort(rng.permutation(n)[: max(1, n // 2)])
+                    if clients is None:  # the validation clients a noisy study evaluates: one half of those
+                        held = np.flatnonzero(np.array(run["val_sizes"]) > 0)  # with validation samples, kept
+                        clients = np.sort(rng.permutation(held)[: max(1, len(held) // 2)])
                     val = client_objective(*noisy_counts(run["val_correct"], run["val_sizes"], noise, clients, rng),
                                            objective)
                 elif objective != "mean":
@@ -590,6 +620,7 @@ def brief_then_top_k(table: Table, brief_rounds: int, budget_rounds: int, seed: 
     trained briefly, configs trained fully)."""
     import numpy as np
 
+    brief_rounds = min(brief_rounds, table.max_rounds)
     order = np.random.default_rng(seed).permutation(len(table.configs))
     brief = order[: min(len(order), budget_rounds // brief_rounds)]
     if not len(brief):
@@ -597,11 +628,11 @@ def brief_then_top_k(table: Table, brief_rounds: int, budget_rounds: int, seed: 
     at_brief = np.nan_to_num(table.val[brief, 0, brief_rounds - 1], nan=-np.inf)
     ranked = [int(c) for c in brief[np.argsort(-at_brief, kind="stable")]]
     left = budget_rounds - len(brief) * brief_rounds
-    k = min(len(ranked), max(0, left // (table.max_rounds - brief_rounds)))
+    rest = table.max_rounds - brief_rounds  # rounds a brief config needs to be trained fully
+    k = min(len(ranked), max(0, left // rest)) if rest > 0 else len(ranked)
     if k == 0:
         return ranked[0], len(brief), 0
-    last = np.where(np.isnan(table.val[:, 0]), -np.inf, np.arange(table.max_rounds)).argmax(axis=1)
-    final_val = np.nan_to_num(table.val[np.arange(len(table.configs)), 0, last], nan=-np.inf)
+    final_val = np.nan_to_num(table.val[:, 0, table.max_rounds - 1], nan=-np.inf)  # a diverged run: never chosen
     full = ranked[:k]
     return max(full, key=lambda c: (final_val[c], -full.index(c))), len(brief), k
 
@@ -637,19 +668,41 @@ def _replay_one(job: tuple[str, Method, int, int, str, str]) -> list[dict[str, A
 
 
 def cmd_replay(args: argparse.Namespace) -> None:
-    from multiprocessing import get_context
-
-    known = {m.name: m for m in default_methods() + EXTRA_METHODS}
-    unknown = [name for name in args.methods or [] if name not in known]
-    if unknown:
-        raise bad_input(f"--methods: {unknown[0]!r} is not a method; allowed: {', '.join(known)}")
+    methods = methods_of(args.methods)
+    before = os.environ.get("AUTOFL_BENCH_TABLES")
     if args.tables:
         os.environ["AUTOFL_BENCH_TABLES"] = str(Path(args.tables).resolve())  # the workers inherit it
+    try:
+        _replay_tables(args, methods)
+    finally:
+        if before is None:
+            os.environ.pop("AUTOFL_BENCH_TABLES", None)
+        else:
+            os.environ["AUTOFL_BENCH_TABLES"] = before
+
+
+def methods_of(names: list[str] | None) -> list[Method]:
+    """The replayed methods called `names` (all the default ones when None)."""
+    known = {m.name: m for m in default_methods() + EXTRA_METHODS}
+    unknown = [name for name in names or [] if name not in known]
+    if unknown:
+        raise bad_input(f"--methods: {unknown[0]!r} is not a method; allowed: {', '.join(known)}")
+    return [known[name] for name in names] if names else default_methods()
+
+
+def _replay_tables(args: argparse.Namespace, methods: list[Method]) -> None:
+    from multiprocessing import get_context
+
     missing = [t for t in args.task if not table_path(t).is_file()]
     if missing:
         found = sorted(p.name[: -len(".json.gz")] for p in tables_dir().glob("*.json.gz"))
         raise bad_input(f"--task: no table {missing[0]!r} in {tables_dir()}; allowed: {', '.join(found)}")
-    methods = [known[name] for name in args.methods] if args.methods else default_methods()
+    best_test = {}
+    for task in args.task:  # every table checked here, before the workers (which could not say so) start
+        try:
+            best_test[task] = Table(load_table(task), args.objective, args.noise).best_test
+        except TableError as err:
+            raise bad_input(str(err)) from None
     jobs = [(task, m, seed, args.workers, args.objective, args.noise) for task in args.task for m in methods
             for seed in range(args.seeds)]
     started = time.time()
@@ -667,12 +720,13 @@ def cmd_replay(args: argparse.Namespace) -> None:
         if pool is not None:
             pool.close()
             pool.join()
-    out = Path(args.out)
+    out = Path(args.out) if args.out else (Path(args.tables) if args.tables else HERE) / "replay.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    summary = {"command": "python scripts/search_benchmark.py " + shlex.join(sys.argv[1:]),
-               "objective": args.objective, "noise": args.noise, "seeds": args.seeds, "workers": args.workers, "budgets": list(BUDGETS),
+    summary = {"command": "python scripts/search_benchmark.py " + shlex.join(args.argv),
+               "objective": args.objective, "noise": args.noise, "seeds": args.seeds, "workers": args.workers,
+               "budgets": list(BUDGETS),
                "methods": [vars(m) | {} for m in methods], "rows": rows,
-               "best_test": {t: Table(load_table(t), args.objective).best_test for t in args.task},
+               "best_test": best_test,
                "seconds": round(time.time() - started, 1)}
     if args.merge and out.exists():
         summary = merged(json.loads(out.read_text()), summary)  # summary holds plain values already (vars(m) | {})
@@ -912,7 +966,7 @@ def cmd_live(args: argparse.Namespace) -> int:
     mismatches = check_live_against_table(table, trials)
     replayed = []
     for s in range(args.seeds):
-        replayed += [r["regret"] for r in _replay_one((args.task, method, s, args.workers)) if r["budget"] == args.budget]
+        replayed += [r["regret"] for r in _replay_one((args.task, method, s, args.workers, "mean", "none")) if r["budget"] == args.budget]
     rounds = sum(len(t.intermediate_values) for t in trials)
     print(f"live search on {args.task} at {100 * args.budget:.0f}% of the grid's compute ({budget_rounds} rounds; "
           f"{rounds} trained): {len(trials)} trials, {len(complete)} complete, regret {regret:.2f} points")
@@ -955,7 +1009,7 @@ def main(argv: list[str] | None = None) -> int:
     replay.add_argument("--workers", type=int, default=2, help="trials in flight at once (a 2-CPU machine's study)")
     replay.add_argument("--jobs", type=int, default=2, help="processes")
     replay.add_argument("--methods", nargs="*", help="only these methods (names as in the table)")
-    replay.add_argument("--out", default=str(HERE / "replay.json"))
+    replay.add_argument("--out", help="the replay file (default: replay.json in --tables, else the shipped tables' folder)")
     replay.add_argument("--merge", action="store_true",
                         help="keep the searches already in --out of other tasks or methods (same seeds, budgets, workers)")
     report = sub.add_parser("report", help="markdown table and PNG from a replay")
@@ -970,6 +1024,7 @@ def main(argv: list[str] | None = None) -> int:
     live.add_argument("--seeds", type=int, default=30)
     live.add_argument("--workers", type=int, default=2)
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what the tables and replays record as their command
     result = {"build": cmd_build, "replay": cmd_replay, "report": cmd_report, "live": cmd_live}[args.command](args)
     return int(result or 0)
 

@@ -271,9 +271,17 @@ def test_build_on_a_users_space_stores_every_clients_counts_from_populations_equ
     correct, sizes = np.array(run["val_correct"])[:, clients], np.array(run["val_sizes"])[clients]
     assert np.allclose(half.val[5, 1], correct.sum(axis=1) / sizes.sum())
     assert np.array_equal(half.test, bench.Table(bench.load_table("mine")).test)
+    clean = bench.Table(bench.load_table("mine"))
     quarter = bench.Table(bench.load_table("mine"), "mean", "quarter-samples", noise_seed=4)
     again = bench.Table(bench.load_table("mine"), "mean", "quarter-samples", noise_seed=4)
-    assert np.array_equal(quarter.val, again.val) and not np.array_equal(quarter.val, p10.val)
+    assert np.array_equal(quarter.val, again.val) and not np.array_equal(quarter.val, clean.val)
+    both = bench.Table(bench.load_table("mine"), "mean", "both", noise_seed=4)
+    assert np.array_equal(both.test, clean.test) and not np.array_equal(both.val, half.val)
+    for c in range(len(raw["configs"])):  # one half of the clients for every config and seed of a replay
+        for s in range(2):
+            r = raw["runs"][c][s]
+            picked = np.array(r["val_correct"])[:, clients].sum(axis=1) / np.array(r["val_sizes"])[clients].sum()
+            assert np.allclose(half.val[c, s], picked)
     counts, held = bench.noisy_counts(run["val_correct"], run["val_sizes"], "both", clients, np.random.default_rng(0))
     assert held == [n // 4 for n in np.array(run["val_sizes"])[clients]]
     assert all(0 <= c <= min(k, h) for row, full in zip(counts, correct) for c, k, h in zip(row, full, held))
@@ -288,15 +296,73 @@ def test_build_on_a_users_space_stores_every_clients_counts_from_populations_equ
         (m, s) for m in ("random+asha", "brief(1)+top-k") for s in (0, 1)}
 
 
-def test_a_bad_option_is_one_line_and_exit_2_before_any_work(bench, table, tmp_path, capsys):
-    with pytest.raises(SystemExit) as refused:
-        bench.main(["replay", "--task", "no-such-task", "--seeds", "1"])
-    assert refused.value.code == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("--task: no table 'no-such-task'") and TASK in err and "\n" not in err
-    with pytest.raises(SystemExit) as refused:  # the synthetic table holds no per-client counts
-        bench.Table(bench.load_table(TASK), "p10")
-    assert refused.value.code == 2 and "--objective p10" in capsys.readouterr().err
+def test_a_bad_option_is_one_line_and_exit_2_before_any_work(bench, table, tmp_path, capsys, monkeypatch):
+    def refused(argv: list[str]) -> str:
+        with pytest.raises(SystemExit) as exited:
+            bench.main(argv)
+        assert exited.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert err and "\n" not in err, err
+        return err
+
+    assert refused(["replay", "--task", "no-such-task", "--seeds", "1"]).startswith("--task: no table 'no-such-task'")
+    # a table without per-client counts (the synthetic one, as the shipped ones): said before the workers start
+    assert refused(["replay", "--task", TASK, "--objective", "p10", "--seeds", "1", "--jobs", "2"]).startswith(
+        "--objective p10: table digits-fedprox holds no per-client values")
+    assert refused(["replay", "--task", TASK, "--noise", "both", "--seeds", "1", "--jobs", "2"]).startswith("--noise both")
+    space = tmp_path / "s" / "mine.yaml"
+    space.parent.mkdir()
+    space.write_text(USER_SPACE)
+    trained = []
+    monkeypatch.setattr(bench, "build_table", lambda *a, **k: trained.append(a))
+    assert refused(["build", "--space", str(space), "--seeds", "0"]).startswith("--seeds: 0; allowed: two or more")
+    assert refused(["build", "--space", str(space), "--seeds", "3", "3"]).startswith("--seeds: 3 3")
+    assert refused(["build", "--space", str(space), "--width", "0"]).startswith("--width: 0")
+    assert refused(["build", "--task", TASK, "--name", "x"]).startswith("--name:")
+    space.write_text(USER_SPACE.replace("lr: 0.03}", "lr: 0.03, eval_every: 2}"))
+    assert refused(["build", "--space", str(space), "--out-dir", str(tmp_path / "t")]).startswith("base.fl.eval_every")
+    space.write_text(USER_SPACE.replace("{type: categorical, choices: [0.01, 0.1]}", "{type: float, low: 0.01, high: 0.1}", 1))
+    assert refused(["build", "--space", str(space), "--out-dir", str(tmp_path / "t")]).startswith("fl.lr: type float")
+    assert refused(["build", "--space", str(tmp_path / "none.yaml")]).startswith("--space:")
+    assert not trained and not (tmp_path / "t").exists()  # nothing trained, nothing written
+
+
+def test_a_diverged_member_is_dropped_and_the_others_keep_their_own_counts(bench, monkeypatch):
+    """`_train_group`: a member whose training loss is not finite is recorded up to that round and dropped
+    from the population (`keep`); each member's counts stay its own simulation's as the population shrinks."""
+    from types import SimpleNamespace
+
+    class FakePopulation:
+        def __init__(self, exps, raw):
+            self.sims = [SimpleNamespace(name=i, client_counts=None) for i in range(len(exps))]
+            self.round, self.kept = 0, []
+
+        def run_round(self):
+            self.round += 1
+            out = []
+            for sim in self.sims:
+                sim.client_counts = SimpleNamespace(val_correct=(sim.name, self.round), test_correct=[1], val_sizes=[2],
+                                                    test_sizes=[2])
+                loss = float("nan") if sim.name == 1 and self.round == 2 else 1.0
+                out.append({"round": self.round, "personal_val_acc": 0.5, "personal_test_acc": 0.5, "train_loss": loss})
+            return out
+
+        def keep(self, members):
+            self.kept.append(list(members))
+            self.sims = [self.sims[i] for i in members]
+
+        def done(self):
+            return self.round >= 3
+
+    made = []
+    monkeypatch.setattr("autofl.population.Population", lambda exps, raw: made.append(FakePopulation(exps, raw)) or made[-1])
+    monkeypatch.setattr("autofl.experiment.build_experiment", lambda cfg: SimpleNamespace(clients_per_round=lambda: 4))
+    space = SimpleNamespace(config=lambda values: values)
+    rows = bench._train_group(space, [{"m": 0}, {"m": 1}, {"m": 2}], raw=None)
+    assert made[0].kept == [[0, 2]]
+    assert [r["rounds"] for r in rows] == [[1, 2, 3], [1, 2], [1, 2, 3]]
+    assert [r["diverged_at"] for r in rows] == [None, 2, None]
+    assert [r["val_correct"] for r in rows] == [[(i, 1), (i, 2), (i, 3)][: len(r["rounds"])] for i, r in enumerate(rows)]
 
 
 def test_brief_then_top_k_trains_every_config_briefly_then_the_best_fully(bench, table):
@@ -319,3 +385,51 @@ def test_brief_then_top_k_trains_every_config_briefly_then_the_best_fully(bench,
     assert (brief, full) == (n // 2, 0)
     order = np.random.default_rng(3).permutation(n)[: n // 2]
     assert chosen == max(order, key=lambda c: at_one[c])
+    for fraction in bench.BUDGETS:  # never more rounds than the budget
+        budget = int(round(fraction * table.grid_rounds))
+        _, brief, full = bench.brief_then_top_k(table, 2, budget, seed=0)
+        assert brief * 2 + full * (rounds - 2) <= budget
+    table.val[int(np.argmax(final)), 0, -1] = np.nan  # the best config diverged in its last round: not chosen
+    chosen, _, full = bench.brief_then_top_k(table, 1, n * rounds, seed=3)
+    assert full == n and chosen != int(np.argmax(final))
+
+
+def test_a_killed_build_resumes_its_finished_runs_and_refuses_another_spaces(bench, tmp_path, monkeypatch, capsys):
+    """The resume file `.NAME.runs.jsonl` starts with what its runs are of (the space and its grid): a
+    build of the same space trains only the runs it lacks (a line cut short by the kill trains again);
+    one of another space is refused in one line (exit 2), the file left as it was."""
+    from autofl.tuning.strategy.space import load_space
+
+    source = tmp_path / "mine.yaml"
+    source.write_text(USER_SPACE)
+    space = load_space(source)
+    trained = []
+
+    def fake_group(space, group, raw):
+        trained.extend((v["seed"], v["fl.lr"], v["method.mu"], v["fl.batch_size"]) for v in group)
+        return [{"rounds": [1], "val": [0.5], "test": [0.5], "val_correct": [[1]], "test_correct": [[1]],
+                 "val_sizes": [2], "test_sizes": [2], "diverged_at": None, "clients_per_round": 4} for _ in group]
+
+    monkeypatch.setattr(bench, "_train_group", fake_group)
+    monkeypatch.setattr("autofl.data.datasets.load_raw_dataset", lambda data: None)
+    configs = bench.grid_configs(space)
+    bench.build_table(space, "mine", tmp_path, (0, 7), 4, "cmd")
+    assert len(trained) == 16
+    # as a build killed after 5 runs of seed 0 left it, the last of them half written
+    full = (tmp_path / "mine.json.gz")
+    full.unlink()
+    header = json.dumps({"fingerprint": {"space": space.model_dump(mode="json", include={"base", "params", "method_base"}),
+                                         "configs": configs}})
+    rows = [json.dumps({"config": c, "seed": 0, **fake_group(space, [{**configs[c], "seed": 0}], None)[0], "train_s": 1.0})
+            for c in range(5)]
+    partial = tmp_path / ".mine.runs.jsonl"
+    partial.write_text("\n".join([header, *rows[:4], rows[4][:20]]) + "\n")
+    trained.clear()
+    bench.build_table(space, "mine", tmp_path, (0, 7), 4, "cmd")
+    assert len(trained) == 12  # of the 16 runs, the 4 whole ones kept; the cut one and the other 11 trained
+    assert full.is_file() and not partial.exists()
+    partial.write_text(json.dumps({"fingerprint": {"space": {}, "configs": []}}) + "\n")
+    with pytest.raises(SystemExit) as refused:
+        bench.build_table(space, "mine", tmp_path, (0, 7), 4, "cmd")
+    assert refused.value.code == 2 and "another space or grid" in capsys.readouterr().err
+    assert partial.read_text() == json.dumps({"fingerprint": {"space": {}, "configs": []}}) + "\n"
