@@ -4,6 +4,7 @@ every sampler x scheduler replayed against the table.
     python scripts/search_benchmark.py build  --task fmnist-fdcl      # 4 (digits) to 70 (fmnist) min of one core
     python scripts/search_benchmark.py replay [--task T ...] [--seeds 30]   # minutes, no training
     python scripts/search_benchmark.py report                          # PNG + markdown from the replay
+    python scripts/search_benchmark.py noise-report --replays A.json B.json   # regret by validation noise
     python scripts/search_benchmark.py live   --task digits-fdcl --budget 0.25   # one real `autofl search`
 
 A task is a search-space file under scripts/search_benchmark/ whose every param is a categorical
@@ -792,6 +793,42 @@ def markdown_table(replay: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def noise_table(replays: list[dict[str, Any]], budgets: tuple[float, ...] = (0.25, 1.0)) -> str:
+    """How much each method degrades under validation noise: per task, the median regret over search
+    seeds at `budgets` of each replay (the same tables, seeds and methods, `--noise` differing)."""
+    stats = [summarize(r["rows"]) for r in replays]
+    noises = [r.get("noise", "none") for r in replays]
+    tasks = sorted({row["task"] for r in replays for row in r["rows"]})
+    methods = list(dict.fromkeys(row["method"] for r in replays for row in r["rows"]))
+    lines = []
+    for task in tasks:
+        lines.append(f"**{task}**: median regret (points) over {replays[0]['seeds']} search seeds, by validation noise "
+                     f"and budget ({replays[0].get('objective', 'mean')} objective)")
+        lines.append("")
+        lines.append("| method | " + " | ".join(f"{n}, {int(round(100 * b))}%" for n in noises for b in budgets) + " |")
+        lines.append("|---|" + "---|" * (len(noises) * len(budgets)))
+        for method in methods:
+            cells = [st.get((task, method, b)) for st in stats for b in budgets]
+            if any(cells):
+                label = f"**{method}** (default)" if method == DEFAULT_METHOD else method
+                lines.append(f"| {label} | " + " | ".join("" if c is None else f"{c['median']:.2f}" for c in cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def cmd_noise_report(args: argparse.Namespace) -> None:
+    replays = [json.loads(Path(path).read_text()) for path in args.replays]
+    for key in ("seeds", "workers", "budgets", "objective"):
+        if len({json.dumps(r.get(key)) for r in replays}) > 1:
+            raise bad_input(f"--replays: they differ in {key}; allowed: replays that differ in --noise only")
+    table = noise_table(replays)
+    out = Path(args.out)
+    out.write_text(f"<!-- {'; '.join(r['command'] for r in replays)}; then python scripts/search_benchmark.py "
+                   f"{shlex.join(args.argv)} -->\n\n{table}")
+    print(table)
+    print(f"wrote {out}")
+
+
 TARGET_REGRET, TARGET_BUDGET, BASELINE = 0.5, 0.25, "random+asha"  # issue 17's targets for the default
 
 
@@ -1015,6 +1052,10 @@ def main(argv: list[str] | None = None) -> int:
     report = sub.add_parser("report", help="markdown table and PNG from a replay")
     report.add_argument("--replay", default=str(HERE / "replay.json"))
     report.add_argument("--out-dir", default=str(HERE))
+    noise = sub.add_parser("noise-report", help="how much each method degrades under validation noise (markdown)")
+    noise.add_argument("--replays", nargs="+", required=True, help="replay files of the same tables and methods, "
+                       "each with its --noise (none first)")
+    noise.add_argument("--out", default=str(HERE / "noise.md"))
     live = sub.add_parser("live", help="one real autofl search on a task, checked against the replay")
     live.add_argument("--task", choices=TASKS, required=True)
     live.add_argument("--budget", type=float, default=0.25, choices=BUDGETS)
@@ -1025,7 +1066,9 @@ def main(argv: list[str] | None = None) -> int:
     live.add_argument("--workers", type=int, default=2)
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # what the tables and replays record as their command
-    result = {"build": cmd_build, "replay": cmd_replay, "report": cmd_report, "live": cmd_live}[args.command](args)
+    commands = {"build": cmd_build, "replay": cmd_replay, "report": cmd_report, "noise-report": cmd_noise_report,
+                "live": cmd_live}
+    result = commands[args.command](args)
     return int(result or 0)
 
 

@@ -433,3 +433,27 @@ def test_a_killed_build_resumes_its_finished_runs_and_refuses_another_spaces(ben
         bench.build_table(space, "mine", tmp_path, (0, 7), 4, "cmd")
     assert refused.value.code == 2 and "another space or grid" in capsys.readouterr().err
     assert partial.read_text() == json.dumps({"fingerprint": {"space": {}, "configs": []}}) + "\n"
+
+
+def test_the_noise_report_puts_each_methods_median_regret_by_noise_side_by_side(bench, tmp_path, capsys):
+    def replay(noise, regrets):
+        rows = [{"task": "t", "method": m, "seed": s, "budget": b, "regret": regrets[m] + s}
+                for m in regrets for s in range(3) for b in (0.25, 1.0)]
+        return {"command": f"replay --noise {noise}", "noise": noise, "objective": "mean", "seeds": 3, "workers": 2,
+                "budgets": [0.25, 1.0], "rows": rows}
+
+    paths = []
+    for noise, regrets in (("none", {"random": 1.0, bench.DEFAULT_METHOD: 0.0}), ("both", {"random": 2.0, bench.DEFAULT_METHOD: 4.0})):
+        paths.append(tmp_path / f"{noise}.json")
+        paths[-1].write_text(json.dumps(replay(noise, regrets)))
+    out = tmp_path / "noise.md"
+    assert bench.main(["noise-report", "--replays", *map(str, paths), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "| method | none, 25% | none, 100% | both, 25% | both, 100% |" in text
+    assert "| random | 2.00 | 2.00 | 3.00 | 3.00 |" in text  # medians over seeds 0, 1, 2 of regret + seed
+    assert f"| **{bench.DEFAULT_METHOD}** (default) | 1.00 | 1.00 | 5.00 | 5.00 |" in text
+    other = json.loads(paths[1].read_text())
+    paths[1].write_text(json.dumps({**other, "seeds": 5}))
+    with pytest.raises(SystemExit) as refused:
+        bench.main(["noise-report", "--replays", *map(str, paths), "--out", str(out)])
+    assert refused.value.code == 2 and "differ in seeds" in capsys.readouterr().err
