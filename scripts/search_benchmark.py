@@ -1,17 +1,21 @@
 """How good is autofl's search? A tabular benchmark: every config of a grid trained once, then
 every sampler x scheduler replayed against the table.
 
-    python scripts/search_benchmark.py build  --task fmnist-fdcl      # 4 (digits) to 70 (fmnist) min of one core
+    python scripts/search_benchmark.py build  --task digits-fdcl      # about a minute a digits table (populations)
+    python scripts/search_benchmark.py build  --space my.yaml --out-dir tables   # a table of your own grid
     python scripts/search_benchmark.py replay [--task T ...] [--seeds 30]   # minutes, no training
+    python scripts/search_benchmark.py replay --tables tables --task my --objective p10 --noise both
     python scripts/search_benchmark.py report                          # PNG + markdown from the replay
     python scripts/search_benchmark.py noise-report --replays A.json B.json   # regret by validation noise
     python scripts/search_benchmark.py live   --task digits-fdcl --budget 0.25   # one real `autofl search`
 
-A task is a search-space file under scripts/search_benchmark/ whose every param is a categorical
-grid, so the grid is the whole space. `build` trains each grid config for the full round count on
-the table's seeds (0: what a search sees; 1000, 1001: what `autofl export --reeval 2` would run)
-with the partition fixed (data.seed), storing every round's validation and test accuracy, and
-writes `<task>.json.gz` with the command and settings that built it. `replay` runs each search
+A task is a search-space file (under scripts/search_benchmark/, or a user's with --space) whose every
+param is a categorical grid, so the grid is the whole space. `build` trains each grid config for the
+full round count on the table's seeds (0: what a search sees; 1000, 1001: what `autofl export
+--reeval 2` would run) with the partition fixed (data.seed), a seed's configs that share their
+non-fusible values together as populations (autofl.population), storing every round's validation and
+test accuracy and every client's correct predictions behind them, and writes `<task>.json.gz` with
+the command and settings that built it. `replay` runs each search
 method against the table with the live study's own parts: the sampler from
 autofl.tuning.strategy.build.make_sampler, the define-by-run space, and the ASHA rung rule of
 autofl.tuning.strategy.asha; compute is counted in client-rounds (rounds x clients trained), and a
