@@ -174,7 +174,7 @@ def build_table(space, name: str, out_dir: Path, seeds: tuple[int, ...], width: 
         "task": name,
         "built_with": {
             "command": command,
-            "space": space.model_dump(mode="json", include={"base", "params", "method_base"}),
+            "space": fingerprint["space"],
             "seeds": list(seeds), "population_width": width, "torch_threads": torch.get_num_threads(),
             "torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
             "train_s_total": round(sum(r["train_s"] for (_, seed), r in done.items() if seed in seeds), 1),
@@ -652,24 +652,21 @@ def _replay_one(job: tuple[str, Method, int, int, str, str]) -> list[dict[str, A
     task, method, seed, workers, objective, noise = job
     table = Table(load_table(task), objective, noise, noise_seed=seed)
     space = task_space(task)
-    rows = []
     if method.brief_rounds:
+        outcomes = [brief_then_top_k(table, method.brief_rounds, int(round(f * table.grid_rounds)), seed)
+                    for f in BUDGETS]
+    else:
+        finished = replay_search(table, space, method, seed, workers, table.grid_rounds)
+        outcomes = []
         for fraction in BUDGETS:
-            chosen, trained, complete = brief_then_top_k(table, method.brief_rounds,
-                                                         int(round(fraction * table.grid_rounds)), seed)
-            rows.append({"task": task, "method": method.name, "seed": seed, "budget": fraction,
-                         "regret": None if chosen is None else round(table.regret(chosen), 4),
-                         "config": chosen, "trials": trained, "complete": complete})
-        return rows
-    finished = replay_search(table, space, method, seed, workers, table.grid_rounds)
-    for fraction in BUDGETS:
-        rounds = int(round(fraction * table.grid_rounds))
-        chosen = choose(table, space, finished, rounds, method.reeval_top)
-        within = [state for spent, _, state, _ in finished if spent <= rounds]  # trials that ended by then
-        rows.append({"task": task, "method": method.name, "seed": seed, "budget": fraction,
-                     "regret": None if chosen is None else round(table.regret(chosen), 4),
-                     "config": chosen, "trials": len(within), "complete": within.count("COMPLETE")})
-    return rows
+            rounds = int(round(fraction * table.grid_rounds))
+            within = [state for spent, _, state, _ in finished if spent <= rounds]  # trials that ended by then
+            outcomes.append((choose(table, space, finished, rounds, method.reeval_top), len(within),
+                             within.count("COMPLETE")))
+    return [{"task": task, "method": method.name, "seed": seed, "budget": fraction,
+             "regret": None if chosen is None else round(table.regret(chosen), 4),
+             "config": chosen, "trials": trials, "complete": complete}
+            for fraction, (chosen, trials, complete) in zip(BUDGETS, outcomes)]
 
 
 def cmd_replay(args: argparse.Namespace) -> None:
