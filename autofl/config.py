@@ -238,6 +238,12 @@ class EvalConfig(Strict):
         "is below their own training alone (the local method) / the FedAvg global model, references computed "
         "once per partition and seed (a study caches them in its folder)",
     )
+    global_metrics: bool = Field(
+        True,
+        description="global_val_acc and global_test_acc at every evaluated round (the global model on every "
+        "client's validation split and on the official test set); false: not computed, which saves those forward "
+        "passes in a study of personal metrics",
+    )
     newcomer_epochs: int = Field(
         1,
         ge=0,
@@ -342,6 +348,11 @@ class Experiment(Strict):
         if self.data.path and not dataset.uses_path:
             users = ", ".join(n for n, d in DATASETS.as_dict().items() if d.uses_path)
             raise ValueError(f"data.path: not used by dataset {self.data.dataset}; datasets that read a file: {users}")
+        if not self.eval.global_metrics and self.eval.target_metric.startswith("global_"):
+            raise ValueError(
+                f"eval.target_metric: {self.eval.target_metric} is not computed with eval.global_metrics false; "
+                f"allowed: {', '.join(m for m in TARGET_METRICS if not m.startswith('global_'))}"
+            )
         facts = dataset.facts(self.data)  # a file's facts come from the file: a bad file fails here
         self._check_model(facts.input_shape)
         self._check_partition(facts)

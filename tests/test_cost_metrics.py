@@ -245,3 +245,18 @@ def test_a_studys_target_watches_its_objective_unless_the_base_names_a_metric():
     assert target("personal_val_acc_std", target_acc=0.6) == {"target_acc": 0.6}  # a spread is not reached
     assert target("global_val_acc", target_acc=0.6, target_metric="personal_val_acc")["target_metric"] == "personal_val_acc"
     assert target("global_val_acc") == {}  # no target: nothing reported
+
+
+def test_without_global_metrics_a_run_reports_none_and_the_same_personal_values():
+    """eval.global_metrics false (a study of personal metrics): no global forward pass, no global_* key,
+    every other value of every round unchanged; a target on a global metric is refused."""
+    _, with_global = run("fedavg")
+    _, without = run("fedavg", "eval.global_metrics=false")
+    assert "global_test_acc" in with_global[-1] and "global_val_acc" in with_global[-1]
+    for full, lean in zip(with_global, without, strict=True):
+        assert not [k for k in lean if k.startswith("global_")]
+        assert lean == {k: v for k, v in full.items() if not k.startswith("global_")}
+    with pytest.raises(Exception, match="eval.target_metric: global_val_acc is not computed with eval.global_metrics "
+                                        "false; allowed: personal_val_acc"):
+        load_experiment(None, [*TINY, "eval.global_metrics=false", "eval.target_acc=0.5",
+                               "eval.target_metric=global_val_acc"])

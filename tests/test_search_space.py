@@ -68,6 +68,17 @@ def test_global_objective_needs_a_global_model(tmp_path):
         load_space(path)
 
 
+def test_a_global_objective_or_constraint_needs_the_global_metrics_computed(tmp_path):
+    base = {"eval": {"global_metrics": False}}
+    with pytest.raises(ConfigError, match="objective: global_val_acc is not computed with base.eval.global_metrics "
+                                          "false; allowed: personal_val_acc, "):
+        load_space(write(tmp_path, base=base, params={}, objective="global_val_acc"))
+    with pytest.raises(ConfigError, match="global_val_acc is not computed"):
+        load_space(write(tmp_path, base={**base, "method": {"name": "fedavg"}}, params={},
+                         constraints=["global_val_acc >= 0.5"], sampler={"kind": "tpe"}))
+    assert load_space(write(tmp_path, base=base, params={})).base_experiment().eval.global_metrics is False
+
+
 def test_cli_bad_space_exits_2_before_ray_and_writes_nothing(run_cli, tmp_path, capsys):
     path = write(tmp_path, objective="global_test_acc")
     home = tmp_path / "home"

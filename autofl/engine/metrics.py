@@ -108,9 +108,13 @@ def evaluate(
 
 @torch.no_grad()
 def evaluate_with_counts(
-    sim: Evaluated, newcomers: list[Newcomer] | None = None, harm: HarmReference | None = None
+    sim: Evaluated,
+    newcomers: list[Newcomer] | None = None,
+    harm: HarmReference | None = None,
+    global_metrics: bool = True,
 ) -> tuple[dict[str, float], ClientCounts]:
-    """`evaluate`'s metrics and the training clients' counts they summarize."""
+    """`evaluate`'s metrics and the training clients' counts they summarize; without `global_metrics`
+    (eval.global_metrics false) no global_* metric."""
     method, model, data, server = sim.method, sim.model, sim.data, sim.server_state
     states = [sim.client_states.get(cid, {}) for cid in range(len(data.clients))]
     val_correct, test_correct, val_sizes, test_sizes = personal_counts(sim, data.clients, states)
@@ -137,7 +141,7 @@ def evaluate_with_counts(
             out["unseen_test_acc"] = sum(test_correct) / sum(test_sizes)
             if "personal_test_acc" in out:  # what a client gains by taking part in training
                 out["participation_gap"] = out["personal_test_acc"] - out["unseen_test_acc"]
-    if method.has_global_model:
+    if method.has_global_model and global_metrics:
         method.load_global(model, sim.global_state, server)
         predict_global = lambda x: method.predict_global(model, x, server)  # noqa: E731
         val_idx = torch.cat([c.val for c in data.clients])

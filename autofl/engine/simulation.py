@@ -196,7 +196,9 @@ class Simulation:
         train_loss = sum(u.loss * u.num_samples for u in uploads) / max(sum(u.num_samples for u in uploads), 1)
         if not self.will_evaluate(self.round):
             return None
-        evaluated, self.client_counts = evaluate_with_counts(self, personalize_newcomers(self), self.harm_reference)
+        evaluated, self.client_counts = evaluate_with_counts(
+            self, personalize_newcomers(self), self.harm_reference, self.exp.eval.global_metrics
+        )
         metrics: dict[str, float] = {
             "round": self.round,
             **evaluated,

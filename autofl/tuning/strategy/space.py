@@ -488,6 +488,13 @@ def validate_space(space: SearchSpace) -> None:
             f"objective: {space.objective} needs validation samples, but data.split.val can be 0; "
             f"allowed: data.split.val > 0 (the test split is reported, never optimized)"
         )
+    if not base.eval.global_metrics:
+        wanted = [m for m in [*space.metrics, *(c.metric for c in space.parsed_constraints)] if m.startswith("global_")]
+        if wanted:
+            raise ConfigError(
+                f"objective: {wanted[0]} is not computed with base.eval.global_metrics false; "
+                f"allowed: {', '.join(o for o in VALIDATION_OBJECTIVES if not o.startswith('global_'))}"
+            )
     if "global_val_acc" in space.metrics:
         for m in methods:
             if not get_method_class(m).has_global_model:
