@@ -74,6 +74,23 @@ def test_the_grid_trains_every_config_once_and_chooses_the_best_validation(bench
     assert chosen == int(np.argmax(table.val[:, 0, -1]))
 
 
+def test_a_smoothing_search_sees_the_mean_of_each_trials_last_k_values(bench, table):
+    table.val[0, 0, :4] = [0.1, 0.5, 0.3, 0.9]
+    table.val[1, 0, 2:] = np.nan  # diverged after round 2: its missing rounds stay missing
+    table.diverged[1, 0] = True
+    seen = table.smoothed_val(3)
+    assert np.allclose(seen[0, 0, :4], [0.1, 0.3, 0.3, (0.5 + 0.3 + 0.9) / 3])
+    assert np.isnan(seen[1, 0, 2:]).all() and np.allclose(seen[1, 0, 1], table.val[1, 0, :2].mean())
+    assert table.smoothed_val(1) is table.val
+    space = bench.task_space(TASK)
+    smooth = bench.Method("grid(smooth3)", {"kind": "grid", "skip_repeats": False}, {"kind": "none"}, smooth=3)
+    finished = bench.replay_search(table, space, smooth, seed=0, workers=2, budget_rounds=table.grid_rounds)
+    complete = [(config, value) for _, config, state, value in finished if state == "COMPLETE"]
+    assert len(complete) == len(table.configs) - 1 and ("FAIL" in {state for _, _, state, _ in finished})
+    assert all(value == seen[config, 0, -1] for config, value in complete)  # what Optuna is told
+    assert bench.choose(table, space, finished, table.grid_rounds, reeval_top=0) == int(np.nanargmax(seen[:, 0, -1]))
+
+
 def test_reevaluation_picks_the_best_mean_on_the_other_seeds_and_pays_for_it(bench, table):
     space = bench.task_space(TASK)
     grid = bench.Method("grid", {"kind": "grid", "skip_repeats": False}, {"kind": "none"})
