@@ -260,3 +260,20 @@ def test_without_global_metrics_a_run_reports_none_and_the_same_personal_values(
                                         "false; allowed: personal_val_acc"):
         load_experiment(None, [*TINY, "eval.global_metrics=false", "eval.target_acc=0.5",
                                "eval.target_metric=global_val_acc"])
+
+
+def test_the_last3_metrics_are_each_validation_accuracys_mean_over_the_last_three_evaluated_rounds():
+    """autofl.engine.smoothing: `<metric>_last3` at an evaluated round is the mean of the metric over that
+    round and the two evaluated before it (fewer at the start), also with eval_every > 1; what the
+    global model does not compute has no twin."""
+    _, every = run("fedavg", "fl.rounds=5")
+    for i, m in enumerate(every):
+        window = every[max(0, i - 2): i + 1]
+        for base in ("personal_val_acc", "personal_val_acc_p10", "global_val_acc"):
+            assert m[f"{base}_last3"] == pytest.approx(sum(w[base] for w in window) / len(window), abs=1e-12)
+        assert "unseen_val_acc_last3" not in m  # no held-out clients
+    _, sparse = run("fedavg", "fl.rounds=5", "fl.eval_every=2")
+    assert [m["round"] for m in sparse] == [2, 4, 5]
+    assert sparse[-1]["personal_val_acc_last3"] == pytest.approx(sum(m["personal_val_acc"] for m in sparse) / 3)
+    _, lean = run("fedavg", "eval.global_metrics=false")
+    assert not [k for k in lean[-1] if k.startswith("global_")] and "personal_val_acc_last3" in lean[-1]

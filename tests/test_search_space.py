@@ -79,6 +79,13 @@ def test_a_global_objective_or_constraint_needs_the_global_metrics_computed(tmp_
     assert load_space(write(tmp_path, base=base, params={})).base_experiment().eval.global_metrics is False
 
 
+def test_a_smoothed_accuracy_is_an_objective_in_the_max_direction(tmp_path):
+    space = load_space(write(tmp_path, objective="personal_val_acc_last3"))
+    assert space.objective == "personal_val_acc_last3" and space.mode == "max"
+    with pytest.raises(ConfigError, match="method fedfcd has no global model, so global_val_acc_last3 is undefined"):
+        load_space(write(tmp_path, base={"method": {"name": "fedfcd"}}, params={}, objective="global_val_acc_last3"))
+
+
 def test_cli_bad_space_exits_2_before_ray_and_writes_nothing(run_cli, tmp_path, capsys):
     path = write(tmp_path, objective="global_test_acc")
     home = tmp_path / "home"

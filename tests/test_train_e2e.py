@@ -8,7 +8,8 @@ from conftest import read_metrics
 METRIC_KEYS = {"round", "personal_val_acc", "personal_val_acc_std", "personal_val_acc_p10", "personal_test_acc", "personal_test_acc_std", "personal_test_acc_p10",
                "personal_val_acc_unweighted", "personal_test_acc_unweighted",
                "global_val_acc", "global_test_acc", "train_loss", "upload_bytes", "download_bytes",
-               "upload_bytes_per_round", "download_bytes_per_round", "train_flops", "flops_per_round"}
+               "upload_bytes_per_round", "download_bytes_per_round", "train_flops", "flops_per_round",
+               "personal_val_acc_last3", "personal_val_acc_p10_last3", "global_val_acc_last3"}
 
 
 def test_train_on_digits_learns_and_writes_outputs(run_cli, tmp_path):

@@ -13,6 +13,18 @@ COST_KEYS = (
     "rounds_to_target",
 )
 
+# validation accuracies with a smoothed twin `<metric>_last3` (autofl.engine.smoothing): the mean over the
+# run's last 3 evaluated rounds, an objective less moved by one round's noise
+SMOOTHING_ROUNDS = 3
+SMOOTHED_BASES = ("personal_val_acc", "personal_val_acc_p10", "unseen_val_acc", "global_val_acc")
+
+
+def smoothed_key(base: str, rounds: int = SMOOTHING_ROUNDS) -> str:
+    return f"{base}_last{rounds}"
+
+
+SMOOTHED_KEYS = tuple(smoothed_key(b) for b in SMOOTHED_BASES)
+
 METRIC_KEYS = (
     "round",
     "personal_val_acc",
@@ -34,5 +46,6 @@ METRIC_KEYS = (
     "harmed_frac",
     "harmed_vs_global",
     "train_loss",
+    *SMOOTHED_KEYS,
     *COST_KEYS,
 )

@@ -29,6 +29,7 @@ from autofl.engine.metrics import ClientCounts, evaluate_with_counts
 from autofl.engine.newcomers import personalize_newcomers
 from autofl.engine.plan import TrainedClient, Upload, check_trained_copies
 from autofl.engine.server import MethodClass, MethodHooks, ServerContext, ServerState, ServerUpdate
+from autofl.engine.smoothing import smoothed_metrics
 from autofl.engine.state import StateDict, clone_state, map_tree
 from autofl.seeding import SeedPurpose, derived_seed
 
@@ -205,6 +206,7 @@ class Simulation:
             "train_loss": train_loss,
             **self.cost.metrics(self.round),
         }
+        metrics.update(smoothed_metrics([*self.history, metrics]))
         target = self.exp.eval.target_acc
         if target is not None:
             reached = rounds_to_target([*self.history, metrics], self.exp.eval.target_metric, target)

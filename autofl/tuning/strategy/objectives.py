@@ -9,7 +9,7 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any, Literal, TypeVar
 
-from autofl.engine.metric_keys import METRIC_KEYS
+from autofl.engine.metric_keys import METRIC_KEYS, SMOOTHED_KEYS
 
 T = TypeVar("T")
 
@@ -22,6 +22,7 @@ VALIDATION_OBJECTIVES = (
     "personal_val_acc_std",
     "global_val_acc",
     "unseen_val_acc",
+    *SMOOTHED_KEYS,  # each one's mean over the last 3 evaluated rounds (autofl.engine.smoothing)
 )
 # participation_gap and the harmed fractions are read off the test splits: test metrics
 TEST_METRICS = (

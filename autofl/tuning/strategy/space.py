@@ -495,12 +495,13 @@ def validate_space(space: SearchSpace) -> None:
                 f"objective: {wanted[0]} is not computed with base.eval.global_metrics false; "
                 f"allowed: {', '.join(o for o in VALIDATION_OBJECTIVES if not o.startswith('global_'))}"
             )
-    if "global_val_acc" in space.metrics:
+    global_objective = next((m for m in space.metrics if m.startswith("global_val_acc")), None)
+    if global_objective is not None:
         for m in methods:
             if not get_method_class(m).has_global_model:
                 raise ConfigError(
-                    f"objective: method {m} has no global model, so global_val_acc is undefined; "
-                    f"allowed: {', '.join(o for o in VALIDATION_OBJECTIVES if o != 'global_val_acc')}"
+                    f"objective: method {m} has no global model, so {global_objective} is undefined; "
+                    f"allowed: {', '.join(o for o in VALIDATION_OBJECTIVES if not o.startswith('global_'))}"
                 )
     if "data.holdout_clients" not in space.params and not base.data.holdout_count():
         unseen = [m for m in space.metrics if m.startswith("unseen_")]
