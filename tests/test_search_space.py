@@ -73,7 +73,7 @@ def test_a_global_objective_or_constraint_needs_the_global_metrics_computed(tmp_
     with pytest.raises(ConfigError, match="objective: global_val_acc is not computed with base.eval.global_metrics "
                                           "false; allowed: personal_val_acc, "):
         load_space(write(tmp_path, base=base, params={}, objective="global_val_acc"))
-    with pytest.raises(ConfigError, match="global_val_acc is not computed"):
+    with pytest.raises(ConfigError, match="constraints: global_val_acc is not computed"):
         load_space(write(tmp_path, base={**base, "method": {"name": "fedavg"}}, params={},
                          constraints=["global_val_acc >= 0.5"], sampler={"kind": "tpe"}))
     assert load_space(write(tmp_path, base=base, params={})).base_experiment().eval.global_metrics is False

@@ -489,10 +489,12 @@ def validate_space(space: SearchSpace) -> None:
             f"allowed: data.split.val > 0 (the test split is reported, never optimized)"
         )
     if not base.eval.global_metrics:
-        wanted = [m for m in [*space.metrics, *(c.metric for c in space.parsed_constraints)] if m.startswith("global_")]
+        wanted = [("objective", m) for m in space.metrics if m.startswith("global_")]
+        wanted += [("constraints", c.metric) for c in space.parsed_constraints if c.metric.startswith("global_")]
         if wanted:
+            field, metric = wanted[0]
             raise ConfigError(
-                f"objective: {wanted[0]} is not computed with base.eval.global_metrics false; "
+                f"{field}: {metric} is not computed with base.eval.global_metrics false; "
                 f"allowed: {', '.join(o for o in VALIDATION_OBJECTIVES if not o.startswith('global_'))}"
             )
     global_objective = next((m for m in space.metrics if m.startswith("global_val_acc")), None)
