@@ -541,12 +541,13 @@ def median_stops(history: dict[int, list[float]], number: int, rnd: int, value: 
 
 
 def choose(table: Table, space, finished: list[tuple[int, int, str, float]], budget_rounds: int,
-           reeval_top: int) -> int | None:
+           reeval_top: int, smooth: int = 1) -> int | None:
     """The config autofl would hand the user after `budget_rounds` rounds: the COMPLETE trial with
     the best validation value (ties: the first), or, re-evaluating, the best mean validation value
     on the table's other seeds among the top-k COMPLETE configs and the paper default (the rounds
     of those runs come out of the budget first). When no trial completed within the budget, the
-    user keeps the paper default (the space's base config)."""
+    user keeps the paper default (the space's base config). With `smooth`, the re-evaluated runs are
+    ranked by their smoothed last value too (what a study of a `_last3` objective re-evaluates by)."""
     import numpy as np
 
     from autofl.tuning.strategy.space import start_points
@@ -570,7 +571,7 @@ def choose(table: Table, space, finished: list[tuple[int, int, str, float]], bud
     if not reeval_top:
         return ranked[0]
     candidates = list(dict.fromkeys(default + ranked[:reeval_top]))
-    fresh = table.val[candidates, 1:, table.max_rounds - 1].mean(axis=1)
+    fresh = table.smoothed_val(smooth)[candidates, 1:, table.max_rounds - 1].mean(axis=1)
     return candidates[int(np.nanargmax(fresh))]
 
 
@@ -684,7 +685,7 @@ def _replay_one(job: tuple[str, Method, int, int, str, str]) -> list[dict[str, A
         for fraction in BUDGETS:
             rounds = int(round(fraction * table.grid_rounds))
             within = [state for spent, _, state, _ in finished if spent <= rounds]  # trials that ended by then
-            outcomes.append((choose(table, space, finished, rounds, method.reeval_top), len(within),
+            outcomes.append((choose(table, space, finished, rounds, method.reeval_top, method.smooth), len(within),
                              within.count("COMPLETE")))
     return [{"task": task, "method": method.name, "seed": seed, "budget": fraction,
              "regret": None if chosen is None else round(table.regret(chosen), 4),

@@ -89,6 +89,14 @@ def test_a_smoothing_search_sees_the_mean_of_each_trials_last_k_values(bench, ta
     assert len(complete) == len(table.configs) - 1 and ("FAIL" in {state for _, _, state, _ in finished})
     assert all(value == seen[config, 0, -1] for config, value in complete)  # what Optuna is told
     assert bench.choose(table, space, finished, table.grid_rounds, reeval_top=0) == int(np.nanargmax(seen[:, 0, -1]))
+    # re-evaluating, the top 3 and the default are ranked by their smoothed last value on the other seeds
+    ranked = [c for _, c in sorted(((v, c) for c, v in complete), key=lambda vc: -vc[0])][:3]
+    from autofl.tuning.strategy.space import start_points
+
+    default = [table.index[table.key(point)] for point in start_points(space)]
+    candidates = list(dict.fromkeys([*default, *ranked]))
+    expected = candidates[int(np.nanargmax(seen[candidates, 1:, -1].mean(axis=1)))]
+    assert bench.choose(table, space, finished, table.grid_rounds, reeval_top=3, smooth=3) == expected
 
 
 def test_reevaluation_picks_the_best_mean_on_the_other_seeds_and_pays_for_it(bench, table):
