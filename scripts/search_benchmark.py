@@ -296,6 +296,7 @@ class Table:
         self.max_rounds = int(raw["max_rounds"])
         self.seeds = list(raw.get("seeds", TABLE_SEEDS))
         self.objective, self.noise = objective, noise
+        self._smoothed: dict[int, Any] = {}  # smoothed_val's arrays by k
         shape = (len(self.configs), len(self.seeds), self.max_rounds)
         self.val, self.test = np.full(shape, np.nan), np.full(shape, np.nan)
         self.diverged = np.zeros(shape[:2], dtype=bool)
@@ -339,15 +340,19 @@ class Table:
 
     def smoothed_val(self, k: int) -> Any:
         """The validation values as a search sees them when each round's value is the mean of the
-        run's last `k` evaluated values (k = 1: `val` itself); a diverged run's missing rounds stay NaN."""
+        run's last `k` evaluated values (k = 1: `val` itself); a diverged run's missing rounds stay NaN.
+        Computed once per k (a replay's search and each budget's re-evaluation read it)."""
         import numpy as np
 
         if k <= 1:
             return self.val
+        if k in self._smoothed:
+            return self._smoothed[k]
         out = np.full_like(self.val, np.nan)
         for r in range(self.max_rounds):
             window = self.val[:, :, max(0, r - k + 1): r + 1]
             out[:, :, r] = np.where(np.isnan(self.val[:, :, r]), np.nan, np.nanmean(window, axis=2))
+        self._smoothed[k] = out
         return out
 
     def regret(self, config: int) -> float:

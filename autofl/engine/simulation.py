@@ -206,10 +206,11 @@ class Simulation:
             "train_loss": train_loss,
             **self.cost.metrics(self.round),
         }
-        metrics.update(smoothed_metrics([*self.history, metrics]))
+        so_far = [*self.history, metrics]
+        metrics.update(smoothed_metrics(so_far))
         target = self.exp.eval.target_acc
         if target is not None:
-            reached = rounds_to_target([*self.history, metrics], self.exp.eval.target_metric, target)
+            reached = rounds_to_target(so_far, self.exp.eval.target_metric, target)
             if reached is not None:  # left out until reached (as a split's keys without samples)
                 metrics["rounds_to_target"] = reached
         self.history.append(metrics)
