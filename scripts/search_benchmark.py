@@ -724,6 +724,11 @@ def methods_of(names: list[str] | None) -> list[Method]:
 def _replay_tables(args: argparse.Namespace, methods: list[Method]) -> None:
     from multiprocessing import get_context
 
+    if not args.task:  # every table of the folder (the shipped small ones when --tables is not given)
+        args.task = sorted(p.name[: -len(".json.gz")] for p in tables_dir().glob("*.json.gz")) if args.tables else list(TASKS)
+        if not args.task:
+            raise bad_input(f"--tables: no table (*.json.gz) in {tables_dir()}; build one with "
+                            f"`build --space FILE --out-dir {args.tables}`")
     missing = [t for t in args.task if not table_path(t).is_file()]
     if missing:
         found = sorted(p.name[: -len(".json.gz")] for p in tables_dir().glob("*.json.gz"))
@@ -1064,8 +1069,8 @@ def main(argv: list[str] | None = None) -> int:
                        "(autofl.population; those sharing every non-fusible value; 1: one at a time)")
     build.add_argument("--threads", type=int, default=1, help="torch threads")
     replay = sub.add_parser("replay", help="replay every search method against the shipped tables")
-    replay.add_argument("--task", nargs="+", default=list(TASKS),
-                        help=f"tables to replay (default: the shipped {' '.join(TASKS)})")
+    replay.add_argument("--task", nargs="+",
+                        help=f"tables to replay (default: every table in --tables, else the shipped {' '.join(TASKS)})")
     replay.add_argument("--tables", help="the folder of the tables and their space files (default: the shipped ones)")
     replay.add_argument("--objective", choices=OBJECTIVES, default="mean",
                         help="a config's value: mean accuracy, or the 10th percentile over clients (tables with per-client values)")

@@ -312,7 +312,8 @@ def test_build_on_a_users_space_stores_every_clients_counts_from_populations_equ
     assert all(0 <= c <= min(k, h) for row, full in zip(counts, correct) for c, k, h in zip(row, full, held))
 
     out = tmp_path / "replay.json"
-    assert bench.main(["replay", "--tables", str(tmp_path / "tables"), "--task", "mine", "--objective", "p10",
+    # no --task: every table in --tables
+    assert bench.main(["replay", "--tables", str(tmp_path / "tables"), "--objective", "p10",
                        "--seeds", "2", "--jobs", "1", "--methods", "random+asha", "brief(1)+top-k",
                        "--out", str(out)]) == 0
     replay = json.loads(out.read_text())
@@ -331,6 +332,8 @@ def test_a_bad_option_is_one_line_and_exit_2_before_any_work(bench, table, tmp_p
         return err
 
     assert refused(["replay", "--task", "no-such-task", "--seeds", "1"]).startswith("--task: no table 'no-such-task'")
+    (tmp_path / "empty").mkdir()
+    assert refused(["replay", "--tables", str(tmp_path / "empty"), "--seeds", "1"]).startswith("--tables: no table")
     # a table without per-client counts (the synthetic one, as the shipped ones): said before the workers start
     assert refused(["replay", "--task", TASK, "--objective", "p10", "--seeds", "1", "--jobs", "2"]).startswith(
         "--objective p10: table digits-fedprox holds no per-client values")
