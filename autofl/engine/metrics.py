@@ -78,8 +78,8 @@ def personal_counts(
             method.load_personal(model, sim.global_state, state, server)
             loaded_global = method.personal_is_global
         predict = lambda x, s=state: method.predict(model, x, s, server)  # noqa: E731
-        val_correct.append(count_correct(predict, data.x[split.val], data.y[split.val]))
-        test_correct.append(count_correct(predict, data.x[split.test], data.y[split.test]))
+        val_correct.append(count_correct(predict, *data.rows(split.val)))
+        test_correct.append(count_correct(predict, *data.rows(split.test)))
     return val_correct, test_correct, [len(s.val) for s in splits], [len(s.test) for s in splits]
 
 
@@ -144,9 +144,9 @@ def evaluate_with_counts(
     if method.has_global_model and global_metrics:
         method.load_global(model, sim.global_state, server)
         predict_global = lambda x: method.predict_global(model, x, server)  # noqa: E731
-        val_idx = torch.cat([c.val for c in data.clients])
-        if len(val_idx):
-            out["global_val_acc"] = count_correct(predict_global, data.x[val_idx], data.y[val_idx]) / len(val_idx)
+        val_x, val_y = data.all_val_rows()
+        if len(val_y):
+            out["global_val_acc"] = count_correct(predict_global, val_x, val_y) / len(val_y)
         if len(data.test_y):
             out["global_test_acc"] = count_correct(predict_global, data.test_x, data.test_y) / len(data.test_y)
     return out, counts
@@ -164,5 +164,5 @@ def client_test_accuracies(sim: Evaluated, global_model: bool) -> list[float | N
     method.load_global(model, sim.global_state, server)
     model.eval()
     predict = lambda x: method.predict_global(model, x, server)  # noqa: E731
-    correct = [count_correct(predict, data.x[c.test], data.y[c.test]) for c in data.clients]
+    correct = [count_correct(predict, *data.rows(c.test)) for c in data.clients]
     return client_accuracies(correct, [len(c.test) for c in data.clients])
