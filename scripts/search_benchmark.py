@@ -74,6 +74,11 @@ def grid_configs(space) -> list[dict[str, Any]]:
     return [dict(zip(keys, values)) for values in itertools.product(*(space.params[k].choices for k in keys))]
 
 
+def tables_in(folder: Path) -> list[str]:
+    """The task names of the tables (`NAME.json.gz`) in `folder`, sorted."""
+    return sorted(p.name[: -len(".json.gz")] for p in folder.glob("*.json.gz"))
+
+
 def table_path(task: str) -> Path:
     return tables_dir() / f"{task}.json.gz"
 
@@ -725,14 +730,13 @@ def _replay_tables(args: argparse.Namespace, methods: list[Method]) -> None:
     from multiprocessing import get_context
 
     if not args.task:  # every table of the folder (the shipped small ones when --tables is not given)
-        args.task = sorted(p.name[: -len(".json.gz")] for p in tables_dir().glob("*.json.gz")) if args.tables else list(TASKS)
+        args.task = tables_in(tables_dir()) if args.tables else list(TASKS)
         if not args.task:
             raise bad_input(f"--tables: no table (*.json.gz) in {tables_dir()}; build one with "
                             f"`build --space FILE --out-dir {args.tables}`")
     missing = [t for t in args.task if not table_path(t).is_file()]
     if missing:
-        found = sorted(p.name[: -len(".json.gz")] for p in tables_dir().glob("*.json.gz"))
-        raise bad_input(f"--task: no table {missing[0]!r} in {tables_dir()}; allowed: {', '.join(found)}")
+        raise bad_input(f"--task: no table {missing[0]!r} in {tables_dir()}; allowed: {', '.join(tables_in(tables_dir()))}")
     best_test = {}
     for task in args.task:  # every table checked here, before the workers (which could not say so) start
         try:

@@ -38,7 +38,7 @@ class FederatedData:
     _gathered: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
-    _joined: dict[str, torch.Tensor] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _all_val: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)  # all_val_rows' index
 
     def rows(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`(x[index], y[index])` for one of this data's own index tensors (a client's or newcomer's val
@@ -54,9 +54,9 @@ class FederatedData:
     def all_val_rows(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The rows of every training client's val split, in client order (the global model's
         validation), gathered once as `rows` does."""
-        if "all_val" not in self._joined:
-            self._joined["all_val"] = torch.cat([c.val for c in self.clients])
-        return self.rows(self._joined["all_val"])
+        if self._all_val is None:
+            self._all_val = torch.cat([c.val for c in self.clients])
+        return self.rows(self._all_val)
 
     @property
     def input_shape(self) -> tuple[int, ...]:
