@@ -129,10 +129,27 @@ def _train_group(space, group: list[dict[str, Any]], raw) -> list[dict[str, Any]
     return [_record(exp, h, c, d) for exp, h, c, d in zip(exps, histories, counts, diverged)]
 
 
+def read_runs(partial: Path) -> list[str]:
+    """The lines of a resume file (gzip members appended one per population) up to where a kill cut it:
+    a member cut short ends the reading there, and its last line, if cut, fails to parse later."""
+    import zlib
+
+    lines: list[str] = []
+    try:
+        with gzip.open(partial, "rt", encoding="utf-8") as fh:
+            for line in fh:
+                lines.append(line)
+    except (EOFError, gzip.BadGzipFile, zlib.error):
+        pass  # the member being written when the build was killed
+    return lines
+
+
 def build_table(space, name: str, out_dir: Path, seeds: tuple[int, ...], width: int, command: str) -> Path:
     """Train every grid config of `space` on `seeds`, a seed's configs that share their non-fusible
     values together as populations of at most `width`; write `<out_dir>/<name>.json.gz`. Finished
-    runs are kept in `.<name>.runs.jsonl` beside it, so a killed build resumes where it was."""
+    runs are kept in `.<name>.runs.jsonl.gz` beside it (one gzip member appended per population, a few
+    MB for a whole large table), so a killed build resumes where it was, and a build's partial file can
+    be committed beside its space to continue on another machine."""
     import torch
 
     from autofl.data.datasets import load_raw_dataset
@@ -141,14 +158,19 @@ def build_table(space, name: str, out_dir: Path, seeds: tuple[int, ...], width: 
     configs = grid_configs(space)
     raw = load_raw_dataset(space.base_experiment().data)
     out_dir.mkdir(parents=True, exist_ok=True)
-    partial = out_dir / f".{name}.runs.jsonl"
+    partial = out_dir / f".{name}.runs.jsonl.gz"
     # the resume file's first line says what its runs are of: a changed space file is never mixed in
     fingerprint = {"space": space.model_dump(mode="json", include={"base", "params", "method_base"}),
                    "configs": configs}
+    header = json.dumps({"fingerprint": fingerprint}) + "\n"
     done: dict[tuple[int, int], dict[str, Any]] = {}
     if partial.exists():
-        lines = partial.read_text().splitlines()
-        if not lines or json.loads(lines[0]).get("fingerprint") != fingerprint:
+        lines = read_runs(partial)
+        try:
+            known = bool(lines) and json.loads(lines[0]).get("fingerprint") == fingerprint
+        except json.JSONDecodeError:
+            known = False
+        if not known:
             raise bad_input(f"{partial}: the runs of an earlier build of another space or grid; delete the file "
                             f"to build {name} anew")
         for line in lines[1:]:
@@ -157,24 +179,29 @@ def build_table(space, name: str, out_dir: Path, seeds: tuple[int, ...], width: 
             except json.JSONDecodeError:  # a build killed while it wrote: that line's run trains again
                 continue
             done[(row["config"], row["seed"])] = row
-    else:
-        partial.write_text(json.dumps({"fingerprint": fingerprint}) + "\n")
+    # written anew whole (what a kill cut short dropped; beside it, then renamed, so a kill now loses no run),
+    # then appended to, a member per population
+    fresh = partial.with_name(partial.name + ".tmp")
+    with gzip.open(fresh, "wt", encoding="utf-8") as fh:
+        fh.write(header + "".join(json.dumps(row) + "\n" for row in done.values()))
+    os.replace(fresh, partial)
     started = time.time()
-    with open(partial, "a") as fh:
-        for seed in seeds:
-            todo = [c for c in range(len(configs)) if (c, seed) not in done]
-            runs = [{**configs[c], "seed": seed} for c in todo]
-            for group in group_configs(space.base, space.method_base, runs, width):
-                t0 = time.perf_counter()
-                rows = _train_group(space, [runs[i] for i in group], raw)
-                seconds = (time.perf_counter() - t0) / len(group)  # a population's time, shared by its members
-                for i, row in zip(group, rows):
-                    row = {"config": todo[i], "seed": seed, **row, "train_s": round(seconds, 3)}
-                    fh.write(json.dumps(row) + "\n")
-                    done[(todo[i], seed)] = row
-                fh.flush()
-                print(f"{name}: seed {seed}, {sum(1 for c, s in done if s == seed)}/{len(configs)} configs "
-                      f"({time.time() - started:.0f} s)", flush=True)
+    for seed in seeds:
+        todo = [c for c in range(len(configs)) if (c, seed) not in done]
+        runs = [{**configs[c], "seed": seed} for c in todo]
+        for group in group_configs(space.base, space.method_base, runs, width):
+            t0 = time.perf_counter()
+            rows = _train_group(space, [runs[i] for i in group], raw)
+            seconds = (time.perf_counter() - t0) / len(group)  # a population's time, shared by its members
+            lines = []
+            for i, row in zip(group, rows):
+                row = {"config": todo[i], "seed": seed, **row, "train_s": round(seconds, 3)}
+                lines.append(json.dumps(row) + "\n")
+                done[(todo[i], seed)] = row
+            with gzip.open(partial, "at", encoding="utf-8") as fh:
+                fh.write("".join(lines))
+            print(f"{name}: seed {seed}, {sum(1 for c, s in done if s == seed)}/{len(configs)} configs "
+                  f"({time.time() - started:.0f} s)", flush=True)
     table = {
         "task": name,
         "built_with": {

@@ -423,9 +423,10 @@ def test_brief_then_top_k_trains_every_config_briefly_then_the_best_fully(bench,
 
 
 def test_a_killed_build_resumes_its_finished_runs_and_refuses_another_spaces(bench, tmp_path, monkeypatch, capsys):
-    """The resume file `.NAME.runs.jsonl` starts with what its runs are of (the space and its grid): a
-    build of the same space trains only the runs it lacks (a line cut short by the kill trains again);
-    one of another space is refused in one line (exit 2), the file left as it was."""
+    """The resume file `.NAME.runs.jsonl.gz` (gzip members, one appended per population) starts with what
+    its runs are of (the space and its grid): a build of the same space trains only the runs it lacks (a
+    line, or a gzip member, cut short by the kill trains again); one of another space is refused in one
+    line (exit 2), the file left as it was."""
     from autofl.tuning.strategy.space import load_space
 
     source = tmp_path / "mine.yaml"
@@ -450,17 +451,27 @@ def test_a_killed_build_resumes_its_finished_runs_and_refuses_another_spaces(ben
                                          "configs": configs}})
     rows = [json.dumps({"config": c, "seed": 0, **fake_group(space, [{**configs[c], "seed": 0}], None)[0], "train_s": 1.0})
             for c in range(5)]
-    partial = tmp_path / ".mine.runs.jsonl"
-    partial.write_text("\n".join([header, *rows[:4], rows[4][:20]]) + "\n")
+    partial = tmp_path / ".mine.runs.jsonl.gz"
+    # two members as two populations appended them; the second cut short inside its last line
+    members = [gzip.compress(("\n".join([header, *rows[:3]]) + "\n").encode()),
+               gzip.compress(("\n".join(rows[3:4]) + "\n" + rows[4][:20]).encode())]
+    partial.write_bytes(members[0] + members[1])
     trained.clear()
     bench.build_table(space, "mine", tmp_path, (0, 7), 4, "cmd")
     assert len(trained) == 12  # of the 16 runs, the 4 whole ones kept; the cut one and the other 11 trained
     assert full.is_file() and not partial.exists()
-    partial.write_text(json.dumps({"fingerprint": {"space": {}, "configs": []}}) + "\n")
+    # a member cut short in its compressed bytes (the kill came while it was written): the runs before it kept
+    full.unlink()
+    partial.write_bytes(members[0] + members[1][:12])  # its gzip header and two bytes of its deflate stream
+    trained.clear()
+    bench.build_table(space, "mine", tmp_path, (0, 7), 4, "cmd")
+    assert len(trained) == 13 and full.is_file() and not partial.exists()
+    other = gzip.compress((json.dumps({"fingerprint": {"space": {}, "configs": []}}) + "\n").encode())
+    partial.write_bytes(other)
     with pytest.raises(SystemExit) as refused:
         bench.build_table(space, "mine", tmp_path, (0, 7), 4, "cmd")
     assert refused.value.code == 2 and "another space or grid" in capsys.readouterr().err
-    assert partial.read_text() == json.dumps({"fingerprint": {"space": {}, "configs": []}}) + "\n"
+    assert partial.read_bytes() == other
 
 
 def test_the_noise_report_puts_each_methods_median_regret_by_noise_side_by_side(bench, tmp_path, capsys):
