@@ -7,6 +7,7 @@ every sampler x scheduler replayed against the table.
     python scripts/search_benchmark.py replay --tables tables --task my --objective p10 --noise both
     python scripts/search_benchmark.py report                          # PNG + markdown from the replay
     python scripts/search_benchmark.py noise-report --replays A.json B.json   # regret by validation noise
+    python scripts/search_benchmark.py describe --tables scripts/search_benchmark/large   # each table's spread
     python scripts/search_benchmark.py live   --task digits-fdcl --budget 0.25   # one real `autofl search`
 
 A task is a search-space file (under scripts/search_benchmark/, or a user's with --space) whose every
@@ -380,10 +381,15 @@ class Table:
             return self.val
         if k in self._smoothed:
             return self._smoothed[k]
+        import warnings
+
         out = np.full_like(self.val, np.nan)
         for r in range(self.max_rounds):
             window = self.val[:, :, max(0, r - k + 1): r + 1]
-            out[:, :, r] = np.where(np.isnan(self.val[:, :, r]), np.nan, np.nanmean(window, axis=2))
+            with warnings.catch_warnings():  # a diverged run's all-NaN window: NaN, as it is set anyway
+                warnings.simplefilter("ignore", RuntimeWarning)
+                mean = np.nanmean(window, axis=2)
+            out[:, :, r] = np.where(np.isnan(self.val[:, :, r]), np.nan, mean)
         self._smoothed[k] = out
         return out
 
@@ -1082,6 +1088,58 @@ def cmd_live(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+# ----------------------------------------------------------------------------------------- describe
+def describe_table(raw: dict[str, Any]) -> list[dict[str, Any]]:
+    """What a table offers a search benchmark, per objective it can give (mean; p10 where it holds
+    per-client values): the best, median and worst config's seed-mean final test value (%), the spread
+    between the best and the median (the issue's "several points"), and the regret (points) of the
+    config that wins the first seed's last validation round, raw and smoothed over 3 rounds: what a
+    search that trusts one seed's validation loses at best."""
+    import numpy as np
+
+    objectives = ["mean", "p10"] if raw["runs"][0][0].get("val_correct") else ["mean"]
+    rows = []
+    for objective in objectives:
+        table = Table(raw, objective=objective)
+        final = np.sort(table.test_mean)
+        last = table.max_rounds - 1
+
+        def winner(values: Any) -> float:
+            at_last = np.nan_to_num(values[:, 0, last], nan=-np.inf)  # a run that diverged is never chosen
+            return table.regret(int(np.argmax(at_last)))
+
+        rows.append({
+            "task": table.task, "objective": objective, "configs": len(table.configs), "seeds": len(table.seeds),
+            "rounds": table.max_rounds, "best": 100 * final[-1], "median": 100 * float(np.median(final)),
+            "worst": 100 * final[0], "spread": 100 * (final[-1] - float(np.median(final))),
+            "seed0_winner_regret": winner(table.val), "seed0_smooth3_winner_regret": winner(table.smoothed_val(3)),
+            "diverged_runs": int(table.diverged.sum()),
+        })
+    return rows
+
+
+def cmd_describe(args: argparse.Namespace) -> None:
+    folder = Path(args.tables) if args.tables else tables_dir()
+    names = args.task or tables_in(folder)
+    if not names:
+        raise bad_input(f"--tables: {folder} holds no table (NAME.json.gz); build one with "
+                        f"`build --space FILE --out-dir {folder}`")
+    missing = [n for n in names if not (folder / f"{n}.json.gz").is_file()]
+    if missing:
+        raise bad_input(f"--task: {missing[0]} has no table in {folder}; allowed: {', '.join(tables_in(folder))}")
+    print("| table | objective | configs x seeds x rounds | best | median | worst | best - median | "
+          "seed-0 winner's regret (smoothed 3) | diverged runs |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name in names:
+        with gzip.open(folder / f"{name}.json.gz", "rt", encoding="utf-8") as fh:
+            raw = json.load(fh)
+        for row in describe_table(raw):
+            print(f"| {row['task']} | {row['objective']} | {row['configs']} x {row['seeds']} x {row['rounds']} | "
+                  f"{row['best']:.2f} | {row['median']:.2f} | {row['worst']:.2f} | {row['spread']:.2f} | "
+                  f"{row['seed0_winner_regret']:.2f} ({row['seed0_smooth3_winner_regret']:.2f}) | "
+                  f"{row['diverged_runs']} |")
+
+
 # ----------------------------------------------------------------------------------------- CLI
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -1122,6 +1180,10 @@ def main(argv: list[str] | None = None) -> int:
     noise.add_argument("--replays", nargs="+", required=True, help="replay files of the same tables and methods, "
                        "each with its --noise (none first)")
     noise.add_argument("--out", default=str(HERE / "noise.md"))
+    describe = sub.add_parser("describe", help="each table's spread and what one seed's validation winner loses "
+                              "(markdown)")
+    describe.add_argument("--tables", help="the folder of the tables (default: the shipped ones)")
+    describe.add_argument("--task", nargs="+", help="tables to describe (default: every table in the folder)")
     live = sub.add_parser("live", help="one real autofl search on a task, checked against the replay")
     live.add_argument("--task", choices=TASKS, required=True)
     live.add_argument("--budget", type=float, default=0.25, choices=BUDGETS)
@@ -1133,7 +1195,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # what the tables and replays record as their command
     commands = {"build": cmd_build, "replay": cmd_replay, "report": cmd_report, "noise-report": cmd_noise_report,
-                "live": cmd_live}
+                "live": cmd_live, "describe": cmd_describe}
     result = commands[args.command](args)
     return int(result or 0)
 

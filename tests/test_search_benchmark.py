@@ -496,3 +496,38 @@ def test_the_noise_report_puts_each_methods_median_regret_by_noise_side_by_side(
     with pytest.raises(SystemExit) as refused:
         bench.main(["noise-report", "--replays", *map(str, paths), "--out", str(out)])
     assert refused.value.code == 2 and "differ in seeds" in capsys.readouterr().err
+
+
+def test_describe_gives_each_objectives_spread_and_the_seed0_winners_regret(bench, tmp_path, capsys):
+    """`describe` reads a table's per-client counts: best, median and worst seed-mean final test value,
+    the best-minus-median spread, and the regret of the config that wins seed 0's last validation round,
+    raw and smoothed over 3 rounds (here the raw winner is a last-round fluke, the smoothed one is not)."""
+    def run(val_acc, test_acc):  # two clients of 10 validation and 10 test samples, the same accuracy each
+        return {"rounds": [1, 2, 3], "val": val_acc, "test": test_acc,
+                "val_correct": [[round(10 * v)] * 2 for v in val_acc],
+                "test_correct": [[round(10 * t)] * 2 for t in test_acc],
+                "val_sizes": [10, 10], "test_sizes": [10, 10], "diverged_at": None, "clients_per_round": 2}
+
+    runs = [  # config 0: steady and best on test; config 1: the seed-0 last-round fluke; config 2: poor
+        [run([0.7, 0.7, 0.7], [0.8, 0.8, 0.8]), run([0.7, 0.7, 0.7], [0.8, 0.8, 0.8])],
+        [run([0.3, 0.3, 0.9], [0.6, 0.6, 0.6]), run([0.5, 0.5, 0.5], [0.6, 0.6, 0.6])],
+        [run([0.1, 0.1, 0.1], [0.2, 0.2, 0.2]), run([0.1, 0.1, 0.1], [0.2, 0.2, 0.2])],
+    ]
+    raw = {"task": "tiny", "max_rounds": 3, "seeds": [0, 1], "configs": [{"fl.lr": v} for v in (0.1, 0.2, 0.3)],
+           "runs": runs}
+    rows = bench.describe_table(raw)
+    assert [r["objective"] for r in rows] == ["mean", "p10"]
+    for row in rows:
+        assert (row["best"], row["median"], row["worst"]) == pytest.approx((80.0, 60.0, 20.0))
+        assert row["spread"] == pytest.approx(20.0)
+        assert row["seed0_winner_regret"] == pytest.approx(20.0)  # the fluke's 0.9 wins the raw last round
+        assert row["seed0_smooth3_winner_regret"] == pytest.approx(0.0)  # (0.3+0.3+0.9)/3 = 0.5 < 0.7
+        assert row["diverged_runs"] == 0
+    with gzip.open(tmp_path / "tiny.json.gz", "wt") as fh:
+        json.dump(raw, fh)
+    assert bench.main(["describe", "--tables", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "| tiny | mean | 3 x 2 x 3 | 80.00 | 60.00 | 20.00 | 20.00 | 20.00 (0.00) | 0 |" in out
+    with pytest.raises(SystemExit) as refused:
+        bench.main(["describe", "--tables", str(tmp_path), "--task", "other"])
+    assert refused.value.code == 2 and "--task: other has no table" in capsys.readouterr().err
