@@ -3,6 +3,7 @@ every sampler x scheduler replayed against the table.
 
     python scripts/search_benchmark.py build  --task digits-fdcl      # about a minute a digits table (populations)
     python scripts/search_benchmark.py build  --space my.yaml --out-dir tables   # a table of your own grid
+    python scripts/search_benchmark.py build  --space my.yaml --out-dir tables --shard 0/2  # and 1/2 beside it
     python scripts/search_benchmark.py replay [--task T ...] [--seeds 30]   # minutes, no training
     python scripts/search_benchmark.py replay --tables tables --task my --objective p10 --noise both
     python scripts/search_benchmark.py report                          # PNG + markdown from the replay
@@ -145,12 +146,24 @@ def read_runs(partial: Path) -> list[str]:
     return lines
 
 
-def build_table(space, name: str, out_dir: Path, seeds: tuple[int, ...], width: int, command: str) -> Path:
+def resume_files(out_dir: Path, name: str) -> list[Path]:
+    """The resume files of table `name` in `out_dir`: an unsharded build's and every shard's."""
+    return sorted({*out_dir.glob(f".{name}.runs.jsonl.gz"), *out_dir.glob(f".{name}.shard-*-of-*.runs.jsonl.gz")})
+
+
+def build_table(space, name: str, out_dir: Path, seeds: tuple[int, ...], width: int, command: str,
+                shard: tuple[int, int] = (0, 1)) -> Path | None:
     """Train every grid config of `space` on `seeds`, a seed's configs that share their non-fusible
     values together as populations of at most `width`; write `<out_dir>/<name>.json.gz`. Finished
     runs are kept in `.<name>.runs.jsonl.gz` beside it (one gzip member appended per population, a few
     MB for a whole large table), so a killed build resumes where it was, and a build's partial file can
-    be committed beside its space to continue on another machine."""
+    be committed beside its space to continue on another machine.
+
+    `shard` (i, n): train only the i-th of n shares of each seed's populations (those of index i mod n
+    among the seed's populations of every config, so the shares stay apart whenever each shard starts),
+    kept in `.<name>.shard-<i>-of-<n>.runs.jsonl.gz`, and write no table (None): n processes or machines
+    build a table together, and a build without a shard then reads every shard's runs, trains what is
+    missing and writes the table. Every build reads the runs of every resume file of the table there."""
     import torch
 
     from autofl.data.datasets import load_raw_dataset
@@ -159,20 +172,24 @@ def build_table(space, name: str, out_dir: Path, seeds: tuple[int, ...], width: 
     configs = grid_configs(space)
     raw = load_raw_dataset(space.base_experiment().data)
     out_dir.mkdir(parents=True, exist_ok=True)
-    partial = out_dir / f".{name}.runs.jsonl.gz"
+    index, shards = shard
+    own = f".{name}.runs.jsonl.gz" if shards == 1 else f".{name}.shard-{index}-of-{shards}.runs.jsonl.gz"
+    partial = out_dir / own
     # the resume file's first line says what its runs are of: a changed space file is never mixed in
     fingerprint = {"space": space.model_dump(mode="json", include={"base", "params", "method_base"}),
                    "configs": configs}
     header = json.dumps({"fingerprint": fingerprint}) + "\n"
     done: dict[tuple[int, int], dict[str, Any]] = {}
-    if partial.exists():
-        lines = read_runs(partial)
+    mine: dict[tuple[int, int], dict[str, Any]] = {}  # the runs of this build's own file
+    found = resume_files(out_dir, name)
+    for path in found:
+        lines = read_runs(path)
         try:
             known = bool(lines) and json.loads(lines[0]).get("fingerprint") == fingerprint
         except json.JSONDecodeError:
             known = False
         if not known:
-            raise bad_input(f"{partial}: the runs of an earlier build of another space or grid; delete the file "
+            raise bad_input(f"{path}: the runs of an earlier build of another space or grid; delete the file "
                             f"to build {name} anew")
         for line in lines[1:]:
             try:
@@ -180,16 +197,21 @@ def build_table(space, name: str, out_dir: Path, seeds: tuple[int, ...], width: 
             except json.JSONDecodeError:  # a build killed while it wrote: that line's run trains again
                 continue
             done[(row["config"], row["seed"])] = row
+            if path == partial:
+                mine[(row["config"], row["seed"])] = row
     # written anew whole (what a kill cut short dropped; beside it, then renamed, so a kill now loses no run),
     # then appended to, a member per population
     fresh = partial.with_name(partial.name + ".tmp")
     with gzip.open(fresh, "wt", encoding="utf-8") as fh:
-        fh.write(header + "".join(json.dumps(row) + "\n" for row in done.values()))
+        fh.write(header + "".join(json.dumps(row) + "\n" for row in mine.values()))
     os.replace(fresh, partial)
     started = time.time()
     for seed in seeds:
-        todo = [c for c in range(len(configs)) if (c, seed) not in done]
-        runs = [{**configs[c], "seed": seed} for c in todo]
+        every = [{**config, "seed": seed} for config in configs]
+        share = [c for g, group in enumerate(group_configs(space.base, space.method_base, every, width))
+                 if g % shards == index for c in group]
+        todo = [c for c in share if (c, seed) not in done]
+        runs = [every[c] for c in todo]
         for group in group_configs(space.base, space.method_base, runs, width):
             t0 = time.perf_counter()
             rows = _train_group(space, [runs[i] for i in group], raw)
@@ -203,6 +225,9 @@ def build_table(space, name: str, out_dir: Path, seeds: tuple[int, ...], width: 
                 fh.write("".join(lines))
             print(f"{name}: seed {seed}, {sum(1 for c, s in done if s == seed)}/{len(configs)} configs "
                   f"({time.time() - started:.0f} s)", flush=True)
+    if shards > 1:
+        print(f"{name}: shard {index}/{shards} done; a build without --shard writes the table", flush=True)
+        return None
     table = {
         "task": name,
         "built_with": {
@@ -225,8 +250,20 @@ def build_table(space, name: str, out_dir: Path, seeds: tuple[int, ...], width: 
     path = out_dir / f"{name}.json.gz"
     with gzip.open(path, "wt", encoding="utf-8") as fh:
         json.dump(table, fh, separators=(",", ":"))
-    partial.unlink()
+    for resume in {partial, *found}:  # every run is in the table now
+        resume.unlink(missing_ok=True)
     return path
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """`--shard I/N` as (I, N): the I-th (from 0) of N shares of a table's populations."""
+    try:
+        index, shards = (int(part) for part in text.split("/"))
+    except ValueError:
+        index, shards = -1, 0
+    if not 0 <= index < shards:
+        raise bad_input(f"--shard: {text!r}; allowed: I/N with 0 <= I < N (e.g. 0/2 and 1/2 for two processes)")
+    return index, shards
 
 
 def cmd_build(args: argparse.Namespace) -> None:
@@ -242,6 +279,7 @@ def cmd_build(args: argparse.Namespace) -> None:
         raise bad_input(f"--width: {args.width} is no population width; allowed: 1 or more")
     if args.threads < 1:
         raise bad_input(f"--threads: {args.threads}; allowed: 1 or more")
+    shard = parse_shard(args.shard) if args.shard else (0, 1)
     seeds = tuple(args.seeds) if args.seeds else TABLE_SEEDS
     if len(set(seeds)) != len(seeds) or len(seeds) < 2:
         raise bad_input(f"--seeds: {' '.join(map(str, seeds))}; allowed: two or more distinct seeds (the first is "
@@ -269,8 +307,9 @@ def cmd_build(args: argparse.Namespace) -> None:
         shutil.copyfile(source, out_dir / f"{name}.yaml")
     torch.set_num_threads(args.threads)
     path = build_table(space, name, out_dir, seeds, args.width,
-                       "python scripts/search_benchmark.py " + shlex.join(args.argv))
-    print(f"wrote {path}")
+                       "python scripts/search_benchmark.py " + shlex.join(args.argv), shard)
+    if path is not None:
+        print(f"wrote {path}")
 
 
 # ----------------------------------------------------------------------------------------- replay
@@ -1157,6 +1196,8 @@ def main(argv: list[str] | None = None) -> int:
     build.add_argument("--width", type=int, default=16, help="configs of one seed trained together as a population "
                        "(autofl.population; those sharing every non-fusible value; 1: one at a time)")
     build.add_argument("--threads", type=int, default=1, help="torch threads")
+    build.add_argument("--shard", help="I/N: train the I-th of N shares of the populations (N processes or "
+                       "machines on one folder); a build without --shard then writes the table")
     replay = sub.add_parser("replay", help="replay every search method against the shipped tables")
     replay.add_argument("--task", nargs="+",
                         help=f"tables to replay (default: every table in --tables, else the shipped {' '.join(TASKS)})")

@@ -346,6 +346,8 @@ def test_a_bad_option_is_one_line_and_exit_2_before_any_work(bench, table, tmp_p
     assert refused(["build", "--space", str(space), "--seeds", "0"]).startswith("--seeds: 0; allowed: two or more")
     assert refused(["build", "--space", str(space), "--seeds", "3", "3"]).startswith("--seeds: 3 3")
     assert refused(["build", "--space", str(space), "--width", "0"]).startswith("--width: 0")
+    for bad in ("2/2", "1", "a/b", "-1/2", "0/0"):
+        assert refused(["build", "--space", str(space), f"--shard={bad}"]).startswith(f"--shard: {bad!r}; allowed: I/N")
     assert refused(["build", "--task", TASK, "--name", "x"]).startswith("--name:")
     space.write_text(USER_SPACE.replace("lr: 0.03}", "lr: 0.03, eval_every: 2}"))
     assert refused(["build", "--space", str(space), "--out-dir", str(tmp_path / "t")]).startswith("base.fl.eval_every")
@@ -531,3 +533,45 @@ def test_describe_gives_each_objectives_spread_and_the_seed0_winners_regret(benc
     with pytest.raises(SystemExit) as refused:
         bench.main(["describe", "--tables", str(tmp_path), "--task", "other"])
     assert refused.value.code == 2 and "--task: other has no table" in capsys.readouterr().err
+
+
+def test_shards_train_disjoint_shares_and_a_build_without_one_collects_them(bench, tmp_path, monkeypatch, capsys):
+    """`build --shard I/N`: shard I trains the populations of index I mod N of each seed's (here 2 populations
+    a seed, one per batch size), keeps them in its own resume file and writes no table; the shares are the
+    same whichever shard started first; a build without a shard reads every shard's file, trains only what
+    none trained, writes the table and removes the resume files."""
+    from autofl.tuning.strategy.space import load_space
+
+    source = tmp_path / "mine.yaml"
+    source.write_text(USER_SPACE)
+    space = load_space(source)
+    trained: list[tuple[int, float, float, int]] = []
+
+    def fake_group(space, group, raw):
+        trained.extend((v["seed"], v["fl.lr"], v["method.mu"], v["fl.batch_size"]) for v in group)
+        return [{"rounds": [1], "val": [v["fl.lr"]], "test": [v["method.mu"]], "val_correct": [[1]],
+                 "test_correct": [[1]], "val_sizes": [2], "test_sizes": [2], "diverged_at": None,
+                 "clients_per_round": 4} for v in group]
+
+    monkeypatch.setattr(bench, "_train_group", fake_group)
+    monkeypatch.setattr("autofl.data.datasets.load_raw_dataset", lambda data: None)
+    assert bench.build_table(space, "mine", tmp_path, (0, 7), 4, "cmd", shard=(1, 2)) is None
+    second = set(trained)
+    trained.clear()
+    assert bench.build_table(space, "mine", tmp_path, (0, 7), 4, "cmd", shard=(0, 2)) is None
+    first = set(trained)
+    assert len(first) == len(second) == 8 and not first & second  # 16 runs in two disjoint halves
+    assert {batch for *_, batch in first} == {16} and {batch for *_, batch in second} == {32}  # a population each
+    assert not (tmp_path / "mine.json.gz").exists()
+    assert sorted(p.name for p in tmp_path.glob(".mine*")) == [".mine.shard-0-of-2.runs.jsonl.gz",
+                                                              ".mine.shard-1-of-2.runs.jsonl.gz"]
+    # shard 0 once more: everything of its share is done, so nothing trains
+    trained.clear()
+    bench.build_table(space, "mine", tmp_path, (0, 7), 4, "cmd", shard=(0, 2))
+    assert not trained
+    path = bench.build_table(space, "mine", tmp_path, (0, 7), 4, "cmd")
+    assert not trained and path == tmp_path / "mine.json.gz" and not list(tmp_path.glob(".mine*"))
+    with gzip.open(path, "rt") as fh:
+        table = json.load(fh)
+    for config, per_seed in zip(table["configs"], table["runs"]):
+        assert [run["val"] for run in per_seed] == [[config["fl.lr"]]] * 2  # each run in its config's place
