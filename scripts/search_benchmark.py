@@ -36,6 +36,8 @@ import platform
 import shlex
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -775,18 +777,39 @@ def _replay_one(job: tuple[str, Method, int, int, str, str]) -> list[dict[str, A
             for fraction, (chosen, trials, complete) in zip(BUDGETS, outcomes)]
 
 
-def cmd_replay(args: argparse.Namespace) -> None:
-    methods = methods_of(args.methods)
+@contextmanager
+def tables_from(folder: str | None) -> Iterator[None]:
+    """`--tables DIR` as the folder `tables_dir()` reads while the block runs (a replay's workers inherit it)."""
     before = os.environ.get("AUTOFL_BENCH_TABLES")
-    if args.tables:
-        os.environ["AUTOFL_BENCH_TABLES"] = str(Path(args.tables).resolve())  # the workers inherit it
+    if folder:
+        os.environ["AUTOFL_BENCH_TABLES"] = str(Path(folder).resolve())
     try:
-        _replay_tables(args, methods)
+        yield
     finally:
         if before is None:
             os.environ.pop("AUTOFL_BENCH_TABLES", None)
         else:
             os.environ["AUTOFL_BENCH_TABLES"] = before
+
+
+def selected_tasks(tasks: list[str] | None, tables: str | None) -> list[str]:
+    """The tables `--task` names (default: every table in `--tables`, else the shipped small ones), each
+    checked to exist in `tables_dir()`: a missing one is one line, exit 2."""
+    if not tasks:
+        tasks = tables_in(tables_dir()) if tables else list(TASKS)
+        if not tasks:
+            raise bad_input(f"--tables: no table (*.json.gz) in {tables_dir()}; build one with "
+                            f"`build --space FILE --out-dir {tables}`")
+    missing = [t for t in tasks if not table_path(t).is_file()]
+    if missing:
+        raise bad_input(f"--task: no table {missing[0]!r} in {tables_dir()}; allowed: {', '.join(tables_in(tables_dir()))}")
+    return tasks
+
+
+def cmd_replay(args: argparse.Namespace) -> None:
+    methods = methods_of(args.methods)
+    with tables_from(args.tables):
+        _replay_tables(args, methods)
 
 
 def methods_of(names: list[str] | None) -> list[Method]:
@@ -801,14 +824,7 @@ def methods_of(names: list[str] | None) -> list[Method]:
 def _replay_tables(args: argparse.Namespace, methods: list[Method]) -> None:
     from multiprocessing import get_context
 
-    if not args.task:  # every table of the folder (the shipped small ones when --tables is not given)
-        args.task = tables_in(tables_dir()) if args.tables else list(TASKS)
-        if not args.task:
-            raise bad_input(f"--tables: no table (*.json.gz) in {tables_dir()}; build one with "
-                            f"`build --space FILE --out-dir {args.tables}`")
-    missing = [t for t in args.task if not table_path(t).is_file()]
-    if missing:
-        raise bad_input(f"--task: no table {missing[0]!r} in {tables_dir()}; allowed: {', '.join(tables_in(tables_dir()))}")
+    args.task = selected_tasks(args.task, args.tables)
     best_test = {}
     for task in args.task:  # every table checked here, before the workers (which could not say so) start
         try:
@@ -1141,6 +1157,7 @@ def describe_table(raw: dict[str, Any]) -> list[dict[str, Any]]:
     for objective in objectives:
         table = Table(raw, objective=objective)
         final = np.sort(table.test_mean)
+        median = float(np.median(final))
         last = table.max_rounds - 1
 
         def winner(values: Any) -> float:
@@ -1149,8 +1166,8 @@ def describe_table(raw: dict[str, Any]) -> list[dict[str, Any]]:
 
         rows.append({
             "task": table.task, "objective": objective, "configs": len(table.configs), "seeds": len(table.seeds),
-            "rounds": table.max_rounds, "best": 100 * final[-1], "median": 100 * float(np.median(final)),
-            "worst": 100 * final[0], "spread": 100 * (final[-1] - float(np.median(final))),
+            "rounds": table.max_rounds, "best": 100 * final[-1], "median": 100 * median,
+            "worst": 100 * final[0], "spread": 100 * (final[-1] - median),
             "seed0_winner_regret": winner(table.val), "seed0_smooth3_winner_regret": winner(table.smoothed_val(3)),
             "diverged_runs": int(table.diverged.sum()),
         })
@@ -1158,20 +1175,13 @@ def describe_table(raw: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def cmd_describe(args: argparse.Namespace) -> None:
-    folder = Path(args.tables) if args.tables else tables_dir()
-    names = args.task or tables_in(folder)
-    if not names:
-        raise bad_input(f"--tables: {folder} holds no table (NAME.json.gz); build one with "
-                        f"`build --space FILE --out-dir {folder}`")
-    missing = [n for n in names if not (folder / f"{n}.json.gz").is_file()]
-    if missing:
-        raise bad_input(f"--task: {missing[0]} has no table in {folder}; allowed: {', '.join(tables_in(folder))}")
+    with tables_from(args.tables):
+        names = selected_tasks(args.task, args.tables)
+        raws = [load_table(name) for name in names]
     print("| table | objective | configs x seeds x rounds | best | median | worst | best - median | "
           "seed-0 winner's regret (smoothed 3) | diverged runs |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for name in names:
-        with gzip.open(folder / f"{name}.json.gz", "rt", encoding="utf-8") as fh:
-            raw = json.load(fh)
+    for raw in raws:
         for row in describe_table(raw):
             print(f"| {row['task']} | {row['objective']} | {row['configs']} x {row['seeds']} x {row['rounds']} | "
                   f"{row['best']:.2f} | {row['median']:.2f} | {row['worst']:.2f} | {row['spread']:.2f} | "

@@ -532,7 +532,7 @@ def test_describe_gives_each_objectives_spread_and_the_seed0_winners_regret(benc
     assert "| tiny | mean | 3 x 2 x 3 | 80.00 | 60.00 | 20.00 | 20.00 | 20.00 (0.00) | 0 |" in out
     with pytest.raises(SystemExit) as refused:
         bench.main(["describe", "--tables", str(tmp_path), "--task", "other"])
-    assert refused.value.code == 2 and "--task: other has no table" in capsys.readouterr().err
+    assert refused.value.code == 2 and "--task: no table 'other' in" in capsys.readouterr().err
 
 
 def test_shards_train_disjoint_shares_and_a_build_without_one_collects_them(bench, tmp_path, monkeypatch, capsys):
