@@ -88,8 +88,13 @@ def table_path(task: str) -> Path:
 
 
 def load_table(task: str) -> dict[str, Any]:
-    with gzip.open(table_path(task), "rt", encoding="utf-8") as fh:
-        return json.load(fh)
+    path = table_path(task)
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as fh:
+            return json.load(fh)
+    except (EOFError, OSError, ValueError) as err:  # cut short, not gzip, not JSON (ValueError: JSONDecodeError)
+        raise bad_input(f"--task {task}: {path} is not a whole table ({type(err).__name__}: {err}); "
+                        "rebuild it with the build command its space file names") from None
 
 
 def _record(exp, history: list[dict[str, Any]], counts: list[Any], diverged: int | None) -> dict[str, Any]:
@@ -250,8 +255,10 @@ def build_table(space, name: str, out_dir: Path, seeds: tuple[int, ...], width: 
                  for ci in range(len(configs))],
     }
     path = out_dir / f"{name}.json.gz"
-    with gzip.open(path, "wt", encoding="utf-8") as fh:
+    fresh = out_dir / f".{name}.json.gz.tmp"  # written beside, then renamed: a reader never sees half a table
+    with gzip.open(fresh, "wt", encoding="utf-8") as fh:
         json.dump(table, fh, separators=(",", ":"))
+    os.replace(fresh, path)
     for resume in {partial, *found}:  # every run is in the table now
         resume.unlink(missing_ok=True)
     return path

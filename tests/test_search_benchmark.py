@@ -533,6 +533,12 @@ def test_describe_gives_each_objectives_spread_and_the_seed0_winners_regret(benc
     with pytest.raises(SystemExit) as refused:
         bench.main(["describe", "--tables", str(tmp_path), "--task", "other"])
     assert refused.value.code == 2 and "--task: no table 'other' in" in capsys.readouterr().err
+    whole = (tmp_path / "tiny.json.gz").read_bytes()
+    (tmp_path / "tiny.json.gz").write_bytes(whole[: len(whole) // 2])  # a copy cut short
+    with pytest.raises(SystemExit) as refused:
+        bench.main(["describe", "--tables", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert refused.value.code == 2 and err.count("\n") == 1 and "--task tiny:" in err and "not a whole table" in err
 
 
 def test_shards_train_disjoint_shares_and_a_build_without_one_collects_them(bench, tmp_path, monkeypatch, capsys):
