@@ -666,7 +666,11 @@ def choose(table: Table, space, finished: list[tuple[int, int, str, float]], bud
     return candidates[int(np.nanargmax(fresh))]
 
 
-DEFAULT_METHOD = "random+asha(skip repeats)"  # what a space that names no sampler or scheduler runs
+# what autofl does by default: a space that names no sampler, scheduler or objective runs random search that
+# skips repeats with ASHA on the 3-round mean of the validation value, and `best-config export` re-evaluates
+# the top 3 and the paper default on 2 fresh seeds (the table's other two)
+DEFAULT_METHOD = "random+asha(skip repeats,smooth3)+reeval3"
+DEFAULT_SEARCH = "random+asha(skip repeats,smooth3)"  # its search alone (`live` runs it)
 BUDGETS = (0.05, 0.1, 0.15, 0.25, 0.35, 0.5, 0.75, 1.0)  # fractions of the grid's compute
 
 
@@ -710,6 +714,9 @@ def default_methods() -> list[Method]:
         # the default, every value it sees (ASHA's rungs, the final ranking) the mean of the trial's last 3
         # evaluated rounds: a candidate default under noisy validation (issue 39)
         Method("random+asha(skip repeats,smooth3)", {"kind": "random", "skip_repeats": True}, asha, smooth=3),
+        # the default since 2026-12-02 (issue 39): the row above, then export's re-evaluation of the top 3
+        Method("random+asha(skip repeats,smooth3)+reeval3", {"kind": "random", "skip_repeats": True}, asha,
+               reeval_top=3, smooth=3),
     ]
     return methods
 
@@ -726,8 +733,6 @@ EXTRA_METHODS = [  # not in the default comparison: `--methods NAME ...` replays
     # every value the search sees (ASHA's rungs, the ranking) the mean of the trial's last 5 evaluated rounds
     Method("random+asha(skip repeats,smooth5)", {"kind": "random", "skip_repeats": True}, _ASHA, smooth=5),
     Method("random+asha(skip repeats)+reeval3", {"kind": "random", "skip_repeats": True}, _ASHA, reeval_top=3),
-    Method("random+asha(skip repeats,smooth3)+reeval3", {"kind": "random", "skip_repeats": True}, _ASHA,
-           reeval_top=3, smooth=3),
 ]
 
 
@@ -1028,6 +1033,32 @@ def targets_table(replay: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def objective_tables(replays: list[dict[str, Any]], budgets: tuple[float, ...] = (TARGET_BUDGET, 1.0)) -> str:
+    """One table per objective over replays of the same tables: a row per method, a column per table and
+    validation noise, each cell the median regret over search seeds at `budgets` ("a / b")."""
+    lines = []
+    for objective in dict.fromkeys(r.get("objective", "mean") for r in replays):
+        mine = [r for r in replays if r.get("objective", "mean") == objective]
+        stats = [summarize(r["rows"]) for r in mine]
+        tasks = sorted({row["task"] for r in mine for row in r["rows"]})
+        methods = list(dict.fromkeys(row["method"] for r in mine for row in r["rows"]))
+        columns = [(task, i) for task in tasks for i in range(len(mine))]
+        shown = " / ".join(f"{int(round(100 * b))}%" for b in budgets)
+        lines += [f"**{objective} objective**: median regret (points) over {mine[0]['seeds']} search seeds at "
+                  f"{shown} of the grid's compute, by table and validation noise", "",
+                  "| method | " + " | ".join(f"{t}, noise {mine[i].get('noise', 'none')}" for t, i in columns) + " |",
+                  "|---|" + "---|" * len(columns)]
+        for method in methods:
+            cells = []
+            for task, i in columns:
+                values = [stats[i].get((task, method, b)) for b in budgets]
+                cells.append("" if None in values else " / ".join(f"{v['median']:.2f}" for v in values))
+            label = f"**{method}** (default)" if method == DEFAULT_METHOD else method
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
 def replay_label(replay: dict[str, Any]) -> str:
     """What a replay's searches saw: its objective and validation noise."""
     return f"{replay.get('objective', 'mean')} objective, noise {replay.get('noise', 'none')}"
@@ -1079,6 +1110,8 @@ def cmd_report(args: argparse.Namespace) -> None:
         head = f"### {replay_label(replay).capitalize()}\n\n" if len(replays) > 1 else ""
         parts.append(head + markdown_table(replay) + "\n" + targets_table(replay) + "\n" + trials_table(replay))
     table = "\n".join(parts)
+    if len(replays) > 1:  # the summary first: one table per objective
+        table = objective_tables(replays) + "\n" + table
     md = Path(args.out_dir) / "report.md"
     png = Path(args.out_dir) / "report.png"
     commands = "; ".join(f"{r['command']} ({r['seconds']} s)" for r in replays)
@@ -1093,16 +1126,18 @@ def live_regret(table: Table, best_params: dict[str, Any]) -> float:
     return table.regret(table.index[table.key({k.split(":", 1)[-1]: v for k, v in best_params.items()})])
 
 
-def check_live_against_table(table: Table, trials: list[Any]) -> list[str]:
+def check_live_against_table(table: Table, trials: list[Any], smooth: int = 1) -> list[str]:
     """Differences between a live study's trials and the table: each trial's reported value at each
-    round must be the table's seed-0 value of its config (the replay's premise). [] when equal."""
+    round must be the table's seed-0 value of its config (smoothed over `smooth` rounds as the study's
+    objective is: the replay's premise). [] when equal."""
     import math
 
+    val = table.smoothed_val(smooth)
     problems = []
     for t in trials:
         config = table.index[table.key({k.split(":", 1)[-1]: v for k, v in t.params.items()})]
         for rnd, value in t.intermediate_values.items():
-            expected = float(table.val[config, 0, int(rnd) - 1])
+            expected = float(val[config, 0, int(rnd) - 1])
             if not math.isclose(value, expected, abs_tol=1e-4):
                 problems.append(f"trial {t.number} round {rnd}: live {value:.5f}, table {expected:.5f}")
     return problems
@@ -1133,11 +1168,18 @@ def cmd_live(args: argparse.Namespace) -> int:
         raise bad_input(f"--method: {method.name} is replayed on a relaxed space; the live check runs the task's grid")
     if method.brief_rounds:
         raise bad_input(f"--method: {method.name} is no sampler and scheduler of autofl search; the live check runs one")
+    if method.reeval_top:
+        raise bad_input(f"--method: {method.name} re-evaluates as best-config export does; the live check runs the "
+                        f"search alone (e.g. {DEFAULT_SEARCH})")
+    if method.smooth not in (1, 3):
+        raise bad_input(f"--method: {method.name} smooths over {method.smooth} rounds; autofl's objectives smooth "
+                        "over 3 (_last3) or none")
     budget_rounds = int(round(args.budget * table.grid_rounds))
     with tempfile.TemporaryDirectory(prefix="autofl-live-") as tmp:
         tree = yaml.safe_load((HERE / f"{args.task}.yaml").read_text())
         tree.update(trials=10 * len(table.configs), budget_rounds=budget_rounds, seed=args.seed,
-                    sampler=method.sampler, scheduler=method.scheduler, checkpoint_every_s=600)
+                    sampler=method.sampler, scheduler=method.scheduler, checkpoint_every_s=600,
+                    objective=VAL_KEY if method.smooth == 1 else f"{VAL_KEY}_last3")
         path = Path(tmp) / "space.yaml"
         path.write_text(yaml.safe_dump(tree))
         proc = subprocess.run([sys.executable, "-m", "autofl.cli", "search", "--space", str(path), "--dir", tmp],
@@ -1154,7 +1196,7 @@ def cmd_live(args: argparse.Namespace) -> int:
     best = max(complete, key=lambda t: t.value) if complete else None
     # no trial complete within the budget: the user keeps the paper default, as in the replay
     regret = live_regret(table, best.params if best else start_points(space)[0])
-    mismatches = check_live_against_table(table, trials)
+    mismatches = check_live_against_table(table, trials, method.smooth)
     replayed = []
     for s in range(args.seeds):
         replayed += [r["regret"] for r in _replay_one((args.task, method, s, args.workers, "mean", "none")) if r["budget"] == args.budget]
@@ -1267,7 +1309,7 @@ def main(argv: list[str] | None = None) -> int:
     live = sub.add_parser("live", help="one real autofl search on a task, checked against the replay")
     live.add_argument("--task", choices=TASKS, required=True)
     live.add_argument("--budget", type=float, default=0.25, choices=BUDGETS)
-    live.add_argument("--method", default=DEFAULT_METHOD, help="the replayed method the live search runs "
+    live.add_argument("--method", default=DEFAULT_SEARCH, help="the replayed method the live search runs "
                       "(the task file's sampler and scheduler)")
     live.add_argument("--seed", type=int, default=0, help="the live study's sampler seed")
     live.add_argument("--seeds", type=int, default=30)

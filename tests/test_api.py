@@ -153,7 +153,8 @@ def test_search_from_python_returns_a_study_whose_best_config_trains(tmp_path, r
     config = reopened.best_config()
     assert config["metadata"]["trial"] == best.number and config["fl"]["lr"] == best.params["fl.lr"]
     rerun = autofl.train(config, out=tmp_path / "rerun")  # reproduces the trial's rounds exactly
-    assert [m["personal_val_acc"] for m in rerun.rounds] == [best.intermediate_values[r] for r in (1, 2, 3)]
+    # a trial's values are its objective's, by default the 3-round mean of personal_val_acc
+    assert [m["personal_val_acc_last3"] for m in rerun.rounds] == [best.intermediate_values[r] for r in (1, 2, 3)]
 
     summary = reopened.reevaluate(seeds=2, top=1)
     assert [r["candidate"] for r in summary["rows"]][0] == "default" and len(summary["rows"]) == 2

@@ -79,6 +79,7 @@ def test_every_listed_bad_input_is_one_line_and_exit_2_touching_nothing(tmp_path
     (["reeval", "any", "--seeds", "10000"], "seeds"), (["reeval", "any", "--seeds", "101"], "seeds"),
     (["reeval", "any", "--top", "1000"], "configs"), (["best-config", "export", "any", "--reeval", "10000"], "seeds"),
     (["best-config", "export", "any", "--reeval", "3", "--top", "21"], "configs"),
+    (["best-config", "export", "any", "--reeval", "1"], "0 (no re-evaluation), or 2 or more"),
 ])
 def test_a_reevaluation_is_bounded_before_it_plans(tmp_path, capsys, args, named):
     """Issue 42: --seeds 10000 planned 40,000 runs; the ranges are stated in one line."""

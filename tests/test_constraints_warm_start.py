@@ -21,7 +21,8 @@ BASE = {"data": {"num_clients": 3}, "fl": {"rounds": 2}}
 
 
 def space_dict(name: str, **extra: Any) -> dict[str, Any]:
-    return {"study": name, "trials": 3, "base": BASE, "params": {"fl.lr": LR}, **extra}
+    # the trials these tests make report personal_val_acc as their value: the objective is named
+    return {"study": name, "trials": 3, "base": BASE, "params": {"fl.lr": LR}, "objective": "personal_val_acc", **extra}
 
 
 def parse(**extra: Any):
@@ -225,7 +226,7 @@ def test_export_status_and_reeval_skip_an_infeasible_best(tmp_path, capsys):
 
     root = three_trials(tmp_path, "con", (True, False, True))  # the highest value (0.9, trial 1) is infeasible
     home = tmp_path / "home"
-    code, out, err = cli(capsys, "best-config", "export", "con", "--dir", home, "-o", tmp_path / "best.yaml")
+    code, out, err = cli(capsys, "best-config", "export", "con", "--reeval", "0", "--dir", home, "-o", tmp_path / "best.yaml")
     assert code == 0, err
     exported = yaml.safe_load((tmp_path / "best.yaml").read_text())
     assert exported["metadata"]["trial"] == 2 and exported["metadata"]["objective_value"] == 0.7
@@ -256,7 +257,7 @@ def test_the_live_views_best_so_far_is_never_infeasible(tmp_path):
 def test_export_with_no_feasible_trial_is_one_line_exit_2(tmp_path, capsys):
     three_trials(tmp_path, "none", (False, False, False))
     out_file = tmp_path / "best.yaml"
-    code, _, err = cli(capsys, "best-config", "export", "none", "--dir", tmp_path / "home", "-o", out_file)
+    code, _, err = cli(capsys, "best-config", "export", "none", "--reeval", "0", "--dir", tmp_path / "home", "-o", out_file)
     assert code == 2 and len(err.splitlines()) == 1
     assert "none of its 3 completed trials meets the constraints (personal_val_acc_p10 >= 0.75)" in err
     assert not out_file.exists()
@@ -413,7 +414,7 @@ def test_a_warm_started_constrained_search_trains_only_its_own_trials(tmp_path, 
         margin = 0.55 - t.user_attrs["personal_val_acc"]
         assert t.constraints == {"personal_val_acc >= 0.55": pytest.approx(margin)}
         assert t.user_attrs["feasible"] is (margin <= 0)
-    code, _, err = cli(capsys, "best-config", "export", "new", "--dir", home, "-o", tmp_path / "best.yaml")
+    code, _, err = cli(capsys, "best-config", "export", "new", "--reeval", "0", "--dir", home, "-o", tmp_path / "best.yaml")
     assert code == 0, err
     picked = yaml.safe_load((tmp_path / "best.yaml").read_text())["metadata"]["trial"]
     assert next(t for t in trials if t.number == picked).user_attrs["feasible"] is True

@@ -119,11 +119,11 @@ def test_random_kills_and_resumes_end_with_exactly_the_requested_trials(tmp_path
 
     out = tmp_path / "best.yaml"
     for _ in range(2):  # an export killed midway leaves no half-written file
-        _killed_after(["best-config", "export", "stress", "-o", out, "--overwrite", "--dir", home],
+        _killed_after(["best-config", "export", "stress", "--reeval", "0", "-o", out, "--overwrite", "--dir", home],
                       rng.uniform(0.2, 2.0))
         if out.exists():
             assert yaml.safe_load(out.read_text())["metadata"]["study"] == "stress"
-    proc = run(["best-config", "export", "stress", "-o", out, "--overwrite", "--dir", home])
+    proc = run(["best-config", "export", "stress", "--reeval", "0", "-o", out, "--overwrite", "--dir", home])
     assert proc.returncode == 0 and yaml.safe_load(out.read_text())["metadata"]["study"] == "stress"
 
 

@@ -205,7 +205,8 @@ def test_a_population_study_records_each_member_as_its_config_trained_alone(tmp_
     assert len(cohorts) == 2  # 6 configs, 3 per Tune trial
     for t in trials:
         exp = build_experiment(t.user_attrs["config"])
-        alone = [m["personal_val_acc"] for m in Simulation(exp, get_method_class("fdcl"), sealed_test=True).run()]
+        alone = [m["personal_val_acc_last3"]  # the default objective's values
+                 for m in Simulation(exp, get_method_class("fdcl"), sealed_test=True).run()]
         assert [t.intermediate_values[r] for r in sorted(t.intermediate_values)] == alone[: len(t.intermediate_values)]
         assert t.state.name == "PRUNED" or len(t.intermediate_values) == 4
 
@@ -245,7 +246,8 @@ def test_a_cohort_whose_members_the_study_finished_ends_without_training(tmp_pat
     trainable.setup(cohort, study_root=str(root), base={"data": {"num_clients": 4}, "fl": {"rounds": 3},
                                                         "method": {"name": "fedavg"}}, seal_test=True)
     result = trainable.step()
-    assert result["done"] and result["members"] == [] and result["round"] == 0 and "personal_val_acc" in result
+    # the objective Tune checks for: here the default, personal_val_acc_last3
+    assert result["done"] and result["members"] == [] and result["round"] == 0 and "personal_val_acc_last3" in result
 
 
 def test_auto_widths_double_up_to_the_cap_and_stop_where_a_doubling_gains_too_little(monkeypatch):

@@ -109,7 +109,7 @@ def test_postgres_study_survives_a_killed_driver_and_never_writes_the_password(p
     status = run("status", "pgkill", "--dir", home)
     assert status.returncode == 0 and "postgresql+psycopg://autofl@127.0.0.1" in status.stdout
     out = tmp_path / "best.yaml"
-    assert run("best-config", "export", "pgkill", "--dir", home, "-o", out).returncode == 0
+    assert run("best-config", "export", "pgkill", "--reeval", "0", "--dir", home, "-o", out).returncode == 0
     assert yaml.safe_load(out.read_text())["metadata"]["study"] == "pgkill"
 
     env["AUTOFL_STORAGE"] = pg.url_with_password.replace(str(pg.port), "1")  # nothing listens there

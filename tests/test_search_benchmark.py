@@ -134,7 +134,11 @@ def test_replay_and_report_write_the_table_and_figure(bench, table, tmp_path):
     assert bench.main(["report", "--replay", str(out), str(tmp_path / "p10.json"), "--out-dir", str(tmp_path)]) == 0
     md = (tmp_path / "report.md").read_text()
     assert "### Mean objective, noise none" in md and "### P10 objective, noise none" in md
-    assert md.count("| tpe+asha |") == 4  # its regret row and its targets row, for each replay
+    assert md.count("| tpe+asha |") == 6  # per replay its regret and targets rows; per objective its summary row
+    stats = bench.summarize(replay["rows"])
+    cell = " / ".join(f"{stats[(TASK, 'tpe+asha', b)]['median']:.2f}" for b in (0.25, 1.0))
+    assert md.startswith("<!--") and "**p10 objective**: median regret" in md
+    assert f"| tpe+asha | {cell} |" in md  # the summary's cell: the medians at 25% / 100%
 
 
 def test_live_check_logic(bench, table):

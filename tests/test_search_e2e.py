@@ -74,7 +74,7 @@ def test_quickstart_sized_study_prunes_and_exports_a_reproducible_config(tmp_pat
         assert t.user_attrs["config"]["fl"]["rounds"] == 4 and t.user_attrs["config"]["runtime"]["threads"] >= 1
 
     out = tmp_path / "best.yaml"
-    proc = run(["best-config", "export", "e2e", "--dir", home, "-o", out])
+    proc = run(["best-config", "export", "e2e", "--reeval", "0", "--dir", home, "-o", out])  # the trial itself
     assert proc.returncode == 0, proc.stderr[-3000:]
     meta = yaml.safe_load(out.read_text())["metadata"]
     assert meta["study"] == "e2e" and meta["objective_round"] == 4 and "not read by the search" in meta["test_split"]

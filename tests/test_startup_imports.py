@@ -48,8 +48,9 @@ def loaded(*args) -> tuple[int, set[str]]:
     (("search", "--help"), set()),
     (("studies",), {"optuna"}),  # the trials are read from Optuna's storage
     (("status", "qs"), {"optuna"}),
-    (("best-config", "export", "qs"), {"optuna", "torch"}),  # no stored config: completed by its method's class
-    (("best-config", "export", "stored"), {"optuna"}),  # the best trial's config as its search stored it
+    # --reeval 0: the single-seed best, read (export re-evaluates on fresh seeds by default, which trains)
+    (("best-config", "export", "qs", "--reeval", "0"), {"optuna", "torch"}),  # no stored config: its method's class
+    (("best-config", "export", "stored", "--reeval", "0"), {"optuna"}),  # the best trial's config as stored
 ])
 def test_read_only_commands_load_no_library_they_do_not_need(home, command, needs):
     args = [*command, "--dir", home] if "--help" not in command else list(command)
@@ -186,7 +187,7 @@ def test_an_idle_studys_trials_come_from_its_snapshot_until_its_storage_is_writt
     assert (root / TRIALS_SNAPSHOT).exists()
     assert loaded("status", "snap", "--dir", home) == (0, set())
     assert loaded("studies", "--dir", home) == (0, set())
-    assert loaded("best-config", "export", "snap", "--dir", home) == (0, set())  # the row keeps the config
+    assert loaded("best-config", "export", "snap", "--reeval", "0", "--dir", home) == (0, set())  # the row keeps it
     kept = api.load_study("snap", home).trials()
     assert [r["number"] for r in kept] == [0, 1, 2] and all(r["feasible"] for r in kept)
 

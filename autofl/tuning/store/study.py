@@ -36,7 +36,7 @@ from autofl.tuning.store.storage import (
     without_password,
 )
 from autofl.tuning.strategy.constraints import is_feasible
-from autofl.tuning.strategy.objectives import TEST_METRICS, best, best_first
+from autofl.tuning.strategy.objectives import DEFAULT_OBJECTIVE, TEST_METRICS, VALIDATION_OBJECTIVES, best, best_first
 from autofl.tuning.strategy.space import SearchSpace, load_space, parse_space, parse_stored_space
 from autofl.tuning.strategy.spec import SAMPLER_OPTIONS, SamplerSpec
 
@@ -56,6 +56,8 @@ LEGACY_RECORD_KEYS = ("runs", "trials_requested", "root")
 RECORD_ATTR = "autofl_record"
 DEFAULT_SAMPLER_KEY = "default_sampler"  # study.json: the default sampler when the space names none
 LEGACY_DEFAULT_SAMPLER = {"kind": "tpe", "skip_repeats": False}  # autofl's default until 2026-11-24
+DEFAULT_OBJECTIVE_KEY = "default_objective"  # study.json: the objective when the space names none
+LEGACY_DEFAULT_OBJECTIVE = "personal_val_acc"  # autofl's default until 2026-12-02 (now its _last3 twin)
 
 
 def record_of(optuna_study: Any, meta: dict[str, Any]) -> dict[str, Any]:
@@ -72,11 +74,12 @@ def record_of(optuna_study: Any, meta: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def with_created_default_sampler(tree: Any, meta: dict[str, Any], where: str | Path = META_FILE) -> Any:
-    """The space file's mapping with what its `sampler:` section leaves unset (the kind, skip_repeats)
-    as the autofl that created its study defaulted them (recorded in study.json), so a study resumed
-    after an upgrade goes on as it started and its sampler options stay valid for their kind; a study
-    created before they were recorded had TPE, no skipping."""
+def with_created_defaults(tree: Any, meta: dict[str, Any], where: str | Path = META_FILE) -> Any:
+    """The space file's mapping with what it leaves unset of the sampler (its kind, skip_repeats) and
+    the objective as the autofl that created its study defaulted them (recorded in study.json), so a
+    study resumed after an upgrade goes on as it started: its sampler options stay valid for their
+    kind, and its trials' values stay comparable (a raw last-round value and a 3-round mean are not). A
+    study created before they were recorded had TPE, no skipping, and `personal_val_acc`."""
     created = meta.get(DEFAULT_SAMPLER_KEY, LEGACY_DEFAULT_SAMPLER)
     if not (
         isinstance(created, dict)
@@ -87,16 +90,23 @@ def with_created_default_sampler(tree: Any, meta: dict[str, Any], where: str | P
             f"{where}: {DEFAULT_SAMPLER_KEY} must be {{kind: one of "
             f"{', '.join(SAMPLER_OPTIONS)}, skip_repeats: true|false}}; got {created!r}"
         )
+    objective = meta.get(DEFAULT_OBJECTIVE_KEY, LEGACY_DEFAULT_OBJECTIVE)
+    if objective not in VALIDATION_OBJECTIVES:
+        raise StorageError(
+            f"{where}: {DEFAULT_OBJECTIVE_KEY} must be one of {', '.join(VALIDATION_OBJECTIVES)}; got {objective!r}"
+        )
     if not isinstance(tree, dict) or not isinstance(tree.get("sampler", {}), dict):
         return tree  # not a space: the space's own check says so
+    named = "objective" in tree or "objectives" in tree
     return {
         **tree,
         "sampler": {"kind": created["kind"], "skip_repeats": created["skip_repeats"], **tree.get("sampler", {})},
+        **({} if named else {"objective": objective}),
     }
 
 
 def created_default_sampler() -> dict[str, Any]:
-    """What study.json records of this autofl's sampler defaults (see with_created_default_sampler)."""
+    """What study.json records of this autofl's sampler defaults (see with_created_defaults)."""
     default = SamplerSpec()
     return {"kind": default.kind, "skip_repeats": default.skip_repeats}
 
@@ -143,7 +153,7 @@ class StudyFolder:
         """The study's space, fully validated (every searched bound built into an experiment, which
         loads the method, model and dataset registries, and with them torch): before work starts."""
         if self._space is None:
-            tree = with_created_default_sampler(read_yaml(self.space_file), self.meta(), self.root / META_FILE)
+            tree = with_created_defaults(read_yaml(self.space_file), self.meta(), self.root / META_FILE)
             self._space = parse_space(tree, self.space_file)
         return self._space
 
@@ -154,7 +164,7 @@ class StudyFolder:
         if self._space is not None:
             return self._space
         if self._stored is None:
-            tree = with_created_default_sampler(read_yaml(self.space_file), self.meta(), self.root / META_FILE)
+            tree = with_created_defaults(read_yaml(self.space_file), self.meta(), self.root / META_FILE)
             self._stored = parse_stored_space(tree, self.space_file)
         return self._stored
 
@@ -351,6 +361,7 @@ def create_study(
         "storage": storage if not space.storage else None,
         "storage_path": storage_path,
         DEFAULT_SAMPLER_KEY: created_default_sampler(),
+        DEFAULT_OBJECTIVE_KEY: DEFAULT_OBJECTIVE,
     }
     if any(recorded.values()):
         study.write_meta({**study.meta(), **{k: v for k, v in recorded.items() if v}})

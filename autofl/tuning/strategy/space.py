@@ -17,7 +17,7 @@ from autofl.tuning.store.storage import check_storage_url
 
 # any validation metric may be the objective: the mean, the worst-decile client (p10) or the spread
 from autofl.tuning.strategy.constraints import CONSTRAINED_SAMPLERS, Constraint, parse_constraints
-from autofl.tuning.strategy.objectives import VALIDATION_OBJECTIVES, default_mode
+from autofl.tuning.strategy.objectives import DEFAULT_OBJECTIVE, VALIDATION_OBJECTIVES, default_mode, unsmoothed
 from autofl.tuning.strategy.spec import SAMPLER_OPTIONS, SCHEDULER_OPTIONS, SamplerSpec, SchedulerSpec, only_own_options
 
 CONDITIONAL_SEP = ":"  # optuna name of a conditional param: "<method>:<config key>"
@@ -176,7 +176,12 @@ class SearchSpace(Strict):
         description="method name -> config overlay on base when that method runs (its paper "
         "fl and method settings); rounds and data stay the study's, so methods compare on equal terms",
     )
-    objective: str = "personal_val_acc"
+    objective: str = Field(
+        DEFAULT_OBJECTIVE,
+        description="the validation metric the study optimizes; the default, each trial's mean personal "
+        "validation accuracy over its last 3 evaluated rounds, ranks configs less by one round's noise "
+        "(docs/search-quality.md)",
+    )
     mode: Literal["max", "min"] = "max"
     objectives: list[str] | None = Field(
         None, description="2 or more validation metrics: a multi-objective study (a Pareto front; scheduler none)"
@@ -253,9 +258,9 @@ class SearchSpace(Strict):
             isinstance(evaluation, dict)
             and evaluation.get("target_acc") is not None
             and "target_metric" not in evaluation
-            and (self.objectives or [self.objective])[0] in TARGET_METRICS
-        ):
-            self.base = {**self.base, "eval": {**evaluation, "target_metric": (self.objectives or [self.objective])[0]}}
+            and unsmoothed(first := (self.objectives or [self.objective])[0]) in TARGET_METRICS
+        ):  # a smoothed objective's accuracy to reach is its metric's own (personal_val_acc for _last3)
+            self.base = {**self.base, "eval": {**evaluation, "target_metric": unsmoothed(first)}}
         return self
 
     @model_validator(mode="after")

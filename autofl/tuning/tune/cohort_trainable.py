@@ -30,6 +30,7 @@ from autofl.features import ClassStats
 from autofl.population import Population
 from autofl.registry import load_plugins
 from autofl.tuning.store.ledger import Ledger
+from autofl.tuning.strategy.objectives import DEFAULT_OBJECTIVE
 from autofl.tuning.strategy.space import experiment_dict
 from autofl.tuning.tune.trainable import FLTrainable, TrialOutOfGPUMemory, trial_device
 
@@ -47,7 +48,7 @@ class PopulationTrainable(FLTrainable):
         self,
         config: dict[str, Any],
         *args: Any,
-        objective: str = "personal_val_acc",
+        objective: str = DEFAULT_OBJECTIVE,
         mode: str = "max",
         **kwargs: Any,
     ) -> None:
