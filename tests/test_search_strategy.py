@@ -181,6 +181,30 @@ def test_a_study_keeps_the_sampler_defaults_it_was_created_with(tmp_path, monkey
         StudyFolder(study.root).space()
 
 
+def test_a_study_keeps_the_default_objective_it_was_created_with(tmp_path, monkeypatch):
+    """A space that names no objective optimizes personal_val_acc_last3 since 2026-12-02; a study made
+    before (study.json without the record) resumes with personal_val_acc, so its trials' values stay one
+    metric; a space's own objective always wins."""
+    from autofl.errors import StorageError
+    from autofl.tuning.store.study import StudyFolder, create_study
+
+    monkeypatch.delenv("AUTOFL_STORAGE", raising=False)
+    path = _write(tmp_path)  # names no objective
+    assert "objective" not in yaml.safe_load(path.read_text())
+    study = create_study(tmp_path / "home", path, load_space(path), None)
+    assert study.meta()["default_objective"] == "personal_val_acc_last3"
+    assert StudyFolder(study.root).space().objective == "personal_val_acc_last3"
+    assert StudyFolder(study.root).stored_space().objective == "personal_val_acc_last3"
+    (study.root / "study.json").write_text('{"runs": []}')  # made before the default was recorded
+    assert StudyFolder(study.root).space().objective == "personal_val_acc"
+    (study.root / "space.yaml").write_text(yaml.safe_dump({**yaml.safe_load(path.read_text()),
+                                                          "objective": "personal_val_acc_p10_last3"}))
+    assert StudyFolder(study.root).space().objective == "personal_val_acc_p10_last3"
+    (study.root / "study.json").write_text('{"runs": [], "default_objective": "personal_test_acc"}')
+    with pytest.raises(StorageError, match="study.json: default_objective must be one of"):
+        StudyFolder(study.root).space()
+
+
 def _objective(x: float, y: int) -> float:
     return -(x - 0.3) ** 2 - 0.01 * (y - 2) ** 2
 
