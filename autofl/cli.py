@@ -25,8 +25,8 @@ from autofl.units import format_bytes, format_flops
 from autofl.views import reeval_table, report_card_table
 
 # what `best-config export` re-evaluates the top configs on unless --reeval says: with the default
-# objective it is what held the chosen config within 0.5 point of the best on the large search-benchmark
-# tables under validation noise (issue 39, docs/search-quality.md)
+# objective, the setting closest to the best config on the large search-benchmark tables under
+# validation noise (issue 39, docs/search-quality.md)
 DEFAULT_EXPORT_SEEDS = 2
 
 # no rich markup in printed user text; 200 columns in a pipe or CI log (autofl/text.py)

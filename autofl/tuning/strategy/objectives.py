@@ -26,8 +26,8 @@ VALIDATION_OBJECTIVES = (
 )
 # what a space that names no objective optimizes: the mean personal validation accuracy over a trial's
 # last 3 evaluated rounds. On the large search-benchmark tables it is, with `best-config export`'s
-# re-evaluation of the top 3 on 2 fresh seeds, the setting that held the chosen config within 0.5 point of
-# the best by a quarter of a grid's compute under validation noise (issue 39, docs/search-quality.md)
+# re-evaluation of the top 3 on 2 fresh seeds, the setting whose chosen config came closest to the best
+# under validation noise (issue 39, docs/search-quality.md)
 DEFAULT_OBJECTIVE = smoothed_key("personal_val_acc")
 
 
