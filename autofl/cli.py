@@ -441,31 +441,19 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _at_least(low: int, what: str, high: int | None = None):
+def _at_least(low: int, what: str, high: int | None = None, off: str | None = None):
+    """An argparse type: a whole number from `low` (to `high`); with `off`, 0 too, which it names."""
     allowed = f"{low} or more" + ("" if high is None else f" and at most {high}")
+    if off is not None:
+        allowed = f"0 ({off}), or {allowed}"
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; allowed: {allowed}") from None
-        if value < low or (high is not None and value > high):
+        if not (off is not None and value == 0) and (value < low or (high is not None and value > high)):
             raise argparse.ArgumentTypeError(f"{value} {what}; allowed: {allowed}")
-        return value
-
-    return parse
-
-
-def _seeds_or_none(high: int):
-    allowed = f"0 (no re-evaluation), or 2 or more and at most {high}"
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; allowed: {allowed}") from None
-        if value != 0 and not 2 <= value <= high:
-            raise argparse.ArgumentTypeError(f"{value} seeds; allowed: {allowed}")
         return value
 
     return parse
@@ -631,7 +619,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--dir", help=dir_help)
     export.add_argument(
         "--reeval",
-        type=_seeds_or_none(MAX_SEEDS),
+        type=_at_least(2, "seeds", MAX_SEEDS, off="no re-evaluation"),
         metavar="K",
         help=f"first re-run the --top best configs and the paper default over K fresh seeds (2-{MAX_SEEDS}; "
         f"default {DEFAULT_EXPORT_SEEDS}, none for a multi-objective study) and export the best by mean: one "

@@ -1156,6 +1156,7 @@ def cmd_live(args: argparse.Namespace) -> int:
     import optuna
     import yaml
 
+    from autofl.engine.metric_keys import SMOOTHING_ROUNDS, smoothed_key
     from autofl.tuning.strategy.space import start_points
 
     table = Table(load_table(args.task))
@@ -1171,15 +1172,15 @@ def cmd_live(args: argparse.Namespace) -> int:
     if method.reeval_top:
         raise bad_input(f"--method: {method.name} re-evaluates as best-config export does; the live check runs the "
                         f"search alone (e.g. {DEFAULT_SEARCH})")
-    if method.smooth not in (1, 3):
+    if method.smooth not in (1, SMOOTHING_ROUNDS):
         raise bad_input(f"--method: {method.name} smooths over {method.smooth} rounds; autofl's objectives smooth "
-                        "over 3 (_last3) or none")
+                        f"over {SMOOTHING_ROUNDS} ({smoothed_key(VAL_KEY)}) or none")
     budget_rounds = int(round(args.budget * table.grid_rounds))
     with tempfile.TemporaryDirectory(prefix="autofl-live-") as tmp:
         tree = yaml.safe_load((HERE / f"{args.task}.yaml").read_text())
         tree.update(trials=10 * len(table.configs), budget_rounds=budget_rounds, seed=args.seed,
                     sampler=method.sampler, scheduler=method.scheduler, checkpoint_every_s=600,
-                    objective=VAL_KEY if method.smooth == 1 else f"{VAL_KEY}_last3")
+                    objective=VAL_KEY if method.smooth == 1 else smoothed_key(VAL_KEY))
         path = Path(tmp) / "space.yaml"
         path.write_text(yaml.safe_dump(tree))
         proc = subprocess.run([sys.executable, "-m", "autofl.cli", "search", "--space", str(path), "--dir", tmp],
