@@ -1096,7 +1096,7 @@ def plot(replays: list[dict[str, Any]], path: Path) -> None:
         ax.set_xlabel("compute, % of the grid's (rounds x clients)")
         ax.set_ylabel("regret: points of test accuracy below the best config")
         ax.set_yscale("symlog", linthresh=1.0)
-        ax.set_ylim(bottom=0)
+        ax.set_ylim(0, max(ax.get_ylim()[1], 1.0))  # at least 0-1 point: ticks 0 and 1 instead of one odd value
         ax.grid(alpha=0.3)
     axes.flat[cols - 1].legend(fontsize=7, loc="upper right")
     fig.tight_layout()
