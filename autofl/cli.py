@@ -19,10 +19,15 @@ from rich.table import Table
 
 from autofl.errors import AutoFLError
 from autofl.files import check_output_file, write_atomic, write_failed
-from autofl.limits import DEFAULT_EXPORT_SEEDS, MAX_SEEDS, MAX_TOP
+from autofl.limits import MAX_SEEDS, MAX_TOP
 from autofl.text import clean, mask_url, terminal_console
 from autofl.units import format_bytes, format_flops
 from autofl.views import reeval_table, report_card_table
+
+# what `best-config export` re-evaluates the top configs on unless --reeval says: with the default
+# objective, the setting closest to the best config on the large search-benchmark tables under
+# validation noise (issue 39, docs/search-quality.md)
+DEFAULT_EXPORT_SEEDS = 2
 
 # no rich markup in printed user text; 200 columns in a pipe or CI log (autofl/text.py)
 console = terminal_console()

@@ -10,10 +10,6 @@ from autofl.errors import AutoFLError
 
 MAX_SEEDS = 100
 MAX_TOP = 20
-# what `best-config export` re-evaluates the top configs on unless --reeval says: with the default
-# objective, the setting closest to the best config on the large search-benchmark tables under
-# validation noise (issue 39, docs/search-quality.md)
-DEFAULT_EXPORT_SEEDS = 2
 
 
 def check_reeval_size(seeds: int, top: int) -> None:

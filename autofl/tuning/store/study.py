@@ -22,7 +22,6 @@ from autofl.config import experiment_to_dict, file_problem, read_yaml
 from autofl.errors import AutoFLError, ConfigError, StorageError
 from autofl.experiment import build_experiment
 from autofl.files import check_output_file, write_atomic
-from autofl.limits import DEFAULT_EXPORT_SEEDS
 from autofl.tuning.store.storage import (
     STORAGE_ENV,
     bind_to_folder,
@@ -707,8 +706,8 @@ def trial_config(
         config["metadata"]["test_metrics_reported_not_optimized"] = tested
     else:
         config["metadata"]["test_split"] = (
-            "not read by the search; read by re-evaluation over fresh seeds (autofl reeval, and best-config "
-            f"export unless --reeval 0: the top configs and the paper default on {DEFAULT_EXPORT_SEEDS} seeds by default)"
+            "not read by the search; read only by re-evaluation over fresh seeds "
+            "(autofl reeval, best-config export's --reeval)"
         )
     return config
 
