@@ -98,7 +98,10 @@ class Population:
     """C simulations of configs that differ only in fusible values, trained round by round with their
     local training shared (`run_round`), or one after another where the method is not
     `population_ready` or C is 1 (a population that compiled its steps and lost all but one member
-    trains that one on through them)."""
+    trains that one on through them). Members may join later (`add`) and so be at different rounds: each
+    trains its own rounds until its `fl.rounds`; members at different rounds share a batched step where
+    the method's step is the same at every round (`Method.same_steps_every_round`) and they sample the same
+    clients, else they train in groups of equal steps (`accel.population.fused_groups`)."""
 
     def __init__(
         self,
@@ -108,15 +111,12 @@ class Population:
         sealed_test: bool = False,
     ):
         self.method_cls = check_population(experiments)
-        raw = raw if raw is not None else load_raw_dataset(experiments[0].data)
-        # sealed_test: a search's members, whose data hold no test split (as a search trial's)
-        self.sims = [
-            Simulation(exp, self.method_cls, raw=raw, device=device, sealed_test=sealed_test) for exp in experiments
-        ]
-        for sim in self.sims[1:]:  # one data set: the members' data configs and seeds are the same
-            sim.data = self.sims[0].data
-        names = fusible_fields(self.method_cls.Params)
-        self.flags = [{f"method.{n}": float(exp.method.params()[n]) for n in names} for exp in experiments]
+        self.raw = raw if raw is not None else load_raw_dataset(experiments[0].data)
+        self.device = device
+        self.sealed_test = sealed_test  # a search's members, whose data hold no test split (as a search trial's)
+        self.sims: list[Simulation] = []
+        self.flags: list[dict[str, float]] = []
+        self._new_members(experiments)
         # a model the vectorized executor cannot batch (`vectorizable`) trains each config alone too
         self.ready = (
             bool(getattr(self.method_cls, "population_ready", False)) and vectorizable(self.sims[0].workspace) is None
@@ -128,6 +128,24 @@ class Population:
             population_compile(self.sims[0], len(self.sims)) if self.ready else (False, "")
         )
         self.first_width = len(self.sims)
+        self._build_executor()
+
+    def _new_members(self, experiments: list[Experiment]) -> None:
+        sims = [
+            Simulation(exp, self.method_cls, raw=self.raw, device=self.device, sealed_test=self.sealed_test)
+            for exp in experiments
+        ]
+        for sim in sims:  # one data set: the members' data configs and seeds are the same
+            sim.data = self.sims[0].data if self.sims else sims[0].data
+        names = fusible_fields(self.method_cls.Params)
+        self.sims += sims
+        self.flags += [{f"method.{n}": float(exp.method.params()[n]) for n in names} for exp in experiments]
+
+    def add(self, experiments: list[Experiment]) -> None:
+        """New members, from their first round (configs that differ from the first member only in fusible
+        values: a ConfigError names the first key that is not); the members so far keep their rounds."""
+        check_population([self.sims[0].exp, *experiments] if self.sims else experiments)
+        self._new_members(experiments)
         self._build_executor()
 
     def _build_executor(self) -> None:
@@ -143,27 +161,35 @@ class Population:
         runs alone."""
         self.sims = [self.sims[i] for i in members]
         self.flags = [self.flags[i] for i in members]
-        self._build_executor()
+        if self.sims:
+            self._build_executor()
 
     def run_round(self) -> list[dict[str, float] | None]:
-        """One round of every member: each one's metrics when the round is evaluated, else None."""
+        """One round of every member that has rounds left: each one's metrics when its round is evaluated,
+        else None (None too for a member that is done)."""
+        going = [i for i, sim in enumerate(self.sims) if not sim.done()]
+        results: list[dict[str, float] | None] = [None] * len(self.sims)
         if self.executor is None:
-            return [sim.run_round() for sim in self.sims]
+            for i in going:
+                results[i] = self.sims[i].run_round()
+            return results
+        same_steps = bool(getattr(self.method_cls, "same_steps_every_round", False))
         members, rng = [], []
-        for sim, flags in zip(self.sims, self.flags):
+        for i in going:
+            sim = self.sims[i]
+            step_key = None if same_steps else sim.round  # a method's step may change with the round
             jobs, plan = sim.begin_round()
-            members.append(Member(plan, jobs, flags))
+            members.append(Member(plan, jobs, self.flags[i], step_key))
             rng.append(torch.get_rng_state())  # each member finishes its round from its own draws
         data = self.sims[0].data
         outcomes = self.executor.train(members, data.x, data.y)
-        results = []
-        for sim, member, state, outs in zip(self.sims, members, rng, outcomes):
+        for i, member, state, outs in zip(going, members, rng, outcomes):
             torch.set_rng_state(state)
-            results.append(sim.finish_round(member.jobs, outs))
+            results[i] = self.sims[i].finish_round(member.jobs, outs)
         return results
 
     def done(self) -> bool:
-        return not self.sims or self.sims[0].done()
+        return all(sim.done() for sim in self.sims)
 
     def run(self) -> list[list[dict[str, float]]]:
         """Every member's evaluated rounds, to the end of `fl.rounds`."""

@@ -231,3 +231,55 @@ def test_a_compiled_population_that_loses_members_trains_its_last_one_compiled(r
     alone = Simulation(exps[1], get_method_class("fedavg"), raw=raw)
     assert_equal_tree([first[1], second[0]], list(alone.run()), "metrics", exact=False)
     assert_equal_tree(pop.sims[0].global_state, alone.global_state, "global_state", exact=False)
+
+
+@pytest.mark.parametrize("method", READY)
+@pytest.mark.parametrize("participation", ["1.0", "0.75"])
+def test_members_that_join_later_equal_their_runs_alone(method: str, participation: str, raw: RawDataset,
+                                                         monkeypatch) -> None:
+    """A cohort refilled as members leave (autofl/tuning/strategy/cohorts.py): members that join at later
+    rounds train beside those further on, each its own rounds. With every client sampled every round and a
+    method whose step is the same at every round (`same_steps_every_round`), members at different rounds
+    share one batched run; otherwise those of one round train together (participation < 1 samples other
+    clients at another round). Either way each member's run is its run alone."""
+    import autofl.accel.population as accel_population
+
+    exps = members(method, (f"fl.participation={participation}",))
+    groups: list[int] = []
+    original = accel_population.fused_groups
+
+    def counted(batch: list[Any]) -> list[list[int]]:
+        out = original(batch)
+        groups.append(len(out))
+        return out
+
+    monkeypatch.setattr(accel_population, "fused_groups", counted)
+    pop = Population(exps[:2], raw)
+    histories: list[list[dict[str, float]]] = [[], []]
+
+    def record(results: list[dict[str, float] | None]) -> None:
+        for history, metrics in zip(histories, results):
+            if metrics is not None:
+                history.append(metrics)
+
+    record(pop.run_round())  # members 0 and 1 at round 1
+    pop.add(exps[2:])
+    histories.append([])
+    record(pop.run_round())  # members 0 and 1 at their round 2, member 2 at its round 1
+    assert pop.sims[0].done() and not pop.done()
+    record(pop.run_round())  # member 2's round 2, alone
+    assert pop.done() and [len(h) for h in histories] == [2, 2, 2]
+    assert_members_run_alone(pop, histories, raw)
+    same_steps = get_method_class(method).same_steps_every_round
+    if not same_steps:  # grouped by round: members 0 and 1 apart from member 2
+        assert groups == [1, 2, 1]
+    elif participation == "1.0":  # the same clients every round: one batched run
+        assert groups == [1, 1, 1]
+
+
+def test_a_member_added_with_a_non_fusible_difference_is_refused(raw: RawDataset) -> None:
+    pop = Population(members("fedavg")[:2], raw)
+    other = load_experiment(None, [*SCENARIO, "method.name=fedavg", "fl.batch_size=8"])
+    with pytest.raises(ConfigError, match="fl.batch_size"):
+        pop.add([other])
+    assert len(pop.sims) == 2

@@ -30,7 +30,7 @@ member's run then equals its run alone compiled (tests/test_population.py). On C
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -62,11 +62,14 @@ class SGDSettings:
 @dataclass
 class Member:
     """One config's round: its plan (its learning rate this round, its SGD settings), its sampled
-    clients' jobs, and its fusible method parameters as flags (`"method.<name>"` -> value)."""
+    clients' jobs, and its fusible method parameters as flags (`"method.<name>"` -> value).
+    `step_key`: members whose local step may differ (a method whose step depends on the round, for
+    members at different rounds) carry different keys; members of equal keys run one step program."""
 
     plan: RoundPlan
     jobs: list[ClientJob]
     flags: dict[str, float]
+    step_key: Hashable = None
 
 
 class RowSGD:
@@ -275,16 +278,19 @@ class PopulationExecutor:
         self.compile_steps = compile_steps  # CPU: the vectorized executor's compiled steps (`autofl.accel.compiled`)
 
     def train(self, members: list[Member], x: torch.Tensor, y: torch.Tensor) -> list[list[ClientOutcome]]:
-        """Each member's outcomes, in the order of its jobs. The members' jobs must be the same clients
-        on the same rows with the same batch size and local epochs (configs that differ only in
-        fusible values)."""
+        """Each member's outcomes, in the order of its jobs. Members that sample the same clients with the
+        same batch size and local epochs, and carry the same `step_key`, train together as one batched
+        run (`fused_groups`); each such group is one run, one after another."""
+        out: list[list[ClientOutcome]] = [[] for _ in members]
+        for group in fused_groups(members):
+            for i, outcomes in zip(group, self._train_group([members[i] for i in group], x, y)):
+                out[i] = outcomes
+        return out
+
+    def _train_group(self, members: list[Member], x: torch.Tensor, y: torch.Tensor) -> list[list[ClientOutcome]]:
+        """Members that sample the same clients on the same rows with the same batch size and local
+        epochs (configs that differ only in fusible values, at rounds whose steps agree) as one run."""
         first = members[0]
-        for m in members[1:]:
-            if [j.cid for j in m.jobs] != [j.cid for j in first.jobs] or (m.plan.batch_size, m.plan.local_epochs) != (
-                first.plan.batch_size,
-                first.plan.local_epochs,
-            ):
-                raise ValueError("population members must sample the same clients with the same batches")
         if not first.jobs:
             return [[] for _ in members]
         bs = first.plan.batch_size
@@ -306,3 +312,13 @@ class PopulationExecutor:
         for m in members:
             m.plan.finished(len(m.jobs))
         return [[o for o in member if o is not None] for member in out]
+
+
+def fused_groups(members: list[Member]) -> list[list[int]]:
+    """Indices of `members` in groups that can train as one batched run: the same sampled clients (in
+    order), batch size, local epochs and `step_key`; groups in order of their first member."""
+    groups: dict[Hashable, list[int]] = {}
+    for i, m in enumerate(members):
+        key = (tuple(j.cid for j in m.jobs), m.plan.batch_size, m.plan.local_epochs, m.step_key)
+        groups.setdefault(key, []).append(i)
+    return list(groups.values())

@@ -197,6 +197,12 @@ class Method:
     # between configs (no server state, no other parameter). A method that does not say so still runs
     # in a population, each of its configs alone (populations of one).
     population_ready: ClassVar[bool] = False
+    # whether its local step is the same program at every round: `local_stages` and the losses read the
+    # round and the server state only through flags (`client_start`), never as Python values or branches.
+    # Then members of a population that are at different rounds (a cohort refilled as ASHA prunes its
+    # members) still train as one batched model; otherwise members train together only with those at
+    # their own round.
+    same_steps_every_round: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

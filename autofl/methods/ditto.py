@@ -54,6 +54,7 @@ class Ditto(Method):
     private_models = ("personal",)  # v: each client's own, starting as the received global model
     copies = ("glob",)  # the received global model: the personal model's proximal anchor
     population_ready = True
+    same_steps_every_round = True  # round and server state reach its losses only as flags
 
     def client_start(self, global_state: StateDict, client_state: dict[str, Any], server: ServerState) -> ClientStart:
         return ClientStart({"model": self.start_state(global_state, client_state), "glob": global_state})

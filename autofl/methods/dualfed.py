@@ -38,6 +38,7 @@ class DualFed(Method):
     min_projector_depth = 1
     personal_is_global = False
     population_ready = True
+    same_steps_every_round = True  # round and server state reach its losses only as flags
 
     def build_model(self) -> SplitModel:
         model = super().build_model()

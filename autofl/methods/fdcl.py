@@ -40,6 +40,7 @@ class FDCL(Method):
     params: FDCLParams  # the validated Params (Method.__init__)
     personal_is_global = False
     population_ready = True
+    same_steps_every_round = True  # round and server state reach its losses only as flags
     copies = ("glob", "prev")  # frozen: the received global model, the client's previous local model
 
     def client_start(self, global_state: StateDict, client_state: dict, server: ServerState) -> ClientStart:

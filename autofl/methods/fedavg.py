@@ -8,3 +8,4 @@ from autofl.methods.registry import register
 class FedAvg(Method):
     name = "fedavg"
     population_ready = True
+    same_steps_every_round = True  # round and server state reach its losses only as flags

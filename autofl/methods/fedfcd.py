@@ -88,6 +88,7 @@ class FedFCD(Method):
     # the loss reads lambda through `fused` and the GFRs through the clients' flags (`client_start`), so
     # each config of a population has its own; server_lr acts on the server alone
     population_ready = True
+    same_steps_every_round = True  # round and server state reach its losses only as flags
 
     def build_model(self) -> SplitModel:
         model = super().build_model()

@@ -55,6 +55,7 @@ class FedGH(Method):
     has_global_model = False  # the encoders stay on the clients: no whole global model
     personal_is_global = False
     population_ready = True  # its local step is FedAvg's; server_lr acts on the server alone
+    same_steps_every_round = True  # round and server state reach its losses only as flags
 
     # ----- server ----------------------------------------------------------------------------
     def server_update(self, ctx: ServerContext, uploads: list[Upload]) -> ServerUpdate:

@@ -11,3 +11,4 @@ class FedPer(Method):
     has_global_model = False  # the server never trains a head
     personal_is_global = False
     population_ready = True
+    same_steps_every_round = True  # round and server state reach its losses only as flags

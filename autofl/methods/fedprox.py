@@ -21,6 +21,7 @@ class FedProx(Method):
     params: FedProxParams  # the validated Params (Method.__init__)
     copies = ("glob",)  # the received global model: the proximal anchor
     population_ready = True
+    same_steps_every_round = True  # round and server state reach its losses only as flags
 
     def client_start(self, global_state: StateDict, client_state: dict, server: ServerState) -> ClientStart:
         return ClientStart({"model": self.start_state(global_state, client_state), "glob": global_state})

@@ -35,6 +35,7 @@ class FedRep(Method):
     has_global_model = False  # the server never trains a head
     personal_is_global = False
     population_ready = True
+    same_steps_every_round = True  # round and server state reach its losses only as flags
 
     def local_stages(self, rnd: int, server: ServerState) -> list[Stage]:
         """Head alone (encoder frozen) for head_epochs, then the encoder alone (head frozen) for

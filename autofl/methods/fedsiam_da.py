@@ -61,6 +61,7 @@ class FedSiamDA(Method):
     personal_is_global = False
     copies = ("siamese", "hist")  # f'; the frozen history model
     population_ready = True
+    same_steps_every_round = True  # round and server state reach its losses only as flags
     scratch_copies = ("siamese",)  # f' is trained and dropped after the round: it restarts from the global model
 
     def build_model(self) -> SplitModel:

@@ -12,3 +12,4 @@ class Local(Method):
     has_global_model = False  # the server never trains anything
     personal_is_global = False
     population_ready = True
+    same_steps_every_round = True  # round and server state reach its losses only as flags

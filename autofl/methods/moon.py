@@ -29,6 +29,7 @@ class Moon(Method):
     uses_projector = True
     default_projector_depth = 0
     population_ready = True
+    same_steps_every_round = True  # round and server state reach its losses only as flags
     copies = ("glob", "prev")  # frozen: the received global model, the client's previous local model
 
     def client_start(self, global_state: StateDict, client_state: dict, server: ServerState) -> ClientStart:
