@@ -733,6 +733,13 @@ EXTRA_METHODS = [  # not in the default comparison: `--methods NAME ...` replays
     # every value the search sees (ASHA's rungs, the ranking) the mean of the trial's last 5 evaluated rounds
     Method("random+asha(skip repeats,smooth5)", {"kind": "random", "skip_repeats": True}, _ASHA, smooth=5),
     Method("random+asha(skip repeats)+reeval3", {"kind": "random", "skip_repeats": True}, _ASHA, reeval_top=3),
+    # the default's search with another number of re-evaluated configs (the search is shared: nearly free to replay)
+    Method("random+asha(skip repeats,smooth3)+reeval2", {"kind": "random", "skip_repeats": True}, _ASHA,
+           reeval_top=2, smooth=3),
+    Method("random+asha(skip repeats,smooth3)+reeval5", {"kind": "random", "skip_repeats": True}, _ASHA,
+           reeval_top=5, smooth=3),
+    Method("random+asha(skip repeats,smooth3)+reeval8", {"kind": "random", "skip_repeats": True}, _ASHA,
+           reeval_top=8, smooth=3),
 ]
 
 
@@ -762,31 +769,53 @@ def brief_then_top_k(table: Table, brief_rounds: int, budget_rounds: int, seed: 
     return max(full, key=lambda c: (final_val[c], -full.index(c))), len(brief), k
 
 
-def _replay_one(job: tuple[str, Method, int, int, str, str]) -> list[dict[str, Any]]:
+def search_key(method: Method) -> tuple:
+    """What a replayed search depends on: methods that differ only in how the winner is chosen
+    (`reeval_top`) run the same search, which a replay of both runs once (`replay_methods`)."""
+    return (json.dumps(method.sampler, sort_keys=True), json.dumps(method.scheduler, sort_keys=True),
+            method.continuous, method.smooth, method.brief_rounds)
+
+
+def replay_methods(table: Table, space, methods: list[Method], seed: int, workers: int) -> list[dict[str, Any]]:
+    """Each of `methods` replayed once with search seed `seed` on `table`: per budget, the config it
+    hands the user, its regret and the trials it ran by then. Methods whose searches are the same
+    (`search_key`) share one."""
+    searches: dict[tuple, list[tuple[int, int, str, float]]] = {}
+    rows: list[dict[str, Any]] = []
+    for method in methods:
+        if method.brief_rounds:
+            outcomes = [brief_then_top_k(table, method.brief_rounds, int(round(f * table.grid_rounds)), seed)
+                        for f in BUDGETS]
+        else:
+            key = search_key(method)
+            if key not in searches:
+                searches[key] = replay_search(table, space, method, seed, workers, table.grid_rounds)
+            finished = searches[key]
+            outcomes = []
+            for fraction in BUDGETS:
+                rounds = int(round(fraction * table.grid_rounds))
+                within = [state for spent, _, state, _ in finished if spent <= rounds]  # trials that ended by then
+                outcomes.append((choose(table, space, finished, rounds, method.reeval_top, method.smooth),
+                                 len(within), within.count("COMPLETE")))
+        rows += [{"task": table.task, "method": method.name, "seed": seed, "budget": fraction,
+                  "regret": None if chosen is None else round(table.regret(chosen), 4),
+                  "config": chosen, "trials": trials, "complete": complete}
+                 for fraction, (chosen, trials, complete) in zip(BUDGETS, outcomes)]
+    return rows
+
+
+def _replay_seed(job: tuple[str, tuple[Method, ...], int, int, str, str]) -> list[dict[str, Any]]:
+    """A replay's unit of work: every method on one table with one search seed (the table, with this
+    seed's validation noise, is read and built once for them all)."""
     import warnings
 
     import optuna
 
     warnings.filterwarnings("ignore")
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    task, method, seed, workers, objective, noise = job
+    task, methods, seed, workers, objective, noise = job
     table = Table(load_table(task), objective, noise, noise_seed=seed)
-    space = task_space(task)
-    if method.brief_rounds:
-        outcomes = [brief_then_top_k(table, method.brief_rounds, int(round(f * table.grid_rounds)), seed)
-                    for f in BUDGETS]
-    else:
-        finished = replay_search(table, space, method, seed, workers, table.grid_rounds)
-        outcomes = []
-        for fraction in BUDGETS:
-            rounds = int(round(fraction * table.grid_rounds))
-            within = [state for spent, _, state, _ in finished if spent <= rounds]  # trials that ended by then
-            outcomes.append((choose(table, space, finished, rounds, method.reeval_top, method.smooth), len(within),
-                             within.count("COMPLETE")))
-    return [{"task": task, "method": method.name, "seed": seed, "budget": fraction,
-             "regret": None if chosen is None else round(table.regret(chosen), 4),
-             "config": chosen, "trials": trials, "complete": complete}
-            for fraction, (chosen, trials, complete) in zip(BUDGETS, outcomes)]
+    return replay_methods(table, task_space(task), list(methods), seed, workers)
 
 
 @contextmanager
@@ -843,19 +872,21 @@ def _replay_tables(args: argparse.Namespace, methods: list[Method]) -> None:
             best_test[task] = Table(load_table(task), args.objective, args.noise).best_test
         except TableError as err:
             raise bad_input(str(err)) from None
-    jobs = [(task, m, seed, args.workers, args.objective, args.noise) for task in args.task for m in methods
+    jobs = [(task, tuple(methods), seed, args.workers, args.objective, args.noise) for task in args.task
             for seed in range(args.seeds)]
     started = time.time()
     rows: list[dict[str, Any]] = []
     # the workers import this script by its name (when it is imported rather than run, e.g. by a test)
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).parent), os.environ.get("PYTHONPATH")) if p)
     pool = get_context("spawn").Pool(args.jobs) if args.jobs > 1 else None
-    results = pool.imap_unordered(_replay_one, jobs, chunksize=1) if pool else map(_replay_one, jobs)
+    results = pool.imap_unordered(_replay_seed, jobs, chunksize=1) if pool else map(_replay_seed, jobs)
+    searches = len(jobs) * len(methods)
     try:
         for i, result in enumerate(results):
             rows.extend(result)
-            if (i + 1) % 50 == 0:
-                print(f"replay: {i + 1}/{len(jobs)} searches ({time.time() - started:.0f} s)", flush=True)
+            if (i + 1) % 10 == 0:
+                print(f"replay: {(i + 1) * len(methods)}/{searches} searches ({time.time() - started:.0f} s)",
+                      flush=True)
     finally:
         if pool is not None:
             pool.close()
@@ -871,7 +902,7 @@ def _replay_tables(args: argparse.Namespace, methods: list[Method]) -> None:
     if args.merge and out.exists():
         summary = merged(json.loads(out.read_text()), summary)  # summary holds plain values already (vars(m) | {})
     out.write_text(json.dumps(summary, default=lambda o: o.__dict__))
-    print(f"replayed {len(jobs)} searches in {time.time() - started:.0f} s; wrote {out}")
+    print(f"replayed {searches} searches in {time.time() - started:.0f} s; wrote {out}")
 
 
 def merged(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
@@ -1200,7 +1231,8 @@ def cmd_live(args: argparse.Namespace) -> int:
     mismatches = check_live_against_table(table, trials, method.smooth)
     replayed = []
     for s in range(args.seeds):
-        replayed += [r["regret"] for r in _replay_one((args.task, method, s, args.workers, "mean", "none")) if r["budget"] == args.budget]
+        rows = _replay_seed((args.task, (method,), s, args.workers, "mean", "none"))
+        replayed += [r["regret"] for r in rows if r["budget"] == args.budget]
     rounds = sum(len(t.intermediate_values) for t in trials)
     print(f"live search on {args.task} at {100 * args.budget:.0f}% of the grid's compute ({budget_rounds} rounds; "
           f"{rounds} trained): {len(trials)} trials, {len(complete)} complete, regret {regret:.2f} points")

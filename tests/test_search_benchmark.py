@@ -118,6 +118,30 @@ def test_reevaluation_picks_the_best_mean_on_the_other_seeds_and_pays_for_it(ben
     assert table.regret(int(np.argmax(table.test_mean))) == 0.0
 
 
+def test_methods_that_differ_only_in_the_choice_share_one_search_with_the_rows_each_gives_alone(bench, table):
+    space = bench.task_space(TASK)
+    asha = {"kind": "asha", "grace_period": 1, "reduction_factor": 2}
+    plain = bench.Method("random+asha", {"kind": "random", "skip_repeats": False}, asha)
+    reeval = bench.Method("random+asha+reeval3", {"kind": "random", "skip_repeats": False}, asha, reeval_top=3)
+    smooth = bench.Method("random+asha(smooth3)", {"kind": "random", "skip_repeats": False}, asha, smooth=3)
+    assert bench.search_key(plain) == bench.search_key(reeval) != bench.search_key(smooth)
+    calls = []
+    original = bench.replay_search
+
+    def counted(*args, **kwargs):
+        calls.append(args[2].name)
+        return original(*args, **kwargs)
+
+    bench.replay_search = counted
+    try:
+        together = bench.replay_methods(table, space, [plain, reeval, smooth], seed=1, workers=2)
+    finally:
+        bench.replay_search = original
+    assert calls == ["random+asha", "random+asha(smooth3)"]  # the re-evaluating method reused the first search
+    alone = [row for m in (plain, reeval, smooth) for row in bench.replay_methods(table, space, [m], 1, 2)]
+    assert together == alone and len(together) == 3 * len(bench.BUDGETS)
+
+
 def test_replay_and_report_write_the_table_and_figure(bench, table, tmp_path):
     out = tmp_path / "replay.json"
     assert bench.main(["replay", "--task", TASK, "--seeds", "2", "--jobs", "1", "--methods", "random+asha",
