@@ -233,8 +233,11 @@ def test_a_compiled_population_that_loses_members_trains_its_last_one_compiled(r
     assert_equal_tree(pop.sims[0].global_state, alone.global_state, "global_state", exact=False)
 
 
-@pytest.mark.parametrize("method", READY)
-@pytest.mark.parametrize("participation", ["1.0", "0.75"])
+# every population-ready method with every client each round; two (one of each kind) with participation < 1
+JOINING = [(m, "1.0") for m in READY] + [("fedprox", "0.75"), ("fedproto", "0.75")]
+
+
+@pytest.mark.parametrize(("method", "participation"), JOINING)
 def test_members_that_join_later_equal_their_runs_alone(method: str, participation: str, raw: RawDataset,
                                                          monkeypatch) -> None:
     """A cohort refilled as members leave (autofl/tuning/strategy/cohorts.py): members that join at later

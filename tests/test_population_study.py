@@ -18,7 +18,7 @@ from autofl.engine.simulation import Simulation
 from autofl.experiment import build_experiment
 from autofl.methods.registry import get_method_class
 from autofl.tuning.store.ledger import Ledger
-from autofl.tuning.strategy.cohorts import cohort_of, fixed_params, member_id
+from autofl.tuning.strategy.cohorts import cohort_of, fixed_params, member_id, member_index
 from autofl.tuning.strategy.space import SearchSpace, experiment_dict
 from autofl.tuning.tune.cohort_trainable import CohortTrainable
 from autofl.tuning.tune.scheduler import StudyASHA
@@ -189,20 +189,23 @@ resources: {population: 4}
 @pytest.mark.slow
 def test_a_population_study_records_each_member_as_its_config_trained_alone(tmp_path):
     """`autofl search` with resources.population 3: Tune trials of 3 configs, every trial's per-round
-    values those of its recorded config trained alone, ASHA pruning members on their own."""
+    values those of its recorded config trained alone, ASHA pruning members on their own. One Tune trial
+    at a time: the first cohort is refilled as its members leave (FDCL, every client every round), so
+    members that joined later train beside those further on, and still give their configs' runs alone."""
     from test_search_e2e import run, space_file, trials_of
 
     space = space_file(tmp_path, "pop", trials=6, rounds=4)
     tree = yaml.safe_load(space.read_text())
-    tree["resources"] = {"cpu": 1, "population": 3}
+    tree["resources"] = {"cpu": 1, "population": 3, "max_concurrent": 1}
     space.write_text(yaml.safe_dump(tree))
     proc = run(["search", "--space", space, "--dir", tmp_path / "home"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "started (population of 3)" in proc.stdout and "6/6 trials finished" in proc.stdout
     trials = trials_of(tmp_path / "home", "pop")
     assert len(trials) == 6 and {t.state.name for t in trials} == {"COMPLETE", "PRUNED"}
-    cohorts = {cohort_of(t.user_attrs["tune_trial_id"]) for t in trials}
-    assert len(cohorts) == 2  # 6 configs, 3 per Tune trial
+    ids = [t.user_attrs["tune_trial_id"] for t in trials]
+    assert len({cohort_of(i) for i in ids}) < 2 or max(map(member_index, ids)) >= 3  # a cohort was refilled
+    assert any(t.user_attrs.get("cohort_member") for t in trials)  # a member that joined a cohort later
     for t in trials:
         exp = build_experiment(t.user_attrs["config"])
         alone = [m["personal_val_acc_last3"]  # the default objective's values
@@ -310,3 +313,112 @@ def test_auto_caps_the_width_by_the_trials_the_run_trains(monkeypatch):
                         params={"fl.lr": {"type": "float", "low": 0.001, "high": 0.1}}, resources={"population": "auto"})
     space.resolve_resources(trials=16)
     assert seen == [16] and space.resources.population_width == 1
+
+
+def refill_searcher(root: Path, budget: int, population: int = 2) -> StudySearcher:
+    """A searcher of refilled cohorts: fedprox's step is the same at every round, every client trains
+    every round (the defaults), so a cohort gets a new member for each one that leaves."""
+    return StudySearcher(Ledger(root), define_space, optuna.samplers.TPESampler(seed=0), metric="acc", mode="max",
+                         max_t=4, run_name="run-1", budget=budget, skip_repeats=True, population=population,
+                         base={"method": {"name": "fedprox"}}, refill=True)
+
+
+def test_a_refilled_cohort_gets_a_new_member_for_each_that_leaves_while_the_budget_lasts(tmp_path):
+    root = study_root(tmp_path)
+    s = refill_searcher(root, budget=4)
+    cohort = s.suggest("a")
+    assert cohort["refill"] is True and [m["id"] for m in cohort["members"]] == ["a:m0", "a:m1"]
+    asha = study_asha(root)
+    trial = SimpleNamespace(trial_id="a", config=cohort)
+    asha.on_trial_add(None, trial)
+    # Tune's order: the scheduler (which prunes member 1 at its rung), then the searcher (which refills)
+    first = {**_result(cohort, 1, [0.9, 0.1]), "training_iteration": 1}
+    assert asha.on_trial_result(None, trial, first) == TrialScheduler.CONTINUE
+    s.on_trial_result("a", first)
+    ledger = Ledger(root)
+    study = optuna.load_study(study_name="s", storage=f"sqlite:///{root / 'optuna.db'}")
+    joined = study.trials[2]
+    assert joined.user_attrs["tune_trial_id"] == "a:m2" and joined.state == TrialState.RUNNING
+    heads = {t.params["model.head_layers"] for t in study.trials}
+    assert len(heads) == 1  # the new member shares the cohort's non-fusible values
+    assert ledger.joining_members("a", 0) == []  # it joins after the cohort's first iteration
+    [entry] = ledger.joining_members("a", 1)
+    assert (entry["id"], entry["number"]) == ("a:m2", 2) and entry["params"]["fl.lr"] == joined.params["fl.lr"]
+    assert ledger.joining_members("b", 1) == []
+    # member 0 trains every round (max_t 4) while member 2 goes on: member 0 is closed COMPLETE there and
+    # then, and the last trial of the budget takes its place
+    going = {"members": [cohort["members"][0], entry]}
+    last = {**_result(going, 4, [0.97, 0.5]), "training_iteration": 4}
+    last["members"][1]["round"] = 3
+    assert asha.on_trial_result(None, trial, last) == TrialScheduler.CONTINUE
+    s.on_trial_result("a", last)
+    study = optuna.load_study(study_name="s", storage=f"sqlite:///{root / 'optuna.db'}")
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING,
+                                               TrialState.RUNNING]
+    assert study.trials[0].value == 0.97 and study.trials[3].user_attrs["tune_trial_id"] == "a:m3"
+    assert [m["id"] for m in ledger.joining_members("a", 4)] == ["a:m2", "a:m3"]
+    assert s.suggest("b") == Searcher.FINISHED  # the budget of 4 is asked: no more cohorts, no more members
+    # the searcher's state (Tune's snapshot) carries the refilled cohorts
+    restored = refill_searcher(root, budget=4)
+    restored.set_state(s.get_state())
+    assert restored.get_state() == s.get_state()
+
+
+def define_lr(trial) -> None:
+    trial.suggest_float("fl.lr", 0.001, 0.1, log=True)
+
+
+def test_a_cohort_of_a_method_whose_step_changes_with_the_round_is_not_refilled(tmp_path):
+    root = study_root(tmp_path)
+    s = StudySearcher(Ledger(root), define_lr, optuna.samplers.TPESampler(seed=0), metric="acc", mode="max",
+                      max_t=4, run_name="run-1", budget=4, population=2, base={"method": {"name": "fedproto"}},
+                      refill=True)
+    assert "refill" not in s.suggest("a")  # FedProto has no prototype term before its first server update
+    (tmp_path / "p").mkdir()
+    partial = StudySearcher(Ledger(study_root(tmp_path / "p")), define_lr, optuna.samplers.TPESampler(seed=0),
+                            metric="acc", mode="max", max_t=4, run_name="run-1", budget=4, population=2,
+                            base={"method": {"name": "fedprox"}, "fl": {"participation": 0.5}}, refill=True)
+    assert "refill" not in partial.suggest("a")  # another round samples other clients: no shared step
+
+
+class Worker(CohortTrainable):
+    """A cohort's worker outside Tune, with the Tune trial id and iteration Tune would give it."""
+
+    trial_id = "a"
+    iteration = 0
+
+
+def test_a_refilled_cohorts_worker_adds_each_member_after_its_iteration_and_keeps_it_across_a_restore(tmp_path):
+    root = study_root(tmp_path)
+    base = {"data": {"dataset": "digits", "num_clients": 4, "partition": {"kind": "pathological",
+                                                                           "classes_per_client": 3}},
+            "fl": {"rounds": 3}, "method": {"name": "fedprox"}, "runtime": {"dtype": "float64"}}
+    params = [{"fl.lr": lr, "fedprox:method.mu": mu} for lr, mu in [(0.05, 0.1), (0.01, 0.5), (0.1, 0.01)]]
+    cohort = {"members": [{"id": member_id("a", i), "number": i, "params": params[i]} for i in range(2)],
+              "refill": True}
+    ledger = Ledger(root)
+    ledger.study(create_directions=["maximize"])
+    for i in range(3):  # the members' trials, as the searcher made them; the third joins after iteration 1
+        ledger.study().ask().set_user_attr("tune_trial_id", member_id("a", i))
+    worker = Worker.__new__(Worker)
+    worker.setup(cohort, study_root=str(root), base=base, seal_test=True, objective="personal_val_acc", mode="max")
+    results = [worker.step()]
+    ledger.study().tell(1, state=TrialState.PRUNED)  # ASHA stopped member 1 at round 1 ...
+    ledger.assign_member(2, params[2], joins_at=1)  # ... and the searcher asked member 2 in its place
+    worker.iteration = 1
+    results.append(worker.step())
+    worker.save_checkpoint(str(tmp_path))  # a worker killed now: a new one resumes from it
+    resumed = Worker.__new__(Worker)
+    resumed.setup(cohort, study_root=str(root), base=base, seal_test=True, objective="personal_val_acc", mode="max")
+    resumed.load_checkpoint(str(tmp_path))
+    resumed.iteration = 2
+    results += [resumed.step(), resumed.step()]
+    assert [[(m["id"], m["round"]) for m in r["members"]] for r in results] == [
+        [("a:m0", 1), ("a:m1", 1)], [("a:m0", 2), ("a:m2", 1)], [("a:m0", 3), ("a:m2", 2)], [("a:m2", 3)]]
+    assert [r["done"] for r in results] == [False, False, False, True]
+    keys = ("round", "train_loss", "personal_val_acc")
+    for i in (0, 2):  # each member's rounds are its config's trained alone, whenever it joined
+        exp = build_experiment(experiment_dict(base, params[i]))
+        alone = list(Simulation(exp, get_method_class("fedprox"), sealed_test=True).run())
+        got = [m for r in results for m in r["members"] if m["id"] == member_id("a", i)]
+        assert [{k: m[k] for k in keys} for m in got] == [{k: m[k] for k in keys} for m in alone]

@@ -146,14 +146,16 @@ def study_record(trials) -> list[tuple]:
             for t in trials if not t.user_attrs.get("interrupted")]
 
 
-@pytest.mark.parametrize("population", [1, "auto"])
+@pytest.mark.parametrize("population", [1, "auto", 2])
 def test_a_study_killed_mid_trial_and_resumed_equals_an_uninterrupted_one(tmp_path, population):
     """Issue 42: after a SIGKILL of the driver's process group mid-trial, --resume ends with the
     study an uninterrupted run of the same space and seed makes: the same configs in the same
     order, the same per-round values, the same ASHA decisions, no placeholder trial. Issue 37: the
     same with `resources.population: auto` (cohorts of configs per Tune trial, each member its own
-    trial; the resumed driver keeps the width its first run measured). One trial at a time, ASHA
-    judges members in trial order at each rung, so the study does not depend on the width."""
+    trial; the resumed driver keeps the width its first run measured, which may differ from the clean
+    run's: the study does not depend on it here) and with 2, whose cohort is refilled as ASHA prunes
+    (FDCL, every client every round): members asked after the driver's last snapshot are adopted again
+    and join at the iteration they did."""
     home = tmp_path / "home"
     space = space_file(tmp_path, "kc", trials=5, rounds=12)
     tree = yaml.safe_load(space.read_text())
@@ -191,6 +193,9 @@ def test_a_study_killed_mid_trial_and_resumed_equals_an_uninterrupted_one(tmp_pa
     assert study_record(after) == expected, killed_in
     again = run(["search", "--resume", "kc", "--dir", home])  # nothing left to run: the study stays as it is
     assert again.returncode == 0 and study_record(trials_of(home, "kc")) == expected
+    if population == 2:  # a refilled cohort: members joined it later, in both runs
+        assert any(t.user_attrs.get("cohort_member") for t in trials_of(home, "kc"))
+        assert any(t.user_attrs.get("cohort_member") for t in trials_of(home, "clean"))
 
 
 def test_a_second_driver_on_a_sqlite_study_is_refused_while_the_first_runs(tmp_path):

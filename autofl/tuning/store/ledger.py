@@ -43,6 +43,7 @@ from typing import Any, Literal
 
 from autofl.tuning.store.storage import is_journal, is_shared, journal_lock, open_storage
 from autofl.tuning.store.study import CONFIG_ATTR, LEGACY_RECORD_KEYS, RECORD_ATTR, StudyFolder, record_of
+from autofl.tuning.strategy.cohorts import cohort_of, member_index
 from autofl.tuning.strategy.constraints import FEASIBLE_ATTR, constraint_values
 from autofl.tuning.strategy.objectives import REPORTED_KEYS, direction
 from autofl.tuning.strategy.repeats import (
@@ -58,6 +59,8 @@ from autofl.tuning.strategy.space import SearchSpace, grid_size
 FINISHED_STATES = ("COMPLETE", "PRUNED", "FAIL")
 OPEN_STATES = ("RUNNING", "WAITING")
 INTERRUPTED = "INTERRUPTED"  # shown for FAIL + interrupted, and for trials no live driver runs
+# a refilled cohort's member: its params and the cohort's training iteration after which it joins
+MEMBER_ATTR = "cohort_member"
 
 
 def outcome(
@@ -433,6 +436,29 @@ class Ledger:
             trial.set_user_attr("tune_run", run_name)
         return trial.number, {**trial.params, **(returned if isinstance(returned, dict) else {})}
 
+    def assign_member(self, number: int, params: dict[str, Any], joins_at: int) -> None:
+        """Trial `number` (asked by `ask_member` for a refilled cohort, tagged with its member id) joins its
+        cohort's worker after the cohort's training iteration `joins_at`, with `params`
+        (autofl/tuning/strategy/cohorts.py); a later assignment (an orphan adopted again) replaces it."""
+        self._trial(number).set_user_attr(MEMBER_ATTR, {"params": params, "joins_at": int(joins_at)})
+
+    def joining_members(self, cohort: str, iteration: int) -> list[dict[str, Any]]:
+        """The members assigned to Tune trial `cohort` (a refilled cohort) that join by its training
+        iteration `iteration` and are still running (not released as orphans): `{"id", "number",
+        "params"}`, in member order. Reads the running trials only."""
+        from optuna.trial import TrialState
+
+        study = self.study()
+        joining = []
+        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            tid = str(t.user_attrs.get("tune_trial_id", ""))
+            entry = t.user_attrs.get(MEMBER_ATTR)
+            if tid == cohort or cohort_of(tid) != cohort or not entry or t.user_attrs.get("orphaned"):
+                continue
+            if int(entry["joins_at"]) <= iteration:
+                joining.append({"id": tid, "number": t.number, "params": entry["params"]})
+        return sorted(joining, key=lambda m: member_index(m["id"]))
+
     def finished_numbers(self, numbers: Iterable[int]) -> set[int]:
         """Which of trials `numbers` the study has finished (a cohort's worker drops them: a member
         ASHA pruned, autofl/tuning/tune/scheduler.py)."""
@@ -556,6 +582,15 @@ class Ledger:
         """No driver will train this trial: FAIL + interrupted (counts and budgets replace it)."""
         self._trial(number).set_user_attr("interrupted", True)
         self._tell(number, "FAIL", None)
+
+    def interrupt_untrained(self, number: int) -> bool:
+        """Interrupt trial `number` (`interrupt`) if it is open and reported no round: a refilled cohort's
+        member whose cohort ended before it joined. True if it was."""
+        stored = self._frozen(number)
+        if stored.state.is_finished() or stored.intermediate_values:
+            return False
+        self.interrupt(number)
+        return True
 
     def _tell(self, number: int, state: str, values: list[float] | None) -> None:
         from optuna.trial import TrialState

@@ -10,6 +10,15 @@ rungs, budgets and states are kept per member exactly as for a trial of its own.
 
 A method that does not declare `population_ready` (its losses read per-config values other than
 through `Method.fused`) forms cohorts of one: each of its configs trains alone, as today.
+
+Refilled cohorts: with ASHA (or Hyperband) a cohort loses members as they are pruned, and its survivors
+would train on alone, each narrower width compiling its steps anew. Where a cohort's members at
+different rounds still share one batched step (`refills`: a method whose step is the same at every
+round, every client sampled every round, every round evaluated), the searcher asks a new member for
+each one that leaves (`StudySearcher`), tagged with the next member id of the cohort and the cohort's
+training iteration after which it joins; the cohort's worker adds it then (the ledger's
+`joining_members`), from its first round. So a cohort keeps its width until the study's budget is
+asked, and one Tune trial per slot trains most of a study.
 """
 
 from __future__ import annotations
@@ -31,6 +40,11 @@ def cohort_of(member: str) -> str:
     return member.rsplit(MEMBER_SEP, 1)[0] if MEMBER_SEP in member else member
 
 
+def member_index(member: str) -> int:
+    """A member id's index in its cohort (0 for a trial of its own)."""
+    return int(member.rsplit(MEMBER_SEP, 1)[1]) if MEMBER_SEP in member else 0
+
+
 def method_name(params: dict[str, Any], base: dict[str, Any]) -> str:
     return str(params.get("method.name", (base.get("method") or {}).get("name", "fedavg")))
 
@@ -47,6 +61,24 @@ def fixed_params(params: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]
         return None
     fusible = set(fusible_keys(method_cls))
     return {k: v for k, v in params.items() if k.split(CONDITIONAL_SEP, 1)[-1] not in fusible}
+
+
+def refills(params: dict[str, Any], base: dict[str, Any], method_base: dict[str, dict[str, Any]]) -> bool:
+    """Whether a cohort whose first member has `params` is refilled as its members leave: its members at
+    different rounds train as one batched model (the method is `population_ready` and declares
+    `same_steps_every_round`, and every round samples every client) and report every round (fl.eval_every
+    1, so each member's value reaches ASHA at each of its rounds)."""
+    from autofl.experiment import build_experiment  # lazy: pulls torch
+    from autofl.methods.registry import get_method_class  # lazy: pulls torch
+
+    exp = build_experiment(experiment_dict(base, params, method_base))
+    method_cls = get_method_class(exp.method.name)
+    return (
+        bool(getattr(method_cls, "population_ready", False))
+        and bool(getattr(method_cls, "same_steps_every_round", False))
+        and exp.clients_per_round() == exp.data.training_clients()
+        and exp.fl.eval_every == 1
+    )
 
 
 def member_results(trial_id: str, result: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:

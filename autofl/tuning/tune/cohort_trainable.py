@@ -65,6 +65,10 @@ class PopulationTrainable(FLTrainable):
     def _simulation(self, config: dict[str, Any]) -> Simulation:  # the first member's: FLTrainable's fields
         load_plugins()
         self.members: list[dict[str, Any]] = self._members(config)
+        self._initial = {str(m["id"]) for m in self.members}  # those its config lists
+        self._width = len(self.members)  # a refilled cohort is refilled up to its first width
+        self._refill = bool(config.get("refill"))  # the searcher adds members as members leave
+        self._gone: set[str] = set()  # members this worker dropped (pruned, finished, failed)
         self._finals: dict[str, dict[str, Any]] = {}  # each member's last reported entry
         experiments = [
             build_experiment(experiment_dict(self._base, m["params"], self._method_base)) for m in self.members
@@ -76,10 +80,30 @@ class PopulationTrainable(FLTrainable):
     def _keep(self, ids: list[str]) -> None:
         """Go on with the members `ids` (in the cohort's order)."""
         indices = [i for i, m in enumerate(self.members) if m["id"] in ids]
+        self._gone |= {str(m["id"]) for m in self.members if m["id"] not in ids}
         self.population.keep(indices)
         self.members = [self.members[i] for i in indices]
         if self.population.sims:
             self.sim = self.population.sims[0]
+
+    def _joining(self) -> list[dict[str, Any]]:
+        """Members to add before this round (`{"id", "number", "params"}`): none by default."""
+        return []
+
+    def _add(self, joining: list[dict[str, Any]]) -> None:
+        """Add `joining` as members from their first round, after those the cohort holds."""
+        known = {str(m["id"]) for m in self.members} | self._gone
+        new = [dict(m) for m in joining if str(m["id"]) not in known]
+        if not new:
+            return
+        experiments = [build_experiment(experiment_dict(self._base, m["params"], self._method_base)) for m in new]
+        if self.members:
+            self.population.add(experiments)
+        else:  # every earlier member left: the new ones start a population of their own
+            raw = self._raw if self._raw is not None and self._raw.name == experiments[0].data.dataset else None
+            self.population = Population(experiments, raw=raw, device=trial_device(), sealed_test=self._seal_test)
+        self.members += new
+        self.sim = self.population.sims[0]
 
     def _drop_finished(self) -> None:
         finished = self._finished()
@@ -90,29 +114,38 @@ class PopulationTrainable(FLTrainable):
         if self.population.done() and self.last is not None:  # restored from the final checkpoint
             return {**self.last, "node_id": self._node_id, "done": True, "should_checkpoint": False}
         self._drop_finished()
+        if self._refill and len(self.members) < self._width:  # only a member that left makes room for one
+            self._add(self._joining())
         if not self.members:  # every member pruned or failed (a driver killed after it closed them): no round
             last = self.last or {"round": 0, self._objective: math.nan}  # Tune checks a result for its metric
             return {**last, "members": [], "node_id": self._node_id, "done": True, "should_checkpoint": False}
         start = time.perf_counter()
         results: list[dict[str, float] | None] = [None]
-        while all(r is None for r in results):
+        while all(r is None for r in results) and not self.population.done():
             try:
                 results = self.population.run_round()
             except torch.OutOfMemoryError as err:
                 raise TrialOutOfGPUMemory(self.sim.device, err) from None
         reported, going_on = [], []
-        for member, metrics in zip(self.members, results):
-            assert metrics is not None  # members share their evaluation rounds
+        for member, sim, metrics in zip(self.members, self.population.sims, results):
+            if metrics is None:  # not evaluated this round (fl.eval_every), or trained every round already
+                if not sim.done():
+                    going_on.append(member["id"])
+                continue
             entry = {**{k: v for k, v in member.items() if k != "params"}, **metrics}
             if not math.isfinite(metrics["train_loss"]):  # this member fails alone; the cohort goes on
                 entry["diverged"] = f"diverged at round {metrics['round']}: train_loss is {metrics['train_loss']}"
-            else:
+            elif not sim.done():
                 going_on.append(member["id"])
             reported.append(entry)
-        rnd = int(next(r for r in results if r is not None)["round"])
+        if not reported:  # every member had trained all its rounds (a checkpoint from before members left)
+            self._keep([])
+            last = self.last or {"round": 0, self._objective: math.nan}
+            return {**last, "members": [], "node_id": self._node_id, "done": True, "should_checkpoint": False}
+        rnd = int(reported[0]["round"])
         self._finals.update({str(e["id"]): e for e in reported})
-        self._keep(going_on)
-        done = self.population.done() or not self.members
+        self._keep(going_on)  # a member that trained every round leaves (the searcher closes it)
+        done = not self.members
         self.last = {"round": rnd, **self._best(reported), "members": reported}
         if done and self.report_finals:
             self.last["finals"] = list(self._finals.values())
@@ -132,6 +165,8 @@ class PopulationTrainable(FLTrainable):
     def save_checkpoint(self, checkpoint_dir: str) -> None:
         state = {
             "members": [str(m["id"]) for m in self.members],
+            # the members it added (a refilled cohort): their numbers and params, which its config lacks
+            "added": [m for m in self.members if m["id"] not in self._initial],
             "states": [sim.state_dict() for sim in self.population.sims],
             "last": self.last,
         }
@@ -141,6 +176,7 @@ class PopulationTrainable(FLTrainable):
     def load_checkpoint(self, checkpoint_dir: str) -> None:  # type: ignore[override]
         with torch.serialization.safe_globals([ClassStats]):
             state = torch.load(os.path.join(checkpoint_dir, STATE_FILE), map_location="cpu", weights_only=True)
+        self._add(list(state.get("added", [])))
         self._keep(list(state["members"]))
         for sim, sim_state in zip(self.population.sims, state["states"]):
             sim.load_state_dict(sim_state)
@@ -158,6 +194,17 @@ class CohortTrainable(PopulationTrainable):
 
     def _members(self, config: dict[str, Any]) -> list[dict[str, Any]]:
         return [dict(m) for m in config["members"]]
+
+    def _joining(self) -> list[dict[str, Any]]:
+        """The members the searcher assigned to this cohort to join by now (a refilled cohort): read from
+        the study's running trials; a worker that cannot read the storage adds none (logged once)."""
+        try:
+            return self._ledger.joining_members(self.trial_id, self.iteration)
+        except Exception as err:  # noqa: BLE001 - any storage error (SQL, journal, a password): logged once
+            if not self._read_failed:
+                self._read_failed = True
+                logger.warning("population trial: cannot read the study's storage (%s); no member joins", err)
+            return []
 
     def _finished(self) -> set[str]:
         """Best effort: a worker that cannot read the study's storage (a node without the driver's access)

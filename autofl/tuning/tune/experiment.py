@@ -68,6 +68,9 @@ def make_searcher(
         skip_repeats=space.sampler.skip_repeats,
         population=space.resources.population_width,
         base=space.base,
+        # ASHA and Hyperband prune members: their cohorts are refilled (autofl/tuning/strategy/cohorts.py)
+        refill=space.scheduler.kind in ("asha", "hyperband"),
+        method_base=space.method_base,
     )
 
 

@@ -56,6 +56,7 @@ class LiveView(Callback):
         self.console = console or Console(width=None if sys.stdout.isatty() else 200, markup=False, emoji=False)
         self._study = study
         self.rows: dict[str, dict[str, Any]] = {}
+        self._joined: dict[str, list[str]] = {}  # a refilled cohort's Tune trial id -> the members that joined it
         self.best: tuple[float, int | str] | None = None
         self.finished_before = 0
         self.finished_now = 0
@@ -113,6 +114,10 @@ class LiveView(Callback):
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
         for key, entry in member_results(trial.trial_id, result):
+            if key not in self.rows and isinstance(result.get("members"), list):  # joined a refilled cohort
+                joined = self._ledger.trial_of(key)
+                self._start_row(key, joined.params if joined is not None else {}, " (joined a population)")
+                self._joined.setdefault(trial.trial_id, []).append(key)
             row = self.rows.get(key)
             if row is not None:
                 row["round"], row["value"] = entry.get("round", row["round"]), entry.get(self.objective, row["value"])
@@ -130,7 +135,7 @@ class LiveView(Callback):
     def _member_rows(self, trial: Any) -> list[str]:
         members = (trial.config or {}).get("members")
         keys = [str(m["id"]) for m in members] if isinstance(members, list) else [trial.trial_id]
-        return [k for k in keys if k in self.rows]
+        return [k for k in [*keys, *self._joined.get(trial.trial_id, [])] if k in self.rows]
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         result = trial.last_result or {}

@@ -227,7 +227,8 @@ class StudyASHA(FIFOScheduler):
         pruned = self.__dict__.setdefault("_pruned", set())
         for member in result["members"]:  # each member's last value at its rung (a pruned one's is there)
             if str(member["id"]) not in pruned and not member.get("diverged") and self._metric in member:
-                self._record(str(member["id"]), result[self._time_attr], member[self._metric])
+                reached = member.get(self._time_attr, result[self._time_attr])  # members may be at other rounds
+                self._record(str(member["id"]), reached, member[self._metric])
 
     def debug_string(self) -> str:
         return "StudyASHA: " + "; ".join(

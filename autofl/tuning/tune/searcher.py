@@ -23,7 +23,7 @@ from autofl.files import write_atomic
 from autofl.tuning.store import write_failure
 from autofl.tuning.store.ledger import Ledger
 from autofl.tuning.store.study import resolved_config
-from autofl.tuning.strategy.cohorts import fixed_params, member_id, member_results
+from autofl.tuning.strategy.cohorts import fixed_params, member_id, member_results, refills
 from autofl.tuning.strategy.objectives import direction
 
 
@@ -55,6 +55,8 @@ class StudySearcher(Searcher):
         skip_repeats: bool = False,
         population: int = 1,
         base: dict[str, Any] | None = None,
+        refill: bool = False,
+        method_base: dict[str, dict[str, Any]] | None = None,
     ):
         # Ray's Searcher keeps lists (several objectives) as they are; its annotation says str
         super().__init__(metric=metric, mode=mode)  # type: ignore[arg-type]
@@ -73,6 +75,11 @@ class StudySearcher(Searcher):
         self._base = base or {}  # the space's base config (which method a trial runs)
         self._cohorts: dict[str, list[str]] = {}  # a cohort's Tune trial id -> its member ids
         self._tune_done: set[str] = set()  # cohorts' Tune trial ids that Tune completed
+        # refilled cohorts (the scheduler prunes members: autofl/tuning/strategy/cohorts.py): the fixed
+        # params of each cohort the searcher refills as its members leave
+        self._refill = refill
+        self._method_base = method_base or {}
+        self._refilled: dict[str, dict[str, Any]] = {}
         self._max_concurrent = 0  # no limit until Tune sets one
 
         modes = list(mode) if isinstance(mode, list) else [mode]
@@ -167,15 +174,52 @@ class StudySearcher(Searcher):
             members.append({"id": mid, "number": more[0], "params": more[1]})
             self._take(mid, *more)
         self._cohorts[trial_id] = [str(m["id"]) for m in members]
+        if getattr(self, "_refill", False) and fixed is not None and refills(asked[1], self._base, self._method_base):
+            self._refilled[trial_id] = fixed
+            return {"members": members, "refill": True}
         return {"members": members}
 
+    def _refill_cohort(self, trial_id: str, iteration: int) -> None:
+        """A new member for each of cohort `trial_id`'s members that left (pruned, finished, failed), up to
+        the cohort's width and as long as the budget allows: asked as the cohort's other members are (the
+        cohort's fixed params), tagged with the next member id, and assigned to join after the cohort's
+        training iteration `iteration` (the result this answers), so that a cohort resumed from an earlier
+        checkpoint adds it at the same point of its training."""
+        members = self._cohorts[trial_id]
+        numbers = [self._trials[m] for m in members if m in self._trials and m not in self._finished]
+        live = len(numbers) - len(self._ledger.finished_numbers(numbers))
+        fixed = self._refilled[trial_id]
+        while live < self._population:
+            mid = member_id(trial_id, len(members))
+            more = self._ledger.ask_member(
+                self._run_name,
+                mid,
+                set(self._trials),
+                self._budget,
+                self._sampler,
+                self._define,
+                fixed,
+                skip_repeats=self._skip_repeats,
+            )
+            if more is None:
+                return
+            self._take(mid, *more)
+            members.append(mid)
+            self._ledger.assign_member(more[0], more[1], iteration)
+            live += 1
+
     def _on_trial_result(self, trial_id: str, result: dict) -> None:
+        cohort = getattr(self, "_cohorts", {}).get(trial_id)
         for key, entry in member_results(trial_id, result):
             if entry.get("diverged") and key in self._trials and key not in self._finished:
                 self._finished.add(key)  # a member that diverged: FAIL now, its cohort goes on
                 self._ledger.close(self._trials[key], entry, False, self._metrics, self._max_t)
                 continue
             self._report(key, entry)
+            if cohort is not None and int(entry.get("round") or 0) >= self._max_t:
+                self._close(key, entry, False)  # a member that trained every round, in a cohort that goes on
+        if trial_id in getattr(self, "_refilled", {}) and not result.get("done"):
+            self._refill_cohort(trial_id, int(result.get("training_iteration", 0)))
 
     def _report(self, trial_id: str, result: dict) -> None:
         if len(self._metrics) > 1:  # Optuna records no per-round values in multi-objective studies
@@ -192,6 +236,11 @@ class StudySearcher(Searcher):
             self.__dict__.setdefault("_tune_done", set()).add(trial_id)
             last = dict(member_results(trial_id, result or {}))
             for key in cohort:  # each member its own last result (a pruned one is closed already)
+                # a member assigned to a refilled cohort that ended before it joined: no driver trained it
+                untrained = key not in last and key in self._trials and key not in self._finished
+                if untrained and self._ledger.interrupt_untrained(self._trials[key]):
+                    self._finished.add(key)
+                    continue
                 self._close(key, last.get(key, {}), error)
             return
         self._close(trial_id, result, error)
@@ -211,6 +260,7 @@ class StudySearcher(Searcher):
             "budget": self._budget,
             "cohorts": getattr(self, "_cohorts", {}),
             "tune_done": sorted(getattr(self, "_tune_done", set())),
+            "refilled": getattr(self, "_refilled", {}),
         }
 
     def set_state(self, state: dict[str, Any]) -> None:
@@ -219,6 +269,7 @@ class StudySearcher(Searcher):
         self._run_name, self._budget = state["run"], int(state["budget"])
         self._cohorts = {str(k): list(v) for k, v in state.get("cohorts", {}).items()}
         self._tune_done = set(state.get("tune_done", []))
+        self._refilled = {str(k): dict(v) for k, v in state.get("refilled", {}).items()}
 
     def save(self, checkpoint_path: str) -> None:
         # never through a link planted in the experiment folder
