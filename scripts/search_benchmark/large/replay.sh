@@ -2,7 +2,7 @@
 # Replays every search method of docs/search-quality.md against the large tables in this folder, for
 # the mean and the p10 objective, without and with validation noise (half the clients, a quarter of the
 # samples), and writes the page's figure and tables: report.md, report.png, noise-mean.md, noise-p10.md.
-# About an hour on 2 cores for the four tables at 10 search seeds a method (SEEDS=30 for the tighter medians:
+# 20-30 minutes on 2 cores for the four tables at 10 search seeds a method (SEEDS=30 for the tighter medians:
 # 3x as long); `report` alone redraws the figure and tables from the committed replay-*.json in seconds.
 # Run from the repository root:  bash scripts/search_benchmark/large/replay.sh
 set -euo pipefail
