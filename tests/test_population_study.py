@@ -327,7 +327,8 @@ def test_a_refilled_cohort_gets_a_new_member_for_each_that_leaves_while_the_budg
     root = study_root(tmp_path)
     s = refill_searcher(root, budget=4)
     cohort = s.suggest("a")
-    assert cohort["refill"] is True and [m["id"] for m in cohort["members"]] == ["a:m0", "a:m1"]
+    assert cohort["refill"] is True and cohort["width"] == 2
+    assert [m["id"] for m in cohort["members"]] == ["a:m0", "a:m1"]
     asha = study_asha(root)
     trial = SimpleNamespace(trial_id="a", config=cohort)
     asha.on_trial_add(None, trial)

@@ -66,7 +66,7 @@ class PopulationTrainable(FLTrainable):
         load_plugins()
         self.members: list[dict[str, Any]] = self._members(config)
         self._initial = {str(m["id"]) for m in self.members}  # those its config lists
-        self._width = len(self.members)  # a refilled cohort is refilled up to its first width
+        self._width = int(config.get("width") or len(self.members))  # a refilled cohort is refilled up to it
         self._refill = bool(config.get("refill"))  # the searcher adds members as members leave
         self._gone: set[str] = set()  # members this worker dropped (pruned, finished, failed)
         self._finals: dict[str, dict[str, Any]] = {}  # each member's last reported entry

@@ -176,7 +176,7 @@ class StudySearcher(Searcher):
         self._cohorts[trial_id] = [str(m["id"]) for m in members]
         if getattr(self, "_refill", False) and fixed is not None and refills(asked[1], self._base, self._method_base):
             self._refilled[trial_id] = fixed
-            return {"members": members, "refill": True}
+            return {"members": members, "refill": True, "width": self._population}
         return {"members": members}
 
     def _refill_cohort(self, trial_id: str, iteration: int) -> None:
