@@ -4,6 +4,7 @@ closed on its own (autofl/tuning/strategy/cohorts.py)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -423,3 +424,56 @@ def test_a_refilled_cohorts_worker_adds_each_member_after_its_iteration_and_keep
         alone = list(Simulation(exp, get_method_class("fedprox"), sealed_test=True).run())
         got = [m for r in results for m in r["members"] if m["id"] == member_id("a", i)]
         assert [{k: m[k] for k in keys} for m in got] == [{k: m[k] for k in keys} for m in alone]
+
+
+def test_a_resumed_driver_refills_a_cohort_at_the_iterations_the_first_did(tmp_path):
+    """A driver killed after refilling a cohort twice, resumed from a snapshot taken before the second: its
+    cohort trains the earlier iterations again, and the resumed searcher asks (adopting the orphan the first
+    driver asked) at the iteration the first driver did, never sooner, with a member id the cohort never used."""
+    root = study_root(tmp_path)
+    first = refill_searcher(root, budget=5)
+    cohort = first.suggest("a")
+    asha = study_asha(root)
+    trial = SimpleNamespace(trial_id="a", config=cohort)
+    asha.on_trial_add(None, trial)
+
+    def step(searcher: StudySearcher, scheduler: StudyASHA, members: list[dict], values: list[float],
+             rounds: list[int], iteration: int) -> str:
+        result = {**_result({"members": members}, max(rounds), values), "training_iteration": iteration}
+        for entry, rnd in zip(result["members"], rounds):
+            entry["round"] = rnd
+        decision = scheduler.on_trial_result(None, trial, result)
+        searcher.on_trial_result("a", result)
+        return decision
+
+    m0, m1 = cohort["members"]
+    assert step(first, asha, [m0, m1], [0.9, 0.1], [1, 1], 1) == TrialScheduler.CONTINUE  # m1 pruned at rung 1
+    snapshot = json.loads(json.dumps(first.get_state()))  # Tune's last snapshot of the searcher (a JSON file)
+    [m2] = Ledger(root).joining_members("a", 1)
+    assert m2["id"] == "a:m2"
+    # m0 and m2 reach rung 2 (m2 at its round 1: judged at rung 1, kept); m2 then falls at rung 2, m3 is asked
+    assert step(first, asha, [m0, m2], [0.95, 0.99], [2, 1], 2) == TrialScheduler.CONTINUE
+    assert step(first, asha, [m0, m2], [0.96, 0.2], [3, 2], 3) == TrialScheduler.CONTINUE
+    study = optuna.load_study(study_name="s", storage=f"sqlite:///{root / 'optuna.db'}")
+    assert [t.state for t in study.trials] == [TrialState.RUNNING, TrialState.PRUNED, TrialState.PRUNED,
+                                               TrialState.RUNNING]
+    assert study.trials[3].user_attrs["cohort_member"]["joins_at"] == 3
+    # killed; the resumed driver restores the snapshot: m3 (asked after it) is released as an orphan
+    resumed = refill_searcher(root, budget=5)
+    resumed.set_state(snapshot)
+    assert Ledger(root).release_unknown_orphans("run-1", set(snapshot["trials"])) == 1
+    again = study_asha(root)
+    again.on_trial_add(None, trial)
+    # the cohort trains iterations 1-3 again from its checkpoint at 0 (the worker drops m1 and m2 at once:
+    # the study finished them); no ask before iteration 3, where the first driver asked m3
+    assert step(resumed, again, [m0], [0.9], [1], 1) == TrialScheduler.CONTINUE
+    assert step(resumed, again, [m0], [0.95], [2], 2) == TrialScheduler.CONTINUE
+    assert len(optuna.load_study(study_name="s", storage=f"sqlite:///{root / 'optuna.db'}").trials) == 4
+    assert Ledger(root).joining_members("a", 3) == []  # m3 is an orphan until the ask at iteration 3
+    step(resumed, again, [m0], [0.96], [3], 3)
+    study = optuna.load_study(study_name="s", storage=f"sqlite:///{root / 'optuna.db'}")
+    assert len(study.trials) == 4  # no new trial: the orphan m3 adopted
+    [joined] = Ledger(root).joining_members("a", 3)
+    assert joined["number"] == 3 and study.trials[3].user_attrs["cohort_member"]["joins_at"] == 3
+    ids = [t.user_attrs["tune_trial_id"] for t in study.trials]
+    assert len(set(ids)) == 4 and joined["id"] not in ("a:m0", "a:m1", "a:m2")  # never an id the cohort used

@@ -61,6 +61,7 @@ OPEN_STATES = ("RUNNING", "WAITING")
 INTERRUPTED = "INTERRUPTED"  # shown for FAIL + interrupted, and for trials no live driver runs
 # a refilled cohort's member: its params and the cohort's training iteration after which it joins
 MEMBER_ATTR = "cohort_member"
+LEFT_ATTR = "left_cohort_at"  # ... and the iteration at which a member left its refilled cohort
 
 
 def outcome(
@@ -442,6 +443,31 @@ class Ledger:
         (autofl/tuning/strategy/cohorts.py); a later assignment (an orphan adopted again) replaces it."""
         self._trial(number).set_user_attr(MEMBER_ATTR, {"params": params, "joins_at": int(joins_at)})
 
+    def note_left(self, number: int, iteration: int) -> None:
+        """Trial `number`, a member of a refilled cohort, left it (pruned, done, failed) at the cohort's training
+        iteration `iteration`: a resumed driver that trains the cohort's earlier iterations again counts it
+        as a member until then (`cohort_state`). Written before the trial is closed (a finished one keeps
+        its attributes: nothing is written)."""
+        if not self._frozen(number).state.is_finished():
+            self._trial(number).set_user_attr(LEFT_ATTR, int(iteration))
+
+    def cohort_state(self, cohort: str, iteration: int) -> tuple[int, int]:
+        """(members of Tune trial `cohort` at its training iteration `iteration`, the next free member index):
+        its trials (not released as orphans) that had joined by then, less those that had left by then
+        (`note_left`; a finished one that says nothing left earlier). Read from the study alone, so a driver
+        resumed from an older snapshot, training the cohort's iterations again, counts as the first did."""
+        members, used = 0, -1
+        for t in self.trials():
+            ids = [t.user_attrs.get("tune_trial_id"), *t.user_attrs.get("earlier_tune_trial_ids", [])]
+            own = [str(i) for i in ids if i is not None and cohort_of(str(i)) == cohort and str(i) != cohort]
+            used = max([used, *(member_index(i) for i in own)])
+            if not own or cohort_of(str(ids[0])) != cohort or t.user_attrs.get("orphaned"):
+                continue
+            joined = int((t.user_attrs.get(MEMBER_ATTR) or {}).get("joins_at", -1))
+            left = t.user_attrs.get(LEFT_ATTR, -1) if t.state.is_finished() else None
+            members += joined <= iteration and not (left is not None and int(left) <= iteration)
+        return members, used + 1
+
     def joining_members(self, cohort: str, iteration: int) -> list[dict[str, Any]]:
         """The members assigned to Tune trial `cohort` (a refilled cohort) that join by its training
         iteration `iteration` and are still running (not released as orphans): `{"id", "number",
@@ -493,6 +519,10 @@ class Ledger:
             trial.set_user_attr("tune_trial_id", tune_trial_id)
             trial.set_user_attr("tune_run", run_name)
             trial.set_user_attr("orphaned", False)
+            if orphan.user_attrs.get(
+                MEMBER_ATTR
+            ):  # a refilled cohort's member: assigned again, or a member from the start
+                trial.set_user_attr(MEMBER_ATTR, None)
             return orphan.number, {**trial.params, **(returned if isinstance(returned, dict) else {})}
         return None
 

@@ -176,6 +176,7 @@ class StudyASHA(FIFOScheduler):
         for member in result["members"]:
             key = str(member["id"])
             if key not in seen and key not in pruned:  # its first result in this driver: finished before?
+                self._take_over_earlier_ids(key)  # a member that joined a refilled cohort after its driver's kill
                 trial = self._ledger.trial_of(key)
                 if trial is not None and trial.state.is_finished():
                     pruned.add(key)  # closed by an earlier driver; a worker that could not tell trains it on
@@ -187,6 +188,8 @@ class StudyASHA(FIFOScheduler):
             elif entry[self._time_attr] < self._max_t:
                 pruned.add(key)
                 with noting_failed_writes():  # a failed write ends the driver in one line, as the searcher's
+                    if "training_iteration" in result:  # when it left its cohort (a refilled one counts by it)
+                        self._ledger.note_left(int(member["number"]), int(result["training_iteration"]))
                     self._ledger.close(int(member["number"]), entry, False, [str(self._metric)], self._max_t)
         return TrialScheduler.CONTINUE if going_on else TrialScheduler.STOP
 

@@ -186,11 +186,12 @@ class StudySearcher(Searcher):
         training iteration `iteration` (the result this answers), so that a cohort resumed from an earlier
         checkpoint adds it at the same point of its training."""
         members = self._cohorts[trial_id]
-        numbers = [self._trials[m] for m in members if m in self._trials and m not in self._finished]
-        live = len(numbers) - len(self._ledger.finished_numbers(numbers))
+        # counted as of `iteration` from the study: a driver resumed from an older snapshot, whose cohort trains
+        # earlier iterations again, asks at the iterations the first driver asked at, never sooner
+        live, index = self._ledger.cohort_state(trial_id, iteration)
         fixed = self._refilled[trial_id]
         while live < self._population:
-            mid = member_id(trial_id, len(members))
+            mid = member_id(trial_id, max(index, len(members)))  # never a member id the cohort has used
             more = self._ledger.ask_member(
                 self._run_name,
                 mid,
@@ -206,20 +207,27 @@ class StudySearcher(Searcher):
             self._take(mid, *more)
             members.append(mid)
             self._ledger.assign_member(more[0], more[1], iteration)
-            live += 1
+            live, index = live + 1, max(index, len(members) - 1) + 1
 
     def _on_trial_result(self, trial_id: str, result: dict) -> None:
         cohort = getattr(self, "_cohorts", {}).get(trial_id)
+        refilled = trial_id in getattr(self, "_refilled", {})
+        iteration = int(result.get("training_iteration", 0))
         for key, entry in member_results(trial_id, result):
             if entry.get("diverged") and key in self._trials and key not in self._finished:
                 self._finished.add(key)  # a member that diverged: FAIL now, its cohort goes on
+                if refilled:  # (written while the trial is open: Optuna changes no finished trial)
+                    self._ledger.note_left(self._trials[key], iteration)
                 self._ledger.close(self._trials[key], entry, False, self._metrics, self._max_t)
                 continue
             self._report(key, entry)
-            if cohort is not None and int(entry.get("round") or 0) >= self._max_t:
+            done = int(entry.get("round") or 0) >= self._max_t
+            if cohort is not None and done and key in self._trials and key not in self._finished:
+                if refilled:
+                    self._ledger.note_left(self._trials[key], iteration)
                 self._close(key, entry, False)  # a member that trained every round, in a cohort that goes on
-        if trial_id in getattr(self, "_refilled", {}) and not result.get("done"):
-            self._refill_cohort(trial_id, int(result.get("training_iteration", 0)))
+        if refilled and not result.get("done"):
+            self._refill_cohort(trial_id, iteration)
 
     def _report(self, trial_id: str, result: dict) -> None:
         if len(self._metrics) > 1:  # Optuna records no per-round values in multi-objective studies
