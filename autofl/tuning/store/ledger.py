@@ -519,9 +519,8 @@ class Ledger:
             trial.set_user_attr("tune_trial_id", tune_trial_id)
             trial.set_user_attr("tune_run", run_name)
             trial.set_user_attr("orphaned", False)
-            if orphan.user_attrs.get(
-                MEMBER_ATTR
-            ):  # a refilled cohort's member: assigned again, or a member from the start
+            # a refilled cohort's member loses its assignment: the refill that adopts it assigns it again
+            if orphan.user_attrs.get(MEMBER_ATTR):
                 trial.set_user_attr(MEMBER_ATTR, None)
             return orphan.number, {**trial.params, **(returned if isinstance(returned, dict) else {})}
         return None

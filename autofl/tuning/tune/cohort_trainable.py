@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from autofl.config import Experiment
 from autofl.engine.simulation import Simulation
 from autofl.experiment import build_experiment
 from autofl.features import ClassStats
@@ -70,12 +71,16 @@ class PopulationTrainable(FLTrainable):
         self._refill = bool(config.get("refill"))  # the searcher adds members as members leave
         self._gone: set[str] = set()  # members this worker dropped (pruned, finished, failed)
         self._finals: dict[str, dict[str, Any]] = {}  # each member's last reported entry
-        experiments = [
-            build_experiment(experiment_dict(self._base, m["params"], self._method_base)) for m in self.members
-        ]
-        raw = self._raw if self._raw is not None and self._raw.name == experiments[0].data.dataset else None
-        self.population = Population(experiments, raw=raw, device=trial_device(), sealed_test=self._seal_test)
+        self.population = self._new_population(self._experiments(self.members))
         return self.population.sims[0]
+
+    def _experiments(self, members: list[dict[str, Any]]) -> list[Experiment]:
+        return [build_experiment(experiment_dict(self._base, m["params"], self._method_base)) for m in members]
+
+    def _new_population(self, experiments: list[Experiment]) -> Population:
+        # the shared dataset, unless the dataset itself is searched
+        raw = self._raw if self._raw is not None and self._raw.name == experiments[0].data.dataset else None
+        return Population(experiments, raw=raw, device=trial_device(), sealed_test=self._seal_test)
 
     def _keep(self, ids: list[str]) -> None:
         """Go on with the members `ids` (in the cohort's order)."""
@@ -96,12 +101,11 @@ class PopulationTrainable(FLTrainable):
         new = [dict(m) for m in joining if str(m["id"]) not in known]
         if not new:
             return
-        experiments = [build_experiment(experiment_dict(self._base, m["params"], self._method_base)) for m in new]
+        experiments = self._experiments(new)
         if self.members:
             self.population.add(experiments)
         else:  # every earlier member left: the new ones start a population of their own
-            raw = self._raw if self._raw is not None and self._raw.name == experiments[0].data.dataset else None
-            self.population = Population(experiments, raw=raw, device=trial_device(), sealed_test=self._seal_test)
+            self.population = self._new_population(experiments)
         self.members += new
         self.sim = self.population.sims[0]
 

@@ -159,25 +159,32 @@ class StudySearcher(Searcher):
         fixed = fixed_params(asked[1], self._base)  # None: its method trains configs one by one
         while fixed is not None and len(members) < self._population:
             mid = member_id(trial_id, len(members))
-            more = self._ledger.ask_member(
-                self._run_name,
-                mid,
-                set(self._trials),
-                self._budget,
-                self._sampler,
-                self._define,
-                fixed,
-                skip_repeats=self._skip_repeats,
-            )
+            more = self._ask_member(mid, fixed)
             if more is None:
                 break
             members.append({"id": mid, "number": more[0], "params": more[1]})
-            self._take(mid, *more)
         self._cohorts[trial_id] = [str(m["id"]) for m in members]
         if getattr(self, "_refill", False) and fixed is not None and refills(asked[1], self._base, self._method_base):
             self._refilled[trial_id] = fixed
             return {"members": members, "refill": True, "width": self._population}
         return {"members": members}
+
+    def _ask_member(self, mid: str, fixed: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
+        """A cohort's further member `mid` with the cohort's `fixed` params (`Ledger.ask_member`), taken as
+        this searcher's trial; None where the ledger gives none."""
+        more = self._ledger.ask_member(
+            self._run_name,
+            mid,
+            set(self._trials),
+            self._budget,
+            self._sampler,
+            self._define,
+            fixed,
+            skip_repeats=self._skip_repeats,
+        )
+        if more is not None:
+            self._take(mid, *more)
+        return more
 
     def _refill_cohort(self, trial_id: str, iteration: int) -> None:
         """A new member for each of cohort `trial_id`'s members that left (pruned, finished, failed), up to
@@ -191,23 +198,13 @@ class StudySearcher(Searcher):
         live, index = self._ledger.cohort_state(trial_id, iteration)
         fixed = self._refilled[trial_id]
         while live < self._population:
-            mid = member_id(trial_id, max(index, len(members)))  # never a member id the cohort has used
-            more = self._ledger.ask_member(
-                self._run_name,
-                mid,
-                set(self._trials),
-                self._budget,
-                self._sampler,
-                self._define,
-                fixed,
-                skip_repeats=self._skip_repeats,
-            )
+            mid = member_id(trial_id, index)  # never a member id the cohort has used (the study holds them all)
+            more = self._ask_member(mid, fixed)
             if more is None:
                 return
-            self._take(mid, *more)
             members.append(mid)
             self._ledger.assign_member(more[0], more[1], iteration)
-            live, index = live + 1, max(index, len(members) - 1) + 1
+            live, index = live + 1, index + 1
 
     def _on_trial_result(self, trial_id: str, result: dict) -> None:
         cohort = getattr(self, "_cohorts", {}).get(trial_id)
