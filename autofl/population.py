@@ -131,12 +131,12 @@ class Population:
         self._build_executor()
 
     def _new_members(self, experiments: list[Experiment]) -> None:
-        sims = [
-            Simulation(exp, self.method_cls, raw=self.raw, device=self.device, sealed_test=self.sealed_test)
-            for exp in experiments
-        ]
-        for sim in sims:  # one data set: the members' data configs and seeds are the same
-            sim.data = self.sims[0].data if self.sims else sims[0].data
+        sims: list[Simulation] = []
+        for exp in experiments:  # one data set: the members' data configs and seeds are the same
+            shared = (self.sims or sims)[0].data if self.sims or sims else None
+            sims.append(
+                Simulation(exp, self.method_cls, self.raw, self.device, sealed_test=self.sealed_test, data=shared)
+            )
         names = fusible_fields(self.method_cls.Params)
         self.sims += sims
         self.flags += [{f"method.{n}": float(exp.method.params()[n]) for n in names} for exp in experiments]

@@ -42,16 +42,21 @@ class Simulation:
         raw: RawDataset | None = None,
         device: torch.device | None = None,
         sealed_test: bool = False,
+        data: FederatedData | None = None,
     ):
+        """`data`: the federated data set built for an equal `exp.data` and seed, on this device and dtype
+        and sealed as `sealed_test` says (a population's members share one); else built here from `raw`."""
         self.exp = exp
         self.device = device or resolve_device(exp.runtime.device)
         if exp.runtime.threads:
             torch.set_num_threads(exp.runtime.threads)
-        raw = raw if raw is not None else load_raw_dataset(exp.data)
         self.dtype = getattr(torch, exp.runtime.dtype)
-        data = build_federated(raw, exp.data, exp.data_seed())
-        # sealed_test (a search trial): every test split empty, so no round reads a test sample
-        self.data: FederatedData = (data.without_test() if sealed_test else data).to(self.device, self.dtype)
+        if data is None:
+            raw = raw if raw is not None else load_raw_dataset(exp.data)
+            built = build_federated(raw, exp.data, exp.data_seed())
+            # sealed_test (a search trial): every test split empty, so no round reads a test sample
+            data = (built.without_test() if sealed_test else built).to(self.device, self.dtype)
+        self.data: FederatedData = data
         self.method: MethodHooks = method_cls(
             exp.method.typed(method_cls.Params), exp, self.data.input_shape, self.data.num_classes
         )

@@ -150,6 +150,7 @@ class Ledger:
         self._url = ""  # and that storage's URL
         self._sampler: Any = None
         self._constraints: list[Any] | None = None  # the space's, read at the first close
+        self._trial_ids: dict[int, int] = {}  # trial number -> the storage's trial id (fixed once created)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"root": self.root}
@@ -317,17 +318,30 @@ class Ledger:
 
     # ---- writing: the only place trial states change ------------------------------------------
     def _trial(self, number: int):
-        """A live handle on trial `number` (Optuna's public Trial over the storage)."""
+        """A live handle on trial `number` (Optuna's public Trial over the storage). Making one calls the
+        sampler's `before_trial` (autofl's reads every trial of the study): a write of one value goes
+        through the storage instead (`_set_attr`, `report`)."""
         import optuna
 
         return optuna.trial.Trial(self.study(), self._trial_id(number))
 
     def _trial_id(self, number: int) -> int:
-        """The storage's id of trial `number` (public storage API; Optuna's trial objects keep it private)."""
-        study = self.study()  # opens the storage
-        return self._storage.get_trial_id_from_study_id_trial_number(
-            self._storage.get_study_id_from_name(study.study_name), number
-        )
+        """The storage's id of trial `number` (public storage API; Optuna's trial objects keep it private),
+        looked up once: a trial's id never changes."""
+        if number not in self._trial_ids:
+            study = self.study()  # opens the storage
+            self._trial_ids[number] = self._storage.get_trial_id_from_study_id_trial_number(
+                self._storage.get_study_id_from_name(study.study_name), number
+            )
+        return self._trial_ids[number]
+
+    def _set_attr(self, number: int, key: str, value: Any) -> None:
+        """Trial `number`'s user attribute `key` (what `Trial.set_user_attr` writes, through the storage)."""
+        self._storage_of(number).set_trial_user_attr(self._trial_id(number), key, value)
+
+    def _storage_of(self, number: int) -> Any:
+        self._trial_id(number)  # opens the storage first
+        return self._storage
 
     def enqueue(self, points: Iterable[dict[str, Any]]) -> None:
         for point in points:
@@ -441,7 +455,7 @@ class Ledger:
         """Trial `number` (asked by `ask_member` for a refilled cohort, tagged with its member id) joins its
         cohort's worker after the cohort's training iteration `joins_at`, with `params`
         (autofl/tuning/strategy/cohorts.py); a later assignment (an orphan adopted again) replaces it."""
-        self._trial(number).set_user_attr(MEMBER_ATTR, {"params": params, "joins_at": int(joins_at)})
+        self._set_attr(number, MEMBER_ATTR, {"params": params, "joins_at": int(joins_at)})
 
     def note_left(self, number: int, iteration: int) -> None:
         """Trial `number`, a member of a refilled cohort, left it (pruned, done, failed) at the cohort's training
@@ -449,7 +463,7 @@ class Ledger:
         as a member until then (`cohort_state`). Written before the trial is closed (a finished one keeps
         its attributes: nothing is written)."""
         if not self._frozen(number).state.is_finished():
-            self._trial(number).set_user_attr(LEFT_ATTR, int(iteration))
+            self._set_attr(number, LEFT_ATTR, int(iteration))
 
     def cohort_state(self, cohort: str, iteration: int) -> tuple[int, int]:
         """(members of Tune trial `cohort` at its training iteration `iteration`, the next free member index):
@@ -556,8 +570,8 @@ class Ledger:
             return False
         if int(rnd) in stored.intermediate_values:
             return True  # an adopted orphan trained again: its earlier attempt recorded this round
-        try:
-            self._trial(number).report(float(value), int(rnd))
+        try:  # what `Trial.report` writes (a single-objective study's value at step `rnd`), through the storage
+            self._storage_of(number).set_trial_intermediate_value(self._trial_id(number), int(rnd), float(value))
         except UpdateFinishedTrialError:
             return False
         return True
@@ -605,11 +619,11 @@ class Ledger:
 
     def record_config(self, number: int, config: dict[str, Any]) -> None:
         """Keep trial `number`'s runnable config (`autofl.tuning.store.study.CONFIG_ATTR`) with it."""
-        self._trial(number).set_user_attr(CONFIG_ATTR, config)
+        self._set_attr(number, CONFIG_ATTR, config)
 
     def interrupt(self, number: int) -> None:
         """No driver will train this trial: FAIL + interrupted (counts and budgets replace it)."""
-        self._trial(number).set_user_attr("interrupted", True)
+        self._set_attr(number, "interrupted", True)
         self._tell(number, "FAIL", None)
 
     def interrupt_untrained(self, number: int) -> bool:
@@ -636,7 +650,7 @@ class Ledger:
         """A trial its driver left open: an orphan the next ask adopts (`_adopt_orphan`), whether
         its driver had tagged it or was killed while setting its params (no placeholder: CI's kill
         stress, 2026-11-27, left two from kills just after a trial finished, as the next was asked)."""
-        self._trial(trial.number).set_user_attr("orphaned", True)
+        self._set_attr(trial.number, "orphaned", True)
 
     def release_unknown_orphans(self, run_name: str, known: set[str]) -> int:
         """Trials of `run_name` (or untagged: killed between ask and tag) still running that the

@@ -34,12 +34,14 @@ PROBE_BUDGET_S = 60.0
 
 
 def config_rounds_per_s(exp: Any, width: int, raw: Any, device: torch.device) -> float:
-    """Config-rounds per second of one round (after the first, which pays the one-time costs; with
-    compiled steps after the second too, where a method's loss may change once its server state exists,
-    FedProto's say, and compile anew) of a population of `width` copies of `exp`."""
+    """Config-rounds per second of one round (after the first, which pays the one-time costs; where the
+    population's steps are compiled and its method's steps may change with the round, after the second
+    too: a loss that changes once its server state exists, FedProto's say, compiles anew) of a population
+    of `width` copies of `exp`."""
     population = Population([exp] * width, raw=raw, device=device, sealed_test=True)
     population.run_round()
-    if population.compile_steps:
+    same_steps = bool(getattr(population.method_cls, "same_steps_every_round", False))
+    if population.executor is not None and population.compile_steps and not same_steps:
         population.run_round()
     start = time.perf_counter()
     population.run_round()
