@@ -2,9 +2,16 @@ import json
 import os
 from pathlib import Path
 
+import optuna
 import pytest
 
 from autofl.cli import main
+
+# Optuna makes its log handler at its first log line, on the sys.stderr of that moment: inside a test that
+# captures output (capsys), a stream closed when that test ends, and every later Optuna line in the process
+# then writes "--- Logging error ---" into the next test's captured stderr (test_hostile_input.py alone
+# failed 4 tests so). Made here, the handler holds the session's stream.
+optuna.logging.set_verbosity(optuna.logging.get_verbosity())
 
 
 @pytest.fixture
