@@ -121,6 +121,8 @@ class Population:
         self.ready = (
             bool(getattr(self.method_cls, "population_ready", False)) and vectorizable(self.sims[0].workspace) is None
         )
+        # members at different rounds may share a batched step (`Method.same_steps_every_round`)
+        self.same_steps = bool(getattr(self.method_cls, "same_steps_every_round", False))
         # decided once, for the population's first width: a population that compiles goes on compiled
         # as it loses members (`keep`), down to one, whose run alone might not compile (`auto` counts
         # one member's steps)
@@ -173,11 +175,10 @@ class Population:
             for i in going:
                 results[i] = self.sims[i].run_round()
             return results
-        same_steps = bool(getattr(self.method_cls, "same_steps_every_round", False))
         members, rng = [], []
         for i in going:
             sim = self.sims[i]
-            step_key = None if same_steps else sim.round  # a method's step may change with the round
+            step_key = None if self.same_steps else sim.round  # a method's step may change with the round
             jobs, plan = sim.begin_round()
             members.append(Member(plan, jobs, self.flags[i], step_key))
             rng.append(torch.get_rng_state())  # each member finishes its round from its own draws

@@ -337,11 +337,8 @@ class Ledger:
 
     def _set_attr(self, number: int, key: str, value: Any) -> None:
         """Trial `number`'s user attribute `key` (what `Trial.set_user_attr` writes, through the storage)."""
-        self._storage_of(number).set_trial_user_attr(self._trial_id(number), key, value)
-
-    def _storage_of(self, number: int) -> Any:
-        self._trial_id(number)  # opens the storage first
-        return self._storage
+        trial_id = self._trial_id(number)  # opens the storage first
+        self._storage.set_trial_user_attr(trial_id, key, value)
 
     def enqueue(self, points: Iterable[dict[str, Any]]) -> None:
         for point in points:
@@ -571,7 +568,7 @@ class Ledger:
         if int(rnd) in stored.intermediate_values:
             return True  # an adopted orphan trained again: its earlier attempt recorded this round
         try:  # what `Trial.report` writes (a single-objective study's value at step `rnd`), through the storage
-            self._storage_of(number).set_trial_intermediate_value(self._trial_id(number), int(rnd), float(value))
+            self._storage.set_trial_intermediate_value(self._trial_id(number), int(rnd), float(value))
         except UpdateFinishedTrialError:
             return False
         return True

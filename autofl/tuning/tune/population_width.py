@@ -40,8 +40,7 @@ def config_rounds_per_s(exp: Any, width: int, raw: Any, device: torch.device) ->
     of `width` copies of `exp`."""
     population = Population([exp] * width, raw=raw, device=device, sealed_test=True)
     population.run_round()
-    same_steps = bool(getattr(population.method_cls, "same_steps_every_round", False))
-    if population.executor is not None and population.compile_steps and not same_steps:
+    if population.executor is not None and population.compile_steps and not population.same_steps:
         population.run_round()
     start = time.perf_counter()
     population.run_round()
