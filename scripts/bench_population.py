@@ -2,14 +2,16 @@
 
     python scripts/bench_population.py [--scenario digits|fedfcd-t1|fmnist-cnn|cifar10-cnn] [--synthetic]
                                        [--method fedavg] [--widths 1,4,16] [--repeats 3] [--dtype float32]
-                                       [--device cpu|cuda] [--set key=value ...]
+                                       [--device cpu|cuda] [--compile off|on|auto] [--set key=value ...]
 
 For each width C, C configs of `--method` on a scenario of `scripts/bench_round.py` (default digits:
 mlp, dirichlet(0.5), 10 clients, no download; `--synthetic`: random tensors of the scenario dataset's
 shape, for a machine without its files) that differ in fl.lr and in each fusible method parameter are
 trained as one population (`autofl.population.Population`); C = 1 is a config trained alone by the
-eager vectorized executor. After one warm-up round, `--repeats` rounds are timed one by one (no
-evaluation in them). Prints per width the median round's wall time, config-rounds per second
+eager vectorized executor. `--compile on` (CPU) compiles the population's steps with inductor as a
+study's cohort trials do (`autofl.population.population_compile`), and C = 1 then is one config alone
+compiled; on CUDA a population's steps stay eager whatever it says. After one warm-up round (which
+compiles), `--repeats` rounds are timed one by one (no evaluation in them). Prints per width the median round's wall time, config-rounds per second
 (C / round time) and the speedup over C = 1; then `trial` — one config as a trial trains it today
 (`runtime.compile: auto`: CUDA graphs on a GPU, inductor or eager on a CPU) — and each width's
 speedup over it. Timings only: no test reads them.
@@ -50,7 +52,7 @@ def base_args(args: argparse.Namespace) -> list[str]:
 
 
 def experiments(args: argparse.Namespace, width: int) -> list:
-    base = [*base_args(args), "runtime.compile=off"]
+    base = [*base_args(args), f"runtime.compile={args.compile}"]
     cls = get_method_class(args.method)
     first = load_experiment(None, base)
     out = []
@@ -83,6 +85,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--compile", default="off", choices=["off", "on", "auto"], help="the members' runtime.compile")
     parser.add_argument("--no-trial", action="store_true", help="skip the one-config trial as it runs today")
     parser.add_argument("--set", action="append", default=[], help="an extra key=value for every member")
     args = parser.parse_args()
@@ -93,7 +96,7 @@ def main() -> None:
     print(
         f"method {args.method}, {args.scenario}{' (synthetic)' if args.synthetic else ''}, {args.dtype} on "
         f"{torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}, "
-        f"torch threads {torch.get_num_threads()}, median of {args.repeats} rounds",
+        f"torch threads {torch.get_num_threads()}, runtime.compile={args.compile}, median of {args.repeats} rounds",
         flush=True,
     )
     rates: dict[int, float] = {}
