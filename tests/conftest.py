@@ -78,6 +78,14 @@ def spy_whole_steps(monkeypatch, cls) -> list[tuple[int, int, object]]:
 STORAGE_KINDS = ("sqlite", "journal")  # the storages every storage-generic test runs on (PostgreSQL: test_postgres)
 
 
+def start_ray_without_ray(root, address, verbose, meanwhile=None) -> Path:
+    """`ray_start.start_ray` for tests that run no Ray: what it runs beside Ray's start (`meanwhile`: the
+    trial stack's imports and the space's resources) runs here, as the real one runs it in a thread."""
+    if meanwhile is not None:
+        meanwhile()
+    return Path(root) / "logs"
+
+
 def storage_line(kind: str) -> str:
     """The space file's `storage:` line for a storage kind: none (SQLite in the study folder) or a
     journal file in the study folder."""

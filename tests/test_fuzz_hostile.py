@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 from autofl.cli import main
+from conftest import start_ray_without_ray
 
 SECRET = "Fz-s3cret-4e1b"
 
@@ -116,7 +117,7 @@ def stand_in_for_ray():
         ot.tell(ot.ask(), 0.5)
 
     mp = pytest.MonkeyPatch()
-    mp.setattr(ray_start, "start_ray", lambda root, address, verbose, meanwhile=None: Path(root) / "logs")
+    mp.setattr(ray_start, "start_ray", start_ray_without_ray)
     mp.setattr(preflight, "check_cluster_fits", lambda cpu, gpu, address: None)
     mp.setattr(runner, "run_experiment", run_experiment)
     yield mp

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from autofl.cli import main
+from conftest import start_ray_without_ray
 
 SECRET = "S3cret-in-query-9d1"
 
@@ -67,7 +68,7 @@ def no_ray(monkeypatch):
         for _ in range(trials):
             ot.tell(ot.ask(), 0.5)
 
-    monkeypatch.setattr(ray_start, "start_ray", lambda root, address, verbose, meanwhile=None: Path(root) / "logs")
+    monkeypatch.setattr(ray_start, "start_ray", start_ray_without_ray)
     monkeypatch.setattr(preflight, "check_cluster_fits", lambda cpu, gpu, address: None)
     monkeypatch.setattr(runner, "run_experiment", run_experiment)
     return runs
@@ -190,6 +191,24 @@ def test_a_start_that_fails_after_the_folder_exists_leaves_no_study(tmp_path, ca
         code, out, err = cli(capsys, "search", "--space", fine_space(tmp_path), "--name", name, "--dir", home)
         assert_one_line(code, err, "ray: could not start (Failed to start the GCS second line)")
     assert files_under(home) == {home / "mine", home / "mine" / "notes.txt"}  # the user's file stays
+
+
+def test_an_error_while_resources_resolve_beside_rays_start_is_one_line_and_leaves_no_study(
+    tmp_path, capsys, no_ray, monkeypatch
+):
+    """The space's resources (`population: auto`'s dry rounds) resolve in a thread while Ray starts: what
+    fails there reaches the user as it did in the driver's own thread, and the new study is rolled back."""
+    from autofl.errors import ConfigError
+    from autofl.tuning.strategy.space import SearchSpace
+
+    def fails(self, recorded_population=None, population=True, trials=None):
+        raise ConfigError("resources.population: the dry round failed")
+
+    monkeypatch.setattr(SearchSpace, "resolve_resources", fails)
+    home = tmp_path / "home"
+    code, out, err = cli(capsys, "search", "--space", fine_space(tmp_path), "--name", "fresh", "--dir", home)
+    assert_one_line(code, err, "resources.population: the dry round failed")
+    assert not (home / "fresh").exists() and no_ray == []
 
 
 # ----- (5) YAML alias bombs and huge files ----------------------------------------------------------
@@ -586,7 +605,7 @@ def test_reeval_of_a_study_whose_resources_no_node_has_is_one_line(tmp_path, cap
     space = yaml.safe_load((root / "space.yaml").read_text())
     (root / "space.yaml").write_text(yaml.safe_dump({**space, "resources": {"cpu": 1, "gpu": 1}}))
     capsys.readouterr()
-    monkeypatch.setattr(ray_start, "start_ray", lambda root, address, verbose, meanwhile=None: Path(root) / "logs")
+    monkeypatch.setattr(ray_start, "start_ray", start_ray_without_ray)
     monkeypatch.setattr(preflight, "node_resources", lambda: [{"CPU": 2.0, "memory": 4e9}])
     code, out, err = cli(capsys, "reeval", "gpuless", "--seeds", "2", "--dir", tmp_path / "home")
     assert_one_line(code, err, "resources.gpu: a trial asks for 1 GPU")
