@@ -632,7 +632,7 @@ def _run_study(
                 resolved["space"] = folder.space().resolve_resources(
                     recorded_population=store.recorded_width(folder), trials=trials
                 )
-            except BaseException as exc:  # raised in this thread, below
+            except BaseException as exc:  # noqa: BLE001  # re-raised in the driver's thread, below
                 resolved["error"] = exc
 
         logs = ray_start.start_ray(folder.root, address, verbose, meanwhile=meanwhile)
