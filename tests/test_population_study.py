@@ -273,8 +273,12 @@ def test_auto_widths_double_up_to_the_cap_and_stop_where_a_doubling_gains_too_li
     tried.clear()
     monkeypatch.setattr(pw, "config_rounds_per_s", rates({1: 1.0, 2: 1.9, 4: 2.0, 8: 9.0}))
     width, line = pw.resolve_auto_population(base, trials=16, slots=2, threads=1)
-    assert (width, tried) == (4, [1, 2, 4])  # 4 gains 5% over 2: no further doubling; the fastest measured wins
-    assert "{1: 1.00, 2: 1.90, 4: 2.00}" in line
+    assert (width, tried) == (2, [1, 2, 4])  # 4 gains 5% over 2: no further doubling, and 2 stays chosen
+    assert "auto = 2:" in line and "{1: 1.00, 2: 1.90, 4: 2.00}" in line
+    tried.clear()
+    monkeypatch.setattr(pw, "config_rounds_per_s", rates({1: 1.0, 2: 2.0, 4: 2.4, 8: 2.6}))
+    assert pw.resolve_auto_population(base, trials=16, slots=2, threads=1)[0] == 4  # 8 gains 8% over 4
+    assert tried == [1, 2, 4, 8]
 
 
 def test_a_grid_sampler_is_refused_with_a_population():

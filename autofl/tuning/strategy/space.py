@@ -135,8 +135,9 @@ class ResourcesSpec(Strict):
         1,
         description="configs one trial trains together as one batched model (population trials, "
         "autofl/tuning/strategy/cohorts.py): they share every value that is not fusible; each is its "
-        "own Optuna trial, judged by ASHA on its own; 1: one config per trial; auto: the width with "
-        "the most config-rounds per second on a dry round (autofl/tuning/tune/population_width.py)",
+        "own Optuna trial, judged by ASHA on its own; 1: one config per trial; auto: the widest of 1, 2, 4, ... "
+        "whose dry round ran at least 15% more config-rounds per second than the width before it "
+        "(autofl/tuning/tune/population_width.py)",
     )
     _population_line: str | None = PrivateAttr(None)  # what `population: auto` resolved to and why
 
@@ -307,7 +308,7 @@ class SearchSpace(Strict):
         self, recorded_population: int | None = None, population: bool = True, trials: int | None = None
     ) -> SearchSpace:
         """The explicit step a driver takes once before it runs trials (parsing measures nothing):
-        `resources.population: auto` becomes the width measured the fastest (autofl/tuning/tune/population_width.py),
+        `resources.population: auto` becomes the width a dry round chose (autofl/tuning/tune/population_width.py),
         or `recorded_population`, the width the study's first run measured (not with `population`
         False: a re-evaluation reads the recorded width itself); its cap counts `trials` (the run's,
         e.g. `--trials`; default the space's), and then `resources.gpu: auto` the share

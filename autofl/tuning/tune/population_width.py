@@ -4,10 +4,11 @@ A dry round of the base experiment is timed as a population of C copies (its ste
 the trials' will be, `autofl.population.population_compile`: the first round, which compiles, is not
 timed), for C = 1, 2, 4, ... up to
 `MAX_WIDTH` (and no more than each of the trials that run at once would get: ceil(trials / slots)),
-on the device the trials use and with their threads; the width with the most config-rounds per
-second wins. Growing stops at the first width that gains less than `MIN_GAIN` over the best so far,
-that runs out of GPU memory (a width that does not fit is never chosen), or once the probe spent
-`PROBE_BUDGET_S`. A method that cannot train configs together (`population_ready` unset) or a model
+on the device the trials use and with their threads. Each doubling must gain `MIN_GAIN` in config-rounds
+per second over the width before it: growing stops at the first that does not (the width before it is
+chosen: a dry round times one population alone, and a wider cohort pays what it does not see, its
+compiles as it shrinks and its members' tails), at one that runs out of GPU memory (never chosen), or once
+the probe spent `PROBE_BUDGET_S` (the last width measured is chosen where it gained enough). A method that cannot train configs together (`population_ready` unset) or a model
 the vectorized executor cannot batch gets 1 without a measurement.
 
 The driver resolves `auto` once, before it runs trials (`SearchSpace.resolve_resources`, as for
@@ -68,22 +69,22 @@ def resolve_auto_population(
     raw = load_raw_dataset(exp.data)
     before = torch.get_num_threads()
     torch.set_num_threads(max(1, threads))
-    began, rates = time.perf_counter(), {}
+    began, rates, chosen = time.perf_counter(), {}, 1
     try:
-        width, previous = 1, None
+        width = 1
         while width <= cap:
             try:
                 rates[width] = config_rounds_per_s(exp, width, raw, device)
             except torch.OutOfMemoryError:
                 break
-            if previous is not None and rates[width] < MIN_GAIN * rates[previous]:
-                break  # the last doubling gained too little
+            if width > 1 and rates[width] < MIN_GAIN * rates[chosen]:
+                break  # the last doubling gained too little: the width before it stays chosen
+            chosen = width
             if time.perf_counter() - began > PROBE_BUDGET_S or width == cap:
                 break
-            width, previous = min(width * 2, cap), width
+            width = min(width * 2, cap)
     finally:
         torch.set_num_threads(before)
-    chosen = max(rates, key=lambda w: rates[w])
     measured = ", ".join(f"{w}: {r:.2f}" for w, r in sorted(rates.items()))
     steps = f"; {population_compile(sim, chosen)[1]}" if chosen > 1 else ""
     return chosen, (
