@@ -11,10 +11,10 @@ trained as one population (`autofl.population.Population`); C = 1 is a config tr
 eager vectorized executor. `--compile on` (CPU) compiles the population's steps with inductor as a
 study's cohort trials do (`autofl.population.population_compile`), and C = 1 then is one config alone
 compiled; on CUDA a population's steps stay eager whatever it says. After one warm-up round (which
-compiles), `--repeats` rounds are timed one by one (no evaluation in them). Prints per width the median round's wall time, config-rounds per second
-(C / round time) and the speedup over C = 1; then `trial` — one config as a trial trains it today
-(`runtime.compile: auto`: CUDA graphs on a GPU, inductor or eager on a CPU) — and each width's
-speedup over it. Timings only: no test reads them.
+compiles), `--repeats` rounds are timed one by one (no evaluation in them). Prints per width the median
+round's wall time, config-rounds per second (C / round time) and the speedup over C = 1; then `trial` —
+one config as a trial trains it today (`runtime.compile: auto`: CUDA graphs on a GPU, inductor or eager on
+a CPU) — and each width's speedup over it. Timings only: no test reads them.
 """
 
 from __future__ import annotations

@@ -8,8 +8,9 @@ on the device the trials use and with their threads. Each doubling must gain `MI
 per second over the width before it: growing stops at the first that does not (the width before it is
 chosen: a dry round times one population alone, and a wider cohort pays what it does not see, its
 compiles as it shrinks and its members' tails), at one that runs out of GPU memory (never chosen), or once
-the probe spent `PROBE_BUDGET_S` (the last width measured is chosen where it gained enough). A method that cannot train configs together (`population_ready` unset) or a model
-the vectorized executor cannot batch gets 1 without a measurement.
+the probe spent `PROBE_BUDGET_S` (the last width measured is chosen where it gained enough). A method
+that cannot train configs together (`population_ready` unset) or a model the vectorized executor cannot
+batch gets 1 without a measurement.
 
 The driver resolves `auto` once, before it runs trials (`SearchSpace.resolve_resources`, as for
 `resources.gpu: auto`); `autofl search` prints the line saying what it chose and why.
@@ -38,13 +39,11 @@ def config_rounds_per_s(exp: Any, width: int, raw: Any, device: torch.device) ->
     """Config-rounds per second of one round (after the first, which pays the one-time costs; where the
     population's steps are compiled and its method's steps may change with the round, after the second
     too: a loss that changes once its server state exists, FedProto's say, compiles anew) of a population
-    of `width` copies of `exp`. On a CPU a population whose steps run eagerly has no such costs (its first
-    round took 1.86 s and its second 1.95 s, FedFCD-t1 at width 1): its first round is the one timed."""
+    of `width` copies of `exp`. (Width 1 is the config run alone, whose own executor may compile: its first
+    round is not timed either.)"""
     population = Population([exp] * width, raw=raw, device=device, sealed_test=True)
-    compiled = population.executor is not None and population.compile_steps
-    if compiled or device.type != "cpu":
-        population.run_round()
-    if compiled and not population.same_steps:
+    population.run_round()
+    if population.executor is not None and population.compile_steps and not population.same_steps:
         population.run_round()
     start = time.perf_counter()
     population.run_round()
