@@ -620,25 +620,16 @@ def _run_study(
     with preflight.rollback_if_unstarted(folder, created=created, lock=lock):
         if warm is not None:  # the other study's trials, added before the first proposal
             warm_apply(folder, warm)
+
         # Ray's processes start while this thread waits on them: meanwhile import the trial stack
         # (measured on 2 cores: the quickstart's start-up overlaps by about 1.5 s) and resolve the space's
-        # resources once (the space object every later step reads), which needs no Ray: `population:
-        # auto`'s dry rounds overlap Ray's start
-        resolved: dict[str, Any] = {}
-
+        # resources once, which needs no Ray (`population: auto`'s dry rounds overlap Ray's start)
         def meanwhile() -> None:
-            try:
-                _import_trial_stack()
-                resolved["space"] = folder.space().resolve_resources(
-                    recorded_population=store.recorded_width(folder), trials=trials
-                )
-            except BaseException as exc:  # noqa: BLE001  # re-raised in the driver's thread, below
-                resolved["error"] = exc
+            _import_trial_stack()
+            folder.space().resolve_resources(recorded_population=store.recorded_width(folder), trials=trials)
 
         logs = ray_start.start_ray(folder.root, address, verbose, meanwhile=meanwhile)
-        if "error" in resolved:
-            raise resolved["error"]
-        space = resolved["space"]
+        space = folder.space()  # the space object every later step reads, its resources resolved
         preflight.check_cluster_fits(space.resources.cpu, space.resources.gpu_share, address)
     preflight.sigterm_as_ctrl_c()  # after Ray's own driver handler: SIGTERM stops the run as Ctrl-C does
     try:

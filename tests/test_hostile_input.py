@@ -211,6 +211,26 @@ def test_an_error_while_resources_resolve_beside_rays_start_is_one_line_and_leav
     assert not (home / "fresh").exists() and no_ray == []
 
 
+def test_start_ray_raises_what_failed_beside_rays_start_once_ray_started(tmp_path, monkeypatch):
+    """`start_ray`'s `meanwhile` runs in a thread: what it raises is raised in the caller's thread, after
+    Ray's start returned (the stubs above run it in the caller's thread, so they cannot show this)."""
+    from autofl.errors import ConfigError
+    from autofl.tuning.tune import ray_start
+
+    started: list[str | None] = []
+    monkeypatch.setattr(ray_start, "tune_environment", lambda: None)
+    monkeypatch.setattr(ray_start, "route_driver_logs", lambda root, verbose: root / "logs")
+    monkeypatch.setattr(ray_start, "init_ray", lambda address, worker_log, verbose: started.append(address))
+
+    def fails() -> None:
+        raise ConfigError("resources.population: the dry round failed")
+
+    with pytest.raises(ConfigError, match="the dry round failed"):
+        ray_start.start_ray(tmp_path, None, False, meanwhile=fails)
+    assert started == [None]
+    assert ray_start.start_ray(tmp_path, None, False, meanwhile=lambda: None) == tmp_path / "logs"
+
+
 # ----- (5) YAML alias bombs and huge files ----------------------------------------------------------
 
 BOMB = "".join(f"{a}: &{a} [{', '.join([f'*{p}'] * 9) if p else ', '.join(['x'] * 9)}]\n"

@@ -57,16 +57,26 @@ def start_ray(
     study_root: Path, address: str | None, verbose: bool, meanwhile: Callable[[], None] | None = None
 ) -> Path:
     """Start (or connect to) Ray with its output routed into `<study>/logs/` (returned); `meanwhile`
-    runs in a thread while Ray's processes start."""
+    runs in a thread while Ray's processes start, and what it raises is raised here once Ray started."""
     tune_environment()
 
     folder = route_driver_logs(study_root, verbose)
-    side = threading.Thread(target=meanwhile, daemon=True) if meanwhile is not None else None
+    raised: list[BaseException] = []
+
+    def side_work(work: Callable[[], None]) -> None:
+        try:
+            work()
+        except BaseException as exc:  # noqa: BLE001  # raised in the caller's thread, below
+            raised.append(exc)
+
+    side = threading.Thread(target=side_work, args=(meanwhile,), daemon=True) if meanwhile is not None else None
     if side is not None:
         side.start()
     init_ray(address, worker_log=folder / "workers.log", verbose=verbose)
     if side is not None:
         side.join()
+    if raised:
+        raise raised[0]
     return folder
 
 
