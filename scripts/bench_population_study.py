@@ -2,19 +2,26 @@
 
     AUTOFL_DATA_ROOT=... python scripts/bench_population_study.py [--space search_spaces/fedfcd.yaml]
         [--trials 40] [--populations 1,auto] [--repeats 1] [--dir /tmp/bench-population-study]
-        [--set resources.cpu=1 ...]
+        [--warm-cache] [--set resources.cpu=1 ...]
 
 For each `resources.population` value the space (its `trials` set to `--trials`, each `--set` applied
 to its top-level sections) runs as a new study through `autofl search`, end to end: Ray's start, the
 dry round of `auto`, every trial, the driver's exit. Prints per value the wall time, the trials'
 states, the best trial's value and params, the width `auto` chose, and the speedup over the first
 value. The studies use the space's seed, so both propose the same first configs; ASHA's decisions
-differ with the order in which trials reach their rungs. Timings only: no test reads them.
+differ with the order in which trials reach their rungs. Repeats are interleaved (population 1, auto,
+1, auto, ...), so a drift of the host's speed touches every value alike, and each study compiles into
+an inductor cache of its own, empty at its start (`TORCHINDUCTOR_CACHE_DIR`), as a first study on a
+machine does; `--warm-cache` shares one cache across the studies instead (inductor's default). The
+table gives medians over the repeats of the wall time, the config-rounds ASHA trained and config-rounds
+per second (the steadier measure: asynchronous ASHA's config-rounds move from run to run).
+Timings only: no test reads them.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import statistics
@@ -43,14 +50,18 @@ def space_with(path: Path, trials: int, population: str, sets: list[str]) -> dic
     return tree
 
 
-def run_study(tree: dict, home: Path, name: str) -> tuple[float, str]:
+def run_study(tree: dict, home: Path, name: str, warm_cache: bool) -> tuple[float, str]:
     space = home / f"{name}.yaml"
     space.write_text(yaml.safe_dump(tree))
+    env = dict(os.environ)
+    if not warm_cache:  # inductor's cache of this study alone, empty at its start
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(home / f"{name}-inductor-cache")
     start = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, "-m", "autofl.cli", "search", "--space", str(space), "--dir", str(home), "--name", name],
         capture_output=True,
         text=True,
+        env=env,
     )
     wall = time.perf_counter() - start
     if proc.returncode != 0:
@@ -76,30 +87,49 @@ def main() -> None:
     parser.add_argument("--populations", default="1,auto")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--dir", type=Path, default=Path("/tmp/bench-population-study"))
+    parser.add_argument("--warm-cache", action="store_true", help="one inductor cache for every study")
     parser.add_argument("--set", action="append", default=[], help="key=value in the space, e.g. resources.cpu=1")
     args = parser.parse_args()
     shutil.rmtree(args.dir, ignore_errors=True)
     args.dir.mkdir(parents=True)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    rows = []
-    for population in args.populations.split(","):
-        walls, chosen = [], ""
-        for r in range(args.repeats):
+    populations = args.populations.split(",")
+    runs: dict[str, list[tuple[float, int, dict, float, dict, str]]] = {p: [] for p in populations}
+    for r in range(args.repeats):
+        for population in populations:
             name = f"p{population}-{r}"
-            wall, chosen = run_study(space_with(args.space, args.trials, population, args.set), args.dir, name)
-            walls.append(wall)
+            tree = space_with(args.space, args.trials, population, args.set)
+            wall, chosen = run_study(tree, args.dir, name, args.warm_cache)
             states, best, params, rounds = summary(args.dir, name)
-            print(f"population {population} repeat {r}: {wall:.1f} s, {rounds} config-rounds, {states}, "
-                  f"best {best:.4f} {params} {chosen}", flush=True)
-        rows.append((population, statistics.median(walls), states, best, rounds, chosen))
-    first = rows[0][1]
-    print(f"\n{args.trials} trials of {args.space.name}, medians of {args.repeats}:\n")
-    print("| population | wall time (s) | speedup | config-rounds | trials | best value | auto chose |")
-    print("|---|---|---|---|---|---|---|")
-    for population, wall, states, best, rounds, chosen in rows:
-        shown = ", ".join(f"{n} {s.lower()}" for s, n in sorted(states.items()))
-        print(f"| {population} | {wall:.1f} | {first / wall:.2f} | {rounds} | {shown} | {best:.4f} | "
-              f"{chosen.split(':', 1)[-1].strip() if chosen else '-'} |")
+            runs[population].append((wall, rounds, states, best, params, chosen))
+            print(
+                f"population {population} repeat {r}: {wall:.1f} s, {rounds} config-rounds "
+                f"({rounds / wall:.2f}/s), {states}, best {best:.4f} {params} {chosen}",
+                flush=True,
+            )
+    medians = {
+        p: (
+            statistics.median(w for w, *_ in rs),
+            statistics.median(n for _, n, *_ in rs),
+            statistics.median(n / w for w, n, *_ in rs),
+        )
+        for p, rs in runs.items()
+    }
+    wall0, _, rate0 = medians[populations[0]]
+    cache = "one shared inductor cache" if args.warm_cache else "each study's inductor cache empty at its start"
+    print(f"\n{args.trials} trials of {args.space.name}, medians of {args.repeats} interleaved runs, {cache}:\n")
+    print(
+        "| population | wall time (s) | speedup | config-rounds | config-rounds/s | speedup in config-rounds/s "
+        "| best value (each run) | auto chose (each run) |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for p, rs in runs.items():
+        wall, rounds, rate = medians[p]
+        bests = ", ".join(f"{best:.4f}" for _, _, _, best, _, _ in rs)
+        chosen = "; ".join(c.split(":", 1)[-1].strip() for *_, c in rs if c) or "-"
+        print(
+            f"| {p} | {wall:.1f} | {wall0 / wall:.2f} | {rounds:g} | {rate:.2f} | {rate / rate0:.2f} | {bests} | {chosen} |"
+        )
 
 
 if __name__ == "__main__":
