@@ -94,14 +94,14 @@ def main() -> None:
     args.dir.mkdir(parents=True)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     populations = args.populations.split(",")
-    runs: dict[str, list[tuple[float, int, dict, float, dict, str]]] = {p: [] for p in populations}
+    runs: dict[str, list[tuple[float, int, float, str]]] = {p: [] for p in populations}  # wall, rounds, best, chosen
     for r in range(args.repeats):
         for population in populations:
             name = f"p{population}-{r}"
             tree = space_with(args.space, args.trials, population, args.set)
             wall, chosen = run_study(tree, args.dir, name, args.warm_cache)
             states, best, params, rounds = summary(args.dir, name)
-            runs[population].append((wall, rounds, states, best, params, chosen))
+            runs[population].append((wall, rounds, best, chosen))
             print(
                 f"population {population} repeat {r}: {wall:.1f} s, {rounds} config-rounds "
                 f"({rounds / wall:.2f}/s), {states}, best {best:.4f} {params} {chosen}",
@@ -109,9 +109,9 @@ def main() -> None:
             )
     medians = {
         p: (
-            statistics.median(w for w, *_ in rs),
-            statistics.median(n for _, n, *_ in rs),
-            statistics.median(n / w for w, n, *_ in rs),
+            statistics.median(w for w, _, _, _ in rs),
+            statistics.median(n for _, n, _, _ in rs),
+            statistics.median(n / w for w, n, _, _ in rs),
         )
         for p, rs in runs.items()
     }
@@ -125,8 +125,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     for p, rs in runs.items():
         wall, rounds, rate = medians[p]
-        bests = ", ".join(f"{best:.4f}" for _, _, _, best, _, _ in rs)
-        chosen = "; ".join(c.split(":", 1)[-1].strip() for *_, c in rs if c) or "-"
+        bests = ", ".join(f"{best:.4f}" for _, _, best, _ in rs)
+        chosen = "; ".join(c.split(":", 1)[-1].strip() for _, _, _, c in rs if c) or "-"
         print(
             f"| {p} | {wall:.1f} | {wall0 / wall:.2f} | {rounds:g} | {rate:.2f} | {rate / rate0:.2f} | {bests} | {chosen} |"
         )
